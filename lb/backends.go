@@ -1,0 +1,80 @@
+// Package lb holds Sluice's load-balancing logic. It imports nothing from
+// Caddy, so every policy can be tested with plain `go test`.
+package lb
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// Backend is one replica address as given to set-backends, validated and
+// normalised. Dial ("host:port") is the key every policy uses; URL keeps
+// the scheme the operator gave.
+type Backend struct {
+	URL  string `json:"url"`
+	Dial string `json:"dial"`
+}
+
+// ParseBackends validates a backend list: every entry must be an absolute
+// http(s) URL with a host and an explicit port, and no path, query or user
+// info. Duplicates (same dial address) are collapsed, keeping the first
+// occurrence, so order is stable. An empty list is valid: it means "no
+// backends", and requests then fail fast.
+func ParseBackends(raw []string) ([]Backend, error) {
+	out := make([]Backend, 0, len(raw))
+	seen := make(map[string]bool, len(raw))
+	for i, s := range raw {
+		b, err := ParseBackend(s)
+		if err != nil {
+			return nil, fmt.Errorf("backends[%d]: %w", i, err)
+		}
+		if seen[b.Dial] {
+			continue
+		}
+		seen[b.Dial] = true
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// ParseBackend validates one backend address (see ParseBackends).
+func ParseBackend(s string) (Backend, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return Backend{}, fmt.Errorf("empty address")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return Backend{}, fmt.Errorf("%q is not a URL: %v", s, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return Backend{}, fmt.Errorf("%q: scheme must be http or https", s)
+	}
+	if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		return Backend{}, fmt.Errorf("%q: only scheme://host:port is allowed (no user, path, query or fragment)", s)
+	}
+	host, port := u.Hostname(), u.Port()
+	if host == "" {
+		return Backend{}, fmt.Errorf("%q: missing host", s)
+	}
+	if port == "" {
+		return Backend{}, fmt.Errorf("%q: missing port", s)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return Backend{}, fmt.Errorf("%q: bad port %q", s, port)
+	}
+	dial := net.JoinHostPort(strings.ToLower(host), port)
+	return Backend{URL: u.Scheme + "://" + dial, Dial: dial}, nil
+}
+
+// Dials returns the dial addresses of bs, in order.
+func Dials(bs []Backend) []string {
+	out := make([]string, len(bs))
+	for i, b := range bs {
+		out[i] = b.Dial
+	}
+	return out
+}

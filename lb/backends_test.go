@@ -1,0 +1,60 @@
+package lb
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseBackends(t *testing.T) {
+	got, err := ParseBackends([]string{"http://10.0.0.1:8080", " http://Replica-2:80/ ", "http://10.0.0.1:8080", "https://[::1]:443"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.0.0.1:8080", "replica-2:80", "[::1]:443"}
+	if strings.Join(Dials(got), ",") != strings.Join(want, ",") {
+		t.Fatalf("dials = %v, want %v", Dials(got), want)
+	}
+	if got[2].URL != "https://[::1]:443" {
+		t.Fatalf("URL = %q", got[2].URL)
+	}
+	if bs, err := ParseBackends(nil); err != nil || len(bs) != 0 {
+		t.Fatalf("empty list must be valid: %v %v", bs, err)
+	}
+}
+
+func TestParseBackendsNamesTheBadEntry(t *testing.T) {
+	for _, bad := range []string{"", "10.0.0.1:80", "ftp://h:1", "http://h", "http://h:0", "http://h:99999",
+		"http://:80", "http://u:p@h:80", "http://h:80/v1", "http://h:80?x=1"} {
+		_, err := ParseBackends([]string{"http://ok:1", bad})
+		if err == nil {
+			t.Errorf("%q accepted", bad)
+			continue
+		}
+		if !strings.HasPrefix(err.Error(), "backends[1]") {
+			t.Errorf("%q: error %q does not name the entry", bad, err)
+		}
+	}
+}
+
+func TestPoolWatchSeesEverySetInOrder(t *testing.T) {
+	p := GetPool("test-watch")
+	var seen []int
+	cancel := p.Watch(func(set []Backend, managed bool) { seen = append(seen, len(set)) })
+	bs, _ := ParseBackends([]string{"http://a:1", "http://b:1"})
+	added, removed := p.Set(bs)
+	if len(added) != 2 || len(removed) != 0 {
+		t.Fatalf("added %v removed %v", added, removed)
+	}
+	added, removed = p.Set(bs[1:])
+	if len(added) != 0 || len(removed) != 1 || removed[0] != "a:1" {
+		t.Fatalf("added %v removed %v", added, removed)
+	}
+	cancel()
+	p.Set(nil)
+	if len(seen) != 3 || seen[0] != 0 || seen[1] != 2 || seen[2] != 1 {
+		t.Fatalf("watch saw %v, want [0 2 1]", seen)
+	}
+	if !p.Managed() {
+		t.Fatal("pool should be managed after Set")
+	}
+}

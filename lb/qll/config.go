@@ -1,0 +1,96 @@
+// Package qll implements queued least latency: requests wait in one FIFO
+// queue at the edge and are dispatched, late, to the replica with the
+// lowest predicted latency, following Hugging Face's reference custom
+// router and fixing what it gets wrong (see README "queued_least_latency").
+package qll
+
+import (
+	"fmt"
+	"time"
+)
+
+// Config holds the policy's knobs. Zero values are replaced by defaults in
+// WithDefaults; Validate rejects what makes no sense.
+type Config struct {
+	// LatencyThreshold is the highest predicted latency at which a replica
+	// still gets a new request; above it the request waits at the edge.
+	// A replica with nothing in flight is always eligible.
+	LatencyThreshold time.Duration
+	// EWMAAlpha weighs each new latency sample (0 < alpha <= 1).
+	EWMAAlpha float64
+	// QueueMaxSize bounds the edge queue; when full, the oldest waiter is
+	// evicted to make room (the reference's semantics). Negative means no
+	// queue at all: a request that cannot be dispatched at once is refused.
+	QueueMaxSize int
+	// QueueTimeout bounds the time one request may wait in the queue.
+	QueueTimeout time.Duration
+	// MaxConcurrency caps requests in flight per replica (0: no cap).
+	MaxConcurrency int
+	// Parallelism is how many requests a replica serves at once without
+	// slowing down (1 for diffusion-like servers, the batch size for LLM
+	// servers). It scales the load term of the latency prediction.
+	Parallelism int
+	// MaxFails consecutive failures mark a replica down for FailDuration,
+	// doubling on each further failure up to 16×.
+	MaxFails     int
+	FailDuration time.Duration
+}
+
+// Defaults, from the reference router where it has them.
+const (
+	DefaultLatencyThreshold = 3 * time.Second
+	DefaultEWMAAlpha        = 0.3
+	DefaultQueueMaxSize     = 1000
+	DefaultQueueTimeout     = 1200 * time.Second
+	DefaultParallelism      = 1
+	DefaultMaxFails         = 1
+	DefaultFailDuration     = 5 * time.Second
+	maxBackoffFactor        = 16
+)
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.LatencyThreshold == 0 {
+		c.LatencyThreshold = DefaultLatencyThreshold
+	}
+	if c.EWMAAlpha == 0 {
+		c.EWMAAlpha = DefaultEWMAAlpha
+	}
+	if c.QueueMaxSize == 0 {
+		c.QueueMaxSize = DefaultQueueMaxSize
+	}
+	if c.QueueTimeout == 0 {
+		c.QueueTimeout = DefaultQueueTimeout
+	}
+	if c.Parallelism == 0 {
+		c.Parallelism = DefaultParallelism
+	}
+	if c.MaxFails == 0 {
+		c.MaxFails = DefaultMaxFails
+	}
+	if c.FailDuration == 0 {
+		c.FailDuration = DefaultFailDuration
+	}
+	return c
+}
+
+// Validate names the first bad field.
+func (c Config) Validate() error {
+	switch {
+	case c.LatencyThreshold < 0:
+		return fmt.Errorf("latency_threshold must be positive, got %s", c.LatencyThreshold)
+	case c.EWMAAlpha <= 0 || c.EWMAAlpha > 1:
+		return fmt.Errorf("ewma_alpha must be in (0, 1], got %g", c.EWMAAlpha)
+	case c.QueueTimeout < 0:
+		return fmt.Errorf("queue_timeout must be positive, got %s", c.QueueTimeout)
+	case c.MaxConcurrency < 0:
+		return fmt.Errorf("max_concurrency must be >= 0, got %d", c.MaxConcurrency)
+	case c.Parallelism < 1:
+		return fmt.Errorf("parallelism must be >= 1, got %d", c.Parallelism)
+	case c.MaxFails < 1:
+		return fmt.Errorf("max_fails must be >= 1, got %d", c.MaxFails)
+	case c.FailDuration < 0:
+		return fmt.Errorf("fail_duration must be positive, got %s", c.FailDuration)
+	}
+	return nil
+}

@@ -1,0 +1,355 @@
+package qll
+
+import (
+	"container/list"
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-router/sluice/lb"
+)
+
+// State is one pool's queue and replica statistics. It outlives config
+// reloads (the Caddy adapter keeps it in a usage pool keyed by pool name),
+// so the EWMA and the waiting requests survive a reload.
+//
+// One mutex guards everything. Every transition of a waiter (dispatched,
+// evicted, timed out, cancelled) and of an in-flight count happens under
+// it, which is what makes "exactly once" visible in the code.
+type State struct {
+	mu       sync.Mutex
+	cfg      Config
+	replicas map[string]*replica // by dial address; includes removed ones still draining
+	order    []*replica          // present replicas, in set order
+	cursor   int                 // rotates tie-breaks so equal replicas share load
+	queue    list.List           // of *waiter, oldest first
+	recovery *time.Timer         // re-runs dispatch when a down replica comes back
+	closed   bool
+
+	now func() time.Time
+
+	counters Counters
+	// observeWait, when set, receives every dispatched request's queue wait.
+	observeWait func(time.Duration)
+}
+
+type replica struct {
+	addr        string
+	present     bool
+	inFlight    int
+	tried       bool
+	ewma        float64 // seconds
+	consecFails int
+	downUntil   time.Time
+
+	dispatched uint64
+	successes  uint64
+	failures   uint64
+}
+
+type waiter struct {
+	elem     *list.Element
+	enqueued time.Time
+	ready    chan struct{} // closed once the waiter is resolved
+	done     bool          // resolved (under State.mu)
+	lease    *Lease
+	err      error
+}
+
+// Counters are the pool-wide totals since the state was created.
+type Counters struct {
+	Dispatched uint64 // requests handed to a replica
+	Released   uint64 // leases released; Dispatched-Released is in flight
+	Evicted    uint64 // dropped from a full queue
+	TimedOut   uint64 // dropped after QueueTimeout
+	Cancelled  uint64 // clients that left while queued
+	Refused    uint64 // refused without queueing (no backends, no queue)
+	Failures   uint64 // attempts that ended in a transport error or 5xx
+}
+
+// Lease is one dispatched attempt. Release must be called exactly once;
+// later calls are no-ops and return false.
+type Lease struct {
+	state    *State
+	rep      *replica
+	released atomic.Bool
+	// Addr is the dial address of the chosen replica.
+	Addr string
+	// Waited is how long the request waited in the queue.
+	Waited time.Duration
+}
+
+// New returns an empty state. cfg must be valid (see Config.Validate).
+func New(cfg Config) *State {
+	return &State{cfg: cfg.WithDefaults(), replicas: map[string]*replica{}, now: time.Now}
+}
+
+// Configure swaps the config in place (on reload), keeping statistics and
+// waiters, and dispatches in case the new limits allow more.
+func (s *State) Configure(cfg Config) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg = cfg.WithDefaults()
+	s.dispatchLocked()
+}
+
+// SetWaitObserver installs a callback for queue waits (metrics).
+func (s *State) SetWaitObserver(fn func(time.Duration)) {
+	s.mu.Lock()
+	s.observeWait = fn
+	s.mu.Unlock()
+}
+
+// SetBackends makes addrs the present replicas. Replicas that stay keep
+// their statistics; new ones start untried (so they get work at once);
+// removed ones finish their in-flight requests and are then forgotten.
+// With no replica left, every waiter fails fast with ErrNoBackends.
+func (s *State) SetBackends(addrs []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.replicas {
+		r.present = false
+	}
+	s.order = s.order[:0]
+	for _, a := range addrs {
+		r, ok := s.replicas[a]
+		if !ok {
+			r = &replica{addr: a}
+			s.replicas[a] = r
+		}
+		if r.present {
+			continue // duplicate in addrs
+		}
+		r.present = true
+		s.order = append(s.order, r)
+	}
+	for a, r := range s.replicas {
+		if !r.present && r.inFlight == 0 {
+			delete(s.replicas, a)
+		}
+	}
+	if len(s.order) == 0 {
+		s.failAllLocked(lb.ErrNoBackends)
+		return
+	}
+	s.dispatchLocked()
+}
+
+// SameBackends reports whether addrs is exactly the present set, in order:
+// a cheap check that lets callers skip SetBackends on every request.
+func (s *State) SameBackends(addrs []string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(addrs) != len(s.order) {
+		return false
+	}
+	for i, r := range s.order {
+		if r.addr != addrs[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Acquire returns a lease on the best eligible replica, waiting in the FIFO
+// queue when none is eligible. It returns ctx.Err() if the client leaves,
+// or one of lb.ErrNoBackends, ErrQueueFull, ErrEvicted, ErrQueueTimeout,
+// ErrShutdown.
+func (s *State) Acquire(ctx context.Context) (*Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, lb.ErrShutdown
+	}
+	if len(s.order) == 0 {
+		s.counters.Refused++
+		s.mu.Unlock()
+		return nil, lb.ErrNoBackends
+	}
+	now := s.now()
+	// Fast path: nobody is waiting ahead of us and a replica is eligible.
+	if s.queue.Len() == 0 {
+		if r := s.pickLocked(now); r != nil {
+			l := s.assignLocked(r, 0)
+			s.mu.Unlock()
+			return l, nil
+		}
+	}
+	if s.cfg.QueueMaxSize < 0 {
+		s.counters.Refused++
+		s.mu.Unlock()
+		return nil, lb.ErrQueueFull
+	}
+	for s.queue.Len() >= s.cfg.QueueMaxSize {
+		oldest := s.queue.Front().Value.(*waiter)
+		s.resolveLocked(oldest, nil, lb.ErrEvicted)
+		s.counters.Evicted++
+	}
+	w := &waiter{enqueued: now, ready: make(chan struct{})}
+	w.elem = s.queue.PushBack(w)
+	s.dispatchLocked()
+	timeout := s.cfg.QueueTimeout
+	s.mu.Unlock()
+
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-w.ready:
+		return w.lease, w.err
+	case <-ctx.Done():
+		return s.abandon(w, ctx.Err(), &s.counters.Cancelled)
+	case <-timer.C:
+		return s.abandon(w, lb.ErrQueueTimeout, &s.counters.TimedOut)
+	}
+}
+
+// abandon takes w out of the queue because its client left or its time ran
+// out. If a dispatcher resolved it first, that result stands: a lease is
+// handed back (cancelled) so the slot is not lost.
+func (s *State) abandon(w *waiter, err error, counter *uint64) (*Lease, error) {
+	s.mu.Lock()
+	if !w.done {
+		s.resolveLocked(w, nil, err)
+		*counter++
+		s.mu.Unlock()
+		return nil, err
+	}
+	s.mu.Unlock()
+	if w.lease != nil {
+		if err == lb.ErrQueueTimeout {
+			return w.lease, nil // dispatched just in time: use it
+		}
+		w.lease.Release(lb.Outcome{Kind: lb.Cancelled})
+	}
+	return nil, err
+}
+
+// resolveLocked ends w's wait exactly once.
+func (s *State) resolveLocked(w *waiter, l *Lease, err error) {
+	if w.done {
+		return
+	}
+	w.done = true
+	w.lease, w.err = l, err
+	s.queue.Remove(w.elem)
+	close(w.ready)
+}
+
+func (s *State) failAllLocked(err error) {
+	for s.queue.Len() > 0 {
+		s.resolveLocked(s.queue.Front().Value.(*waiter), nil, err)
+		s.counters.Refused++
+	}
+}
+
+// dispatchLocked hands queued requests, oldest first, to eligible replicas
+// until one side runs out.
+func (s *State) dispatchLocked() {
+	if s.queue.Len() == 0 {
+		return
+	}
+	now := s.now()
+	for s.queue.Len() > 0 {
+		r := s.pickLocked(now)
+		if r == nil {
+			break
+		}
+		w := s.queue.Front().Value.(*waiter)
+		s.resolveLocked(w, s.assignLocked(r, now.Sub(w.enqueued)), nil)
+	}
+	s.armRecoveryLocked(now)
+}
+
+func (s *State) assignLocked(r *replica, waited time.Duration) *Lease {
+	r.inFlight++
+	r.dispatched++
+	s.counters.Dispatched++
+	if s.observeWait != nil {
+		s.observeWait(waited)
+	}
+	return &Lease{state: s, rep: r, Addr: r.addr, Waited: waited}
+}
+
+// armRecoveryLocked schedules a dispatch for when the earliest down replica
+// comes back, if requests are waiting; otherwise nothing would wake them.
+func (s *State) armRecoveryLocked(now time.Time) {
+	if s.queue.Len() == 0 || s.closed {
+		return
+	}
+	var next time.Time
+	for _, r := range s.order {
+		if r.downUntil.After(now) && (next.IsZero() || r.downUntil.Before(next)) {
+			next = r.downUntil
+		}
+	}
+	if next.IsZero() {
+		return
+	}
+	d := next.Sub(now) + time.Millisecond
+	if s.recovery == nil {
+		s.recovery = time.AfterFunc(d, s.redispatch)
+	} else {
+		s.recovery.Reset(d)
+	}
+}
+
+func (s *State) redispatch() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dispatchLocked()
+}
+
+// Release ends the attempt: frees the replica's slot, feeds a success's
+// latency into the EWMA, counts a failure against the replica, and
+// dispatches waiting requests. It returns false if already released.
+func (l *Lease) Release(o lb.Outcome) bool {
+	if !l.released.CompareAndSwap(false, true) {
+		return false
+	}
+	s, r := l.state, l.rep
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r.inFlight--
+	s.counters.Released++
+	switch o.Kind {
+	case lb.Success:
+		x := o.Latency.Seconds()
+		if !r.tried {
+			r.ewma, r.tried = x, true
+		} else {
+			r.ewma = s.cfg.EWMAAlpha*x + (1-s.cfg.EWMAAlpha)*r.ewma
+		}
+		r.successes++
+		r.consecFails = 0
+		r.downUntil = time.Time{}
+	case lb.Failure:
+		r.failures++
+		s.counters.Failures++
+		r.consecFails++
+		if r.consecFails >= s.cfg.MaxFails {
+			factor := 1 << min(r.consecFails-s.cfg.MaxFails, 4)
+			r.downUntil = s.now().Add(time.Duration(min(factor, maxBackoffFactor)) * s.cfg.FailDuration)
+		}
+	}
+	if !r.present && r.inFlight == 0 && s.replicas[r.addr] == r {
+		delete(s.replicas, r.addr)
+	}
+	s.dispatchLocked()
+	return true
+}
+
+// Close fails every waiter with ErrShutdown and refuses new requests.
+// In-flight leases can still be released.
+func (s *State) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	s.failAllLocked(lb.ErrShutdown)
+	if s.recovery != nil {
+		s.recovery.Stop()
+	}
+}
