@@ -136,20 +136,43 @@ func (s *State) SetBackends(addrs []string) {
 	s.dispatchLocked()
 }
 
-// SameBackends reports whether addrs is exactly the present set, in order:
-// a cheap check that lets callers skip SetBackends on every request.
-func (s *State) SameBackends(addrs []string) bool {
+// SameBackends reports whether the n addresses given by addr are exactly
+// the present set, in order: a cheap, allocation-free check that lets
+// callers skip SetBackends on every request.
+func (s *State) SameBackends(n int, addr func(i int) string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(addrs) != len(s.order) {
+	if n != len(s.order) {
 		return false
 	}
 	for i, r := range s.order {
-		if r.addr != addrs[i] {
+		if r.addr != addr(i) {
 			return false
 		}
 	}
 	return true
+}
+
+// RetryAfter suggests how long a refused client should wait: the mean
+// EWMA latency of the replicas (one request's worth of service), at least
+// one second.
+func (s *State) RetryAfter() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sum, n := 0.0, 0
+	for _, r := range s.order {
+		if r.tried {
+			sum += r.ewma
+			n++
+		}
+	}
+	d := time.Second
+	if n > 0 {
+		if m := time.Duration(sum / float64(n) * float64(time.Second)); m > d {
+			d = m
+		}
+	}
+	return d
 }
 
 // Acquire returns a lease on the best eligible replica, waiting in the FIFO

@@ -1,0 +1,163 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"go.uber.org/zap"
+
+	"github.com/sluice-router/sluice/lb"
+)
+
+// The backend-set and health operations, shared by the custom_router
+// handler (on the listener port, as the HF platform calls it) and the
+// admin API module.
+
+// maxAPIBody bounds set-backends bodies: thousands of URLs fit.
+const maxAPIBody = 1 << 20
+
+type setBackendsRequest struct {
+	Backends *[]string `json:"backends"`
+}
+
+// readSetBackends decodes and validates a set-backends body; the error
+// message is what the client gets with 400.
+func readSetBackends(w http.ResponseWriter, r *http.Request) ([]lb.Backend, int, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAPIBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("body larger than %d bytes", maxAPIBody)
+		}
+		return nil, http.StatusBadRequest, fmt.Errorf("reading body: %v", err)
+	}
+	var req setBackendsRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return nil, http.StatusBadRequest, fmt.Errorf("body must be JSON {\"backends\": [\"http://host:port\", ...]}: %v", err)
+	}
+	if dec.More() {
+		return nil, http.StatusBadRequest, errors.New("trailing data after the JSON object")
+	}
+	if req.Backends == nil {
+		return nil, http.StatusBadRequest, errors.New(`missing "backends" (use [] for no backends)`)
+	}
+	bs, err := lb.ParseBackends(*req.Backends)
+	if err != nil {
+		return nil, http.StatusBadRequest, err
+	}
+	return bs, http.StatusOK, nil
+}
+
+// applyBackends makes bs the pool's set, persists it and logs the change.
+func applyBackends(name string, bs []lb.Backend, log *zap.Logger) (added, removed []string) {
+	added, removed = lb.GetPool(name).Set(bs)
+	persistPool(name, bs, log)
+	log.Info("backend set replaced", zap.String("pool", name), zap.Int("backends", len(bs)),
+		zap.Strings("added", added), zap.Strings("removed", removed))
+	return added, removed
+}
+
+func serveSetBackends(w http.ResponseWriter, r *http.Request, name string, log *zap.Logger) {
+	if r.Method != http.MethodPost && r.Method != http.MethodPut {
+		w.Header().Set("Allow", "POST, PUT")
+		writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST")
+		return
+	}
+	bs, status, err := readSetBackends(w, r)
+	if err != nil {
+		log.Warn("set-backends rejected; previous set kept", zap.String("pool", name), zap.Error(err))
+		writeJSONError(w, status, "invalid_request", err.Error())
+		return
+	}
+	added, removed := applyBackends(name, bs, log)
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "pool": name, "backends": urls(bs),
+		"added": nonNil(added), "removed": nonNil(removed)})
+}
+
+// healthReport is the JSON body of GET /_custom_router/health.
+type healthReport struct {
+	OK         bool            `json:"ok"`
+	Pool       string          `json:"pool"`
+	Managed    bool            `json:"backends_set"`
+	QueueDepth int             `json:"queue_depth"`
+	Backends   []backendHealth `json:"backends"`
+}
+
+type backendHealth struct {
+	Addr        string  `json:"addr"`
+	URL         string  `json:"url,omitempty"`
+	EWMALatency float64 `json:"ewma_latency"`
+	Tried       bool    `json:"tried"`
+	InFlight    int     `json:"in_flight"`
+	Down        bool    `json:"down"`
+	Draining    bool    `json:"draining,omitempty"`
+	Dispatched  uint64  `json:"dispatched"`
+	Failures    uint64  `json:"failures"`
+}
+
+func health(name string) healthReport {
+	set, managed := lb.GetPool(name).Backends()
+	rep := healthReport{OK: true, Pool: name, Managed: managed, Backends: []backendHealth{}}
+	stats := map[string]backendHealth{}
+	var draining []backendHealth
+	if s := qllStateFor(name); s != nil {
+		snap := s.Snapshot()
+		rep.QueueDepth = snap.QueueDepth
+		for _, r := range snap.Replicas {
+			bh := backendHealth{Addr: r.Addr, EWMALatency: r.EWMASeconds, Tried: r.Tried, InFlight: r.InFlight,
+				Down: r.Down, Dispatched: r.Dispatched, Failures: r.Failures, Draining: !r.Present}
+			if r.Present {
+				stats[r.Addr] = bh
+			} else {
+				draining = append(draining, bh)
+			}
+		}
+	}
+	for _, b := range set {
+		bh, ok := stats[b.Dial]
+		if !ok {
+			bh = backendHealth{Addr: b.Dial}
+		}
+		bh.URL = b.URL
+		rep.Backends = append(rep.Backends, bh)
+	}
+	rep.Backends = append(rep.Backends, draining...)
+	return rep
+}
+
+func serveHealth(w http.ResponseWriter, r *http.Request, name string) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
+		return
+	}
+	writeJSON(w, http.StatusOK, health(name))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func urls(bs []lb.Backend) []string {
+	out := make([]string, len(bs))
+	for i, b := range bs {
+		out[i] = b.URL
+	}
+	return out
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

@@ -1,0 +1,437 @@
+package caddymodule
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sluice-router/sluice/sim"
+)
+
+func init() {
+	caddy.RegisterModule(InferenceSim{})
+	httpcaddyfile.RegisterHandlerDirective("inference_sim", parseInferenceSimCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("inference_sim", httpcaddyfile.Before, "respond")
+}
+
+// InferenceSim is a simulated model replica served as a terminal HTTP
+// handler: it answers OpenAI-compatible /v1/completions,
+// /v1/chat/completions and /v1/models, SGLang-style /generate, /health and
+// /metrics (vLLM metric names) itself and never calls the next handler. It
+// stands in for GPU replicas in the quick start, tests and benchmarks. See
+// package sim for the service-time model and the faults.
+//
+// A config reload builds a fresh replica (new queue and counters); requests
+// still in flight on the old one finish there.
+type InferenceSim struct {
+	// Name of the replica, sent in the X-Sim-Replica response header.
+	// Default "sim".
+	Name string `json:"name,omitempty"`
+	// Model id listed by /v1/models. Default "sim-model".
+	Model string `json:"model,omitempty"`
+	// Concurrency is how many requests are served at once; the others wait
+	// in a FIFO queue. Default 1.
+	Concurrency int `json:"concurrency,omitempty"`
+	// Latency is the service-time model. Default: fixed 0.
+	Latency *InferenceSimLatency `json:"latency,omitempty"`
+	// MaxTokens is the output length when a request does not say. Default 16.
+	MaxTokens int `json:"max_tokens,omitempty"`
+	// StreamChunkTokens is the number of tokens per streamed chunk. Default 1.
+	StreamChunkTokens int `json:"stream_chunk_tokens,omitempty"`
+	// MaxBodyBytes caps request bodies (413 above). Default 8 MiB.
+	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
+	// ErrorRate is the probability (0..1) of answering with ErrorStatus
+	// immediately, without queueing.
+	ErrorRate float64 `json:"error_rate,omitempty"`
+	// ErrorStatus is the status of injected errors (400..599). Default 500.
+	ErrorStatus int `json:"error_status,omitempty"`
+	// StallRate is the probability (0..1) that a request, once it has a
+	// serving slot, hangs for Stall before being served.
+	StallRate float64 `json:"stall_rate,omitempty"`
+	// Stall is the duration of a stall.
+	Stall caddy.Duration `json:"stall,omitempty"`
+	// Seed makes the random draws reproducible; 0 picks a random seed.
+	Seed uint64 `json:"seed,omitempty"`
+
+	replica *sim.Replica
+}
+
+// InferenceSimLatency is the JSON form of the service-time model.
+type InferenceSimLatency struct {
+	// Kind is "fixed" (default), "lognormal" or "per_token".
+	Kind string `json:"kind,omitempty"`
+	// Duration is the service time (fixed) or its mean (lognormal).
+	Duration caddy.Duration `json:"duration,omitempty"`
+	// Sigma is the log-space standard deviation (lognormal).
+	Sigma float64 `json:"sigma,omitempty"`
+	// Prefill is the time per prompt token (per_token).
+	Prefill caddy.Duration `json:"prefill,omitempty"`
+	// Decode is the time per output token with a batch of one (per_token).
+	Decode caddy.Duration `json:"decode,omitempty"`
+	// BatchSlowdown slows each decode step by this fraction per additional
+	// running request (per_token).
+	BatchSlowdown float64 `json:"batch_slowdown,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (InferenceSim) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.inference_sim",
+		New: func() caddy.Module { return new(InferenceSim) },
+	}
+}
+
+// simConfig converts the module's fields to a sim.Config.
+func (s *InferenceSim) simConfig() sim.Config {
+	cfg := sim.Config{
+		Name:              s.Name,
+		Model:             s.Model,
+		Concurrency:       s.Concurrency,
+		MaxTokens:         s.MaxTokens,
+		StreamChunkTokens: s.StreamChunkTokens,
+		MaxBodyBytes:      s.MaxBodyBytes,
+		Faults: sim.Faults{
+			ErrorRate:   s.ErrorRate,
+			ErrorStatus: s.ErrorStatus,
+			StallRate:   s.StallRate,
+			Stall:       time.Duration(s.Stall),
+		},
+		Seed: s.Seed,
+	}
+	if l := s.Latency; l != nil {
+		cfg.Latency = sim.Latency{
+			Kind:          sim.LatencyKind(l.Kind),
+			Duration:      time.Duration(l.Duration),
+			Sigma:         l.Sigma,
+			Prefill:       time.Duration(l.Prefill),
+			Decode:        time.Duration(l.Decode),
+			BatchSlowdown: l.BatchSlowdown,
+		}
+	}
+	return cfg
+}
+
+// Provision builds the simulated replica.
+func (s *InferenceSim) Provision(caddy.Context) error {
+	rp, err := sim.New(s.simConfig())
+	if err != nil {
+		return fmt.Errorf("inference_sim: %w", err)
+	}
+	s.replica = rp
+	inferenceSimRegistry.put(rp)
+	return nil
+}
+
+// Validate checks the configuration.
+func (s *InferenceSim) Validate() error {
+	if err := s.simConfig().Validate(); err != nil {
+		return fmt.Errorf("inference_sim: %w", err)
+	}
+	return nil
+}
+
+// Cleanup unregisters the replica. It does not abort requests in flight:
+// they finish on the replica that accepted them.
+func (s *InferenceSim) Cleanup() error {
+	if s.replica != nil {
+		inferenceSimRegistry.remove(s.replica)
+	}
+	return nil
+}
+
+// ServeHTTP answers the request with the simulated replica; it never calls
+// next.
+func (s *InferenceSim) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	s.replica.ServeHTTP(w, r)
+	return nil
+}
+
+// InferenceSimReplica returns the most recently provisioned inference_sim
+// replica with the given name, or nil. Tests use it to change faults at run
+// time (SetFaults) or read Stats of a replica served by Caddy.
+func InferenceSimReplica(name string) *sim.Replica {
+	return inferenceSimRegistry.get(name)
+}
+
+var inferenceSimRegistry = &inferenceSimReplicas{byName: make(map[string]*sim.Replica)}
+
+type inferenceSimReplicas struct {
+	mu     sync.Mutex
+	byName map[string]*sim.Replica
+}
+
+func (reg *inferenceSimReplicas) put(rp *sim.Replica) {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	reg.byName[rp.Name()] = rp
+}
+
+func (reg *inferenceSimReplicas) get(name string) *sim.Replica {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	return reg.byName[name]
+}
+
+func (reg *inferenceSimReplicas) remove(rp *sim.Replica) {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	if reg.byName[rp.Name()] == rp {
+		delete(reg.byName, rp.Name())
+	}
+}
+
+// parseInferenceSimCaddyfile builds the handler from the inference_sim
+// directive.
+func parseInferenceSimCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	s := new(InferenceSim)
+	err := s.UnmarshalCaddyfile(h.Dispenser)
+	return s, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
+//
+//	inference_sim [<name>] {
+//	    name         <name>
+//	    model        <model id>
+//	    concurrency  <n>
+//	    latency      fixed <duration>
+//	    latency      lognormal <mean> <sigma>
+//	    latency      per_token <prefill per token> <decode per token> [batch_slowdown <factor>]
+//	    max_tokens   <n>
+//	    stream_chunk <tokens per chunk>
+//	    max_body     <bytes>
+//	    error_rate   <0..1>
+//	    error_status <400..599>
+//	    stall        <duration> <rate 0..1>
+//	    seed         <n>
+//	}
+func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		s.Name = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	seen := make(map[string]bool)
+	for d.NextBlock(0) {
+		sub := d.Val()
+		if seen[sub] {
+			return d.Errf("inference_sim: %s specified more than once", sub)
+		}
+		seen[sub] = true
+		switch sub {
+		case "name", "model":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			if sub == "name" {
+				s.Name = v
+			} else {
+				s.Model = v
+			}
+		case "concurrency":
+			n, err := inferenceSimInt(d, sub, 1, math.MaxInt32)
+			if err != nil {
+				return err
+			}
+			s.Concurrency = n
+		case "max_tokens":
+			n, err := inferenceSimInt(d, sub, 1, sim.MaxOutputTokens)
+			if err != nil {
+				return err
+			}
+			s.MaxTokens = n
+		case "stream_chunk":
+			n, err := inferenceSimInt(d, sub, 1, sim.MaxOutputTokens)
+			if err != nil {
+				return err
+			}
+			s.StreamChunkTokens = n
+		case "max_body":
+			n, err := inferenceSimInt(d, sub, 1, math.MaxInt)
+			if err != nil {
+				return err
+			}
+			s.MaxBodyBytes = int64(n)
+		case "error_status":
+			n, err := inferenceSimInt(d, sub, 400, 599)
+			if err != nil {
+				return err
+			}
+			s.ErrorStatus = n
+		case "error_rate":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			p, err := inferenceSimRate(d, sub, d.Val())
+			if err != nil {
+				return err
+			}
+			s.ErrorRate = p
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		case "stall":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("inference_sim: stall needs a duration and a rate, e.g. 'stall 30s 0.01'")
+			}
+			dur, err := inferenceSimDuration(d, sub, args[0])
+			if err != nil {
+				return err
+			}
+			p, err := inferenceSimRate(d, sub, args[1])
+			if err != nil {
+				return err
+			}
+			if p > 0 && dur == 0 {
+				return d.Errf("inference_sim: stall duration must be positive when the rate is %v", p)
+			}
+			s.Stall, s.StallRate = caddy.Duration(dur), p
+		case "seed":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			v, err := strconv.ParseUint(d.Val(), 10, 64)
+			if err != nil {
+				return d.Errf("inference_sim: seed %q is not an unsigned integer", d.Val())
+			}
+			s.Seed = v
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		case "latency":
+			l, err := parseInferenceSimLatency(d)
+			if err != nil {
+				return err
+			}
+			s.Latency = l
+		default:
+			return d.Errf("inference_sim: unrecognized subdirective '%s'", sub)
+		}
+	}
+	return nil
+}
+
+// parseInferenceSimLatency parses the arguments of the latency subdirective.
+func parseInferenceSimLatency(d *caddyfile.Dispenser) (*InferenceSimLatency, error) {
+	args := d.RemainingArgs()
+	if len(args) == 0 {
+		return nil, d.Errf("inference_sim: latency needs a model: fixed, lognormal or per_token")
+	}
+	l := &InferenceSimLatency{Kind: args[0]}
+	durations := func(names ...string) ([]time.Duration, error) {
+		out := make([]time.Duration, len(names))
+		for i, name := range names {
+			v, err := inferenceSimDuration(d, "latency "+l.Kind+" "+name, args[1+i])
+			if err != nil {
+				return nil, err
+			}
+			out[i] = v
+		}
+		return out, nil
+	}
+	switch sim.LatencyKind(args[0]) {
+	case sim.LatencyFixed:
+		if len(args) != 2 {
+			return nil, d.Errf("inference_sim: usage: latency fixed <duration>")
+		}
+		ds, err := durations("duration")
+		if err != nil {
+			return nil, err
+		}
+		l.Duration = caddy.Duration(ds[0])
+	case sim.LatencyLognormal:
+		if len(args) != 3 {
+			return nil, d.Errf("inference_sim: usage: latency lognormal <mean> <sigma>")
+		}
+		ds, err := durations("mean")
+		if err != nil {
+			return nil, err
+		}
+		if ds[0] == 0 {
+			return nil, d.Errf("inference_sim: latency lognormal mean must be positive")
+		}
+		sigma, err := strconv.ParseFloat(args[2], 64)
+		if err != nil || !(sigma >= 0 && sigma <= 10) {
+			return nil, d.Errf("inference_sim: latency lognormal sigma %q must be a number between 0 and 10", args[2])
+		}
+		l.Duration, l.Sigma = caddy.Duration(ds[0]), sigma
+	case sim.LatencyPerToken:
+		if len(args) != 3 && len(args) != 5 {
+			return nil, d.Errf("inference_sim: usage: latency per_token <prefill> <decode> [batch_slowdown <factor>]")
+		}
+		ds, err := durations("prefill", "decode")
+		if err != nil {
+			return nil, err
+		}
+		l.Prefill, l.Decode = caddy.Duration(ds[0]), caddy.Duration(ds[1])
+		if len(args) == 5 {
+			if args[3] != "batch_slowdown" {
+				return nil, d.Errf("inference_sim: latency per_token: unexpected %q, want batch_slowdown <factor>", args[3])
+			}
+			f, err := strconv.ParseFloat(args[4], 64)
+			if err != nil || !(f >= 0 && f <= 1e6) {
+				return nil, d.Errf("inference_sim: latency per_token batch_slowdown %q must be a non-negative number", args[4])
+			}
+			l.BatchSlowdown = f
+		}
+	default:
+		return nil, d.Errf("inference_sim: unknown latency model %q: want fixed, lognormal or per_token", args[0])
+	}
+	return l, nil
+}
+
+// inferenceSimInt reads the single integer argument of subdirective sub.
+func inferenceSimInt(d *caddyfile.Dispenser, sub string, lo, hi int) (int, error) {
+	if !d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	n, err := strconv.Atoi(d.Val())
+	if err != nil || n < lo || n > hi {
+		return 0, d.Errf("inference_sim: %s %q must be an integer between %d and %d", sub, d.Val(), lo, hi)
+	}
+	if d.NextArg() {
+		return 0, d.ArgErr()
+	}
+	return n, nil
+}
+
+func inferenceSimRate(d *caddyfile.Dispenser, sub, arg string) (float64, error) {
+	p, err := strconv.ParseFloat(arg, 64)
+	if err != nil || !(p >= 0 && p <= 1) {
+		return 0, d.Errf("inference_sim: %s rate %q must be a number between 0 and 1", sub, arg)
+	}
+	return p, nil
+}
+
+func inferenceSimDuration(d *caddyfile.Dispenser, what, arg string) (time.Duration, error) {
+	v, err := caddy.ParseDuration(arg)
+	if err != nil {
+		return 0, d.Errf("inference_sim: %s %q is not a duration: %v", what, arg, err)
+	}
+	if v < 0 {
+		return 0, d.Errf("inference_sim: %s %q must not be negative", what, arg)
+	}
+	return v, nil
+}
+
+// Interface guards
+var (
+	_ caddy.Module                = (*InferenceSim)(nil)
+	_ caddy.Provisioner           = (*InferenceSim)(nil)
+	_ caddy.Validator             = (*InferenceSim)(nil)
+	_ caddy.CleanerUpper          = (*InferenceSim)(nil)
+	_ caddyhttp.MiddlewareHandler = (*InferenceSim)(nil)
+	_ caddyfile.Unmarshaler       = (*InferenceSim)(nil)
+)

@@ -1,0 +1,44 @@
+package caddymodule
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/sluice-router/sluice/lb/qll"
+)
+
+// One collector per process reads every live pool state at scrape time.
+// It is registered on each config's metrics registry (the one Caddy serves
+// at admin /metrics and through the metrics handler) as that config loads,
+// and on a private registry served at /_custom_router/metrics.
+var (
+	qllCollector  = qll.NewCollector(qllStatesByPool)
+	sluiceMetrics = func() *prometheus.Registry {
+		r := prometheus.NewRegistry()
+		r.MustRegister(qllCollector)
+		return r
+	}()
+	sluiceMetricsHandler = promhttp.HandlerFor(sluiceMetrics, promhttp.HandlerOpts{})
+)
+
+func registerMetrics(ctx caddy.Context, log *zap.Logger) {
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return
+	}
+	if err := reg.Register(qllCollector); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			log.Warn("cannot register Sluice metrics", zap.Error(err))
+		}
+	}
+}
+
+func serveMetrics(w http.ResponseWriter, r *http.Request) {
+	sluiceMetricsHandler.ServeHTTP(w, r)
+}

@@ -1,0 +1,120 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/sluice-router/sluice/lb"
+)
+
+// Backend sets survive a Sluice restart: every change is written to
+// <caddy data dir>/sluice/pools/<pool>.json (atomically: temp file +
+// rename), and the first module that names a pool after start-up restores
+// it, unless a set was already given in this process. The HF platform
+// re-posts the set whenever replicas change, so a stale file is corrected
+// by the next set-backends; until then Sluice serves the last known set
+// instead of failing every request.
+
+var poolNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+func validatePoolName(name string) error {
+	if !poolNameRE.MatchString(name) {
+		return fmt.Errorf("pool name %q: use 1-64 letters, digits, '.', '_' or '-'", name)
+	}
+	return nil
+}
+
+func poolName(name string) string {
+	if name == "" {
+		return lb.DefaultPool
+	}
+	return name
+}
+
+// poolsDir is a variable so tests can point it at a temp dir.
+var poolsDir = func() string { return filepath.Join(caddy.AppDataDir(), "sluice", "pools") }
+
+type persistedPool struct {
+	Backends []string `json:"backends"`
+}
+
+var (
+	restoreMu sync.Mutex
+	restored  = map[string]bool{}
+)
+
+// restorePool loads the persisted set of pool name once per process, if
+// the pool has no set yet. A missing file is normal; a corrupt one is
+// logged and ignored (the next set-backends rewrites it).
+func restorePool(name string, log *zap.Logger) {
+	restoreMu.Lock()
+	defer restoreMu.Unlock()
+	if restored[name] {
+		return
+	}
+	restored[name] = true
+	p := lb.GetPool(name)
+	if p.Managed() {
+		return
+	}
+	path := filepath.Join(poolsDir(), name+".json")
+	data, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return
+	}
+	if err != nil {
+		log.Warn("cannot read persisted backend set", zap.String("pool", name), zap.String("path", path), zap.Error(err))
+		return
+	}
+	var pp persistedPool
+	if err := json.Unmarshal(data, &pp); err != nil {
+		log.Warn("ignoring corrupt persisted backend set", zap.String("pool", name), zap.String("path", path), zap.Error(err))
+		return
+	}
+	bs, err := lb.ParseBackends(pp.Backends)
+	if err != nil {
+		log.Warn("ignoring invalid persisted backend set", zap.String("pool", name), zap.String("path", path), zap.Error(err))
+		return
+	}
+	p.Set(bs)
+	log.Info("restored backend set", zap.String("pool", name), zap.Int("backends", len(bs)), zap.String("path", path))
+}
+
+// persistPool writes the set; failure is logged, not fatal: the set is live
+// in memory either way.
+func persistPool(name string, bs []lb.Backend, log *zap.Logger) {
+	urls := make([]string, len(bs))
+	for i, b := range bs {
+		urls[i] = b.URL
+	}
+	data, _ := json.Marshal(persistedPool{Backends: urls})
+	dir := poolsDir()
+	err := os.MkdirAll(dir, 0o700)
+	if err == nil {
+		var f *os.File
+		f, err = os.CreateTemp(dir, name+".*.tmp")
+		if err == nil {
+			_, err = f.Write(data)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err == nil {
+				err = os.Rename(f.Name(), filepath.Join(dir, name+".json"))
+			}
+			if err != nil {
+				os.Remove(f.Name())
+			}
+		}
+	}
+	if err != nil {
+		log.Warn("cannot persist backend set; it is live but will not survive a restart",
+			zap.String("pool", name), zap.String("dir", dir), zap.Error(err))
+	}
+}

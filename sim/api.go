@@ -1,0 +1,459 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+type apiKind int
+
+const (
+	apiCompletions apiKind = iota // POST /v1/completions
+	apiChat                       // POST /v1/chat/completions
+	apiGenerate                   // POST /generate (SGLang)
+)
+
+// wireRequest is the union of the request fields the simulator reads from the
+// OpenAI and SGLang request bodies; everything else is ignored.
+type wireRequest struct {
+	Model               string            `json:"model"`
+	Prompt              json.RawMessage   `json:"prompt"`
+	Messages            []json.RawMessage `json:"messages"`
+	Text                json.RawMessage   `json:"text"`
+	InputIDs            json.RawMessage   `json:"input_ids"`
+	MaxTokens           *int64            `json:"max_tokens"`
+	MaxCompletionTokens *int64            `json:"max_completion_tokens"`
+	SamplingParams      *struct {
+		MaxNewTokens *int64 `json:"max_new_tokens"`
+	} `json:"sampling_params"`
+	Stream        bool `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// inferenceRequest is a parsed inference request.
+type inferenceRequest struct {
+	Model        string
+	PromptTokens int
+	OutputTokens int
+	Stream       bool
+	IncludeUsage bool
+}
+
+// parseRequest reads and parses the body. On error it returns the status to
+// answer with (statusClientGone if the client went away while sending).
+func (rp *Replica) parseRequest(w http.ResponseWriter, r *http.Request) (inferenceRequest, int, error) {
+	limit := rp.cfg.MaxBodyBytes
+	if r.ContentLength > limit {
+		return inferenceRequest{}, http.StatusRequestEntityTooLarge,
+			fmt.Errorf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, limit)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return inferenceRequest{}, http.StatusRequestEntityTooLarge,
+				fmt.Errorf("request body exceeds the limit of %d bytes", limit)
+		}
+		if r.Context().Err() != nil {
+			return inferenceRequest{}, statusClientGone, err
+		}
+		return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("reading request body: %v", err)
+	}
+
+	var wr wireRequest
+	if err := json.Unmarshal(body, &wr); err != nil {
+		return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("invalid JSON body: %v", err)
+	}
+
+	req := inferenceRequest{Model: wr.Model, Stream: wr.Stream}
+	if req.Model == "" {
+		req.Model = rp.cfg.Model
+	}
+	req.IncludeUsage = wr.StreamOptions != nil && wr.StreamOptions.IncludeUsage
+
+	var pc promptCount
+	present := false
+	for _, part := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"prompt", wr.Prompt}, {"text", wr.Text}, {"input_ids", wr.InputIDs}} {
+		if isAbsent(part.raw) {
+			continue
+		}
+		present = true
+		if err := pc.add(part.raw, false); err != nil {
+			return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("field %q: %v", part.name, err)
+		}
+	}
+	for i, m := range wr.Messages {
+		present = true
+		var msg struct {
+			Content json.RawMessage `json:"content"`
+		}
+		if err := json.Unmarshal(m, &msg); err != nil {
+			return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("messages[%d]: %v", i, err)
+		}
+		if isAbsent(msg.Content) {
+			continue
+		}
+		if err := pc.add(msg.Content, true); err != nil {
+			return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("messages[%d].content: %v", i, err)
+		}
+	}
+	if wr.Messages != nil {
+		present = true
+	}
+	if !present {
+		return inferenceRequest{}, http.StatusBadRequest,
+			errors.New(`the body has no prompt: expected "prompt", "messages", "text" or "input_ids"`)
+	}
+	req.PromptTokens = max(1, pc.tokens+pc.chars/4)
+
+	out := int64(rp.cfg.MaxTokens)
+	field := ""
+	switch {
+	case wr.MaxCompletionTokens != nil:
+		out, field = *wr.MaxCompletionTokens, "max_completion_tokens"
+	case wr.MaxTokens != nil:
+		out, field = *wr.MaxTokens, "max_tokens"
+	case wr.SamplingParams != nil && wr.SamplingParams.MaxNewTokens != nil:
+		out, field = *wr.SamplingParams.MaxNewTokens, "sampling_params.max_new_tokens"
+	}
+	if out < 1 || out > MaxOutputTokens {
+		return inferenceRequest{}, http.StatusBadRequest,
+			fmt.Errorf("%s must be between 1 and %d, got %d", field, MaxOutputTokens, out)
+	}
+	req.OutputTokens = int(out)
+	return req, 0, nil
+}
+
+func isAbsent(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+// promptCount accumulates prompt size: characters of text (≈ 4 per token)
+// and explicit token ids.
+type promptCount struct {
+	chars  int
+	tokens int
+}
+
+// add counts a prompt value: a string, a token id, or arrays of those.
+// With parts set, objects are content parts whose "text" is counted.
+func (pc *promptCount) add(raw json.RawMessage, parts bool) error {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return err
+	}
+	return pc.walk(v, parts, 0)
+}
+
+func (pc *promptCount) walk(v any, parts bool, depth int) error {
+	if depth > 3 {
+		return errors.New("nested too deeply")
+	}
+	switch x := v.(type) {
+	case nil:
+	case string:
+		pc.chars += len(x)
+	case float64:
+		pc.tokens++
+	case []any:
+		for _, e := range x {
+			if err := pc.walk(e, parts, depth+1); err != nil {
+				return err
+			}
+		}
+	case map[string]any:
+		if !parts {
+			return errors.New("expected a string, a token id or an array of those")
+		}
+		if t, ok := x["text"].(string); ok {
+			pc.chars += len(t)
+		}
+	default:
+		return fmt.Errorf("unexpected %T", v)
+	}
+	return nil
+}
+
+// vocabulary of the simulated output; token i is vocabulary[i%len].
+var vocabulary = [...]string{
+	" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy",
+	" dog", " while", " simulated", " tokens", " flow", " through", " sluice", ".",
+}
+
+func outputText(from, to int) string {
+	var b strings.Builder
+	for i := from; i < to; i++ {
+		b.WriteString(vocabulary[i%len(vocabulary)])
+	}
+	return b.String()
+}
+
+// generation is one request in service.
+type generation struct {
+	rp      *Replica
+	api     apiKind
+	req     inferenceRequest
+	seq     uint64
+	created int64
+	total   time.Duration // fixed/lognormal: drawn total service time
+}
+
+func (g *generation) id() string {
+	prefix := "cmpl-"
+	if g.api == apiChat {
+		prefix = "chatcmpl-"
+	}
+	return prefix + g.rp.cfg.Name + "-" + strconv.FormatUint(g.seq, 10)
+}
+
+// run walks through the output in chunks of at most chunk tokens, waiting the
+// modelled time before each chunk and then calling emit (if not nil).
+func (g *generation) run(sl *sleeper, chunk int, emit func(from, to int) error) error {
+	l := g.rp.cfg.Latency
+	n := g.req.OutputTokens
+	if l.Kind != LatencyPerToken {
+		g.total = g.rp.serviceTime()
+	}
+	for from := 0; from < n; {
+		to := min(from+chunk, n)
+		var d time.Duration
+		if l.Kind == LatencyPerToken {
+			// The first token comes right after prefill; the others are
+			// spaced by the (batch-dependent) decode step.
+			steps := to - from
+			if from == 0 {
+				d = clampDuration(float64(l.Prefill) * float64(g.req.PromptTokens))
+				steps--
+			}
+			d += clampDuration(float64(g.rp.decodeStep()) * float64(steps))
+		} else {
+			// Spread the total evenly over the tokens.
+			t := float64(g.total)
+			d = time.Duration(t*float64(to)/float64(n)) - time.Duration(t*float64(from)/float64(n))
+		}
+		if err := sl.sleep(d, nil); err != nil {
+			return err
+		}
+		if emit != nil {
+			if err := emit(from, to); err != nil {
+				return err
+			}
+		}
+		from = to
+	}
+	return nil
+}
+
+// usage is OpenAI's usage object.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func (g *generation) usage() usage {
+	return usage{
+		PromptTokens:     g.req.PromptTokens,
+		CompletionTokens: g.req.OutputTokens,
+		TotalTokens:      g.req.PromptTokens + g.req.OutputTokens,
+	}
+}
+
+// Response bodies, as structs so that fields come out in the usual order
+// and encoding stays cheap per streamed token.
+type (
+	openAIResponse struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		Model   string `json:"model"`
+		Choices any    `json:"choices"` // []textChoice or []chatChoice
+		Usage   *usage `json:"usage,omitempty"`
+	}
+	textChoice struct {
+		Index        int       `json:"index"`
+		Text         string    `json:"text"`
+		Logprobs     *struct{} `json:"logprobs"`
+		FinishReason *string   `json:"finish_reason"`
+	}
+	chatMessage struct {
+		Role    string `json:"role,omitempty"`
+		Content string `json:"content"`
+	}
+	chatChoice struct {
+		Index        int          `json:"index"`
+		Message      *chatMessage `json:"message,omitempty"`
+		Delta        *chatMessage `json:"delta,omitempty"`
+		FinishReason *string      `json:"finish_reason"`
+	}
+	sglangResponse struct {
+		Text     string     `json:"text"`
+		MetaInfo sglangMeta `json:"meta_info"`
+	}
+	sglangMeta struct {
+		ID               string        `json:"id"`
+		PromptTokens     int           `json:"prompt_tokens"`
+		CompletionTokens int           `json:"completion_tokens"`
+		FinishReason     *sglangFinish `json:"finish_reason"`
+	}
+	sglangFinish struct {
+		Type   string `json:"type"`
+		Length int    `json:"length"`
+	}
+)
+
+var finishLength = "length"
+
+func (g *generation) openAI(object string, choices any, u *usage) openAIResponse {
+	return openAIResponse{ID: g.id(), Object: object, Created: g.created, Model: g.req.Model, Choices: choices, Usage: u}
+}
+
+func (g *generation) sglang(text string, done int) sglangResponse {
+	r := sglangResponse{Text: text, MetaInfo: sglangMeta{
+		ID: g.id(), PromptTokens: g.req.PromptTokens, CompletionTokens: done,
+	}}
+	if done == g.req.OutputTokens {
+		r.MetaInfo.FinishReason = &sglangFinish{Type: "length", Length: done}
+	}
+	return r
+}
+
+// complete serves a non-streaming request.
+func (g *generation) complete(w http.ResponseWriter, sl *sleeper) error {
+	chunk := g.req.OutputTokens
+	if g.rp.cfg.Latency.Kind == LatencyPerToken {
+		// Re-evaluate the batch slowdown about eight times per request.
+		chunk = max(1, (g.req.OutputTokens+7)/8)
+	}
+	if err := g.run(sl, chunk, nil); err != nil {
+		return err
+	}
+	text := outputText(0, g.req.OutputTokens)
+	u := g.usage()
+	var body any
+	switch g.api {
+	case apiGenerate:
+		body = g.sglang(text, g.req.OutputTokens)
+	case apiChat:
+		body = g.openAI("chat.completion", []chatChoice{{
+			Message: &chatMessage{Role: "assistant", Content: text}, FinishReason: &finishLength,
+		}}, &u)
+	default:
+		body = g.openAI("text_completion", []textChoice{{Text: text, FinishReason: &finishLength}}, &u)
+	}
+	writeJSON(w, http.StatusOK, body)
+	return nil
+}
+
+// stream serves a streaming request as server-sent events: headers and the
+// first chunk at the first token, one event per chunk, then "data: [DONE]".
+func (g *generation) stream(w http.ResponseWriter, sl *sleeper) error {
+	rc := http.NewResponseController(w)
+	started := false
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	send := func(v any) error {
+		if !started {
+			h := w.Header()
+			h.Set("Content-Type", "text/event-stream")
+			h.Set("Cache-Control", "no-cache")
+			h.Set("X-Accel-Buffering", "no")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		buf.Reset()
+		buf.WriteString("data: ")
+		if s, ok := v.(string); ok {
+			buf.WriteString(s + "\n\n")
+		} else {
+			if err := enc.Encode(v); err != nil { // Encode ends with "\n"
+				return err
+			}
+			buf.WriteString("\n")
+		}
+		if _, err := w.Write(buf.Bytes()); err != nil {
+			return err
+		}
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		return nil
+	}
+	n := g.req.OutputTokens
+	err := g.run(sl, g.rp.cfg.StreamChunkTokens, func(from, to int) error {
+		var finish *string
+		if to == n {
+			finish = &finishLength
+		}
+		switch g.api {
+		case apiGenerate:
+			// SGLang streams the cumulative text.
+			return send(g.sglang(outputText(0, to), to))
+		case apiChat:
+			delta := &chatMessage{Content: outputText(from, to)}
+			if from == 0 {
+				delta.Role = "assistant"
+			}
+			return send(g.openAI("chat.completion.chunk", []chatChoice{{Delta: delta, FinishReason: finish}}, nil))
+		default:
+			return send(g.openAI("text_completion", []textChoice{{Text: outputText(from, to), FinishReason: finish}}, nil))
+		}
+	})
+	if err != nil {
+		if started && !errors.Is(err, errClosed) && sl.ctx.Err() == nil {
+			// A write failed: the client is gone even if the context has not
+			// noticed yet.
+			return errClientGone
+		}
+		return err
+	}
+	if g.req.IncludeUsage && g.api != apiGenerate {
+		object := "text_completion"
+		if g.api == apiChat {
+			object = "chat.completion.chunk"
+		}
+		u := g.usage()
+		if err := send(g.openAI(object, []struct{}{}, &u)); err != nil {
+			return errClientGone
+		}
+	}
+	if err := send("[DONE]"); err != nil {
+		return errClientGone
+	}
+	return nil
+}
+
+// errClientGone reports a failed write to the client.
+var errClientGone = errors.New("sim: client went away")
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		body = []byte(`{"error":{"type":"internal","message":"encoding the response failed"}}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// writeError answers with the project's JSON error shape
+// {"error": {"type": ..., "message": ...}}.
+func writeError(w http.ResponseWriter, status int, typ, msg string) {
+	writeJSON(w, status, map[string]any{"error": map[string]string{"type": typ, "message": msg}})
+}

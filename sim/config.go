@@ -1,0 +1,246 @@
+// Package sim is a simulated model server: one fake GPU replica that speaks
+// the OpenAI completions/chat API, SGLang's /generate and vLLM's metric
+// names, with a configurable service-time model (concurrency, FIFO queue,
+// fixed / lognormal / per-token latency) and injectable faults (errors,
+// stalls). It stands in for real inference replicas in Sluice's quick start,
+// tests and benchmarks.
+//
+// The simulator starts no goroutines of its own: every request is served on
+// the goroutine of its HTTP handler, waiting on timers and channels, so
+// thousands of concurrent simulated requests are cheap, and a client that goes
+// away frees its slot or queue place immediately.
+package sim
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// LatencyKind selects the service-time model of a replica.
+type LatencyKind string
+
+// The service-time models.
+const (
+	// LatencyFixed serves every request in exactly Latency.Duration.
+	LatencyFixed LatencyKind = "fixed"
+	// LatencyLognormal draws each request's service time from a lognormal
+	// distribution whose mean is Latency.Duration and whose log-space
+	// standard deviation is Latency.Sigma.
+	LatencyLognormal LatencyKind = "lognormal"
+	// LatencyPerToken charges Latency.Prefill per prompt token, then
+	// Latency.Decode per output token, each decode step slowed by the batch:
+	// step = Decode × (1 + BatchSlowdown × (running − 1)).
+	LatencyPerToken LatencyKind = "per_token"
+)
+
+// Defaults applied by New to zero-valued Config fields.
+const (
+	DefaultName         = "sim"
+	DefaultModel        = "sim-model"
+	DefaultMaxTokens    = 16
+	DefaultMaxBodyBytes = 8 << 20
+	DefaultErrorStatus  = 500
+	// MaxOutputTokens is the largest number of output tokens a request may ask for.
+	MaxOutputTokens = 1 << 20
+)
+
+// Latency describes the service-time model. The zero value is "fixed 0":
+// requests are answered as soon as they get a serving slot.
+type Latency struct {
+	// Kind is the model; empty means LatencyFixed.
+	Kind LatencyKind `json:"kind,omitempty"`
+	// Duration is the service time (fixed) or its mean (lognormal).
+	Duration time.Duration `json:"duration,omitempty"`
+	// Sigma is the log-space standard deviation (lognormal only), >= 0.
+	Sigma float64 `json:"sigma,omitempty"`
+	// Prefill is the time per prompt token (per_token only).
+	Prefill time.Duration `json:"prefill,omitempty"`
+	// Decode is the time per output token with a batch of one (per_token only).
+	Decode time.Duration `json:"decode,omitempty"`
+	// BatchSlowdown is the relative slowdown of a decode step per additional
+	// running request (per_token only), >= 0.
+	BatchSlowdown float64 `json:"batch_slowdown,omitempty"`
+}
+
+// Faults are the injected failures of a replica. They can be changed at run
+// time with (*Replica).SetFaults.
+//
+// An injected error is decided when the request arrives and is answered
+// immediately, without queueing or taking a serving slot (a fast-failing
+// replica). A stall is decided when the request gets its serving slot: the
+// request then holds the slot (it counts as running) for Stall, or until the
+// client goes away or SetFaults is called with StallRate 0, and is then
+// served normally.
+type Faults struct {
+	// ErrorRate is the probability (0..1) that a request gets ErrorStatus.
+	ErrorRate float64 `json:"error_rate,omitempty"`
+	// ErrorStatus is the status of injected errors (400..599); 0 means 500.
+	ErrorStatus int `json:"error_status,omitempty"`
+	// StallRate is the probability (0..1) that a request stalls.
+	StallRate float64 `json:"stall_rate,omitempty"`
+	// Stall is how long a stalled request hangs; required if StallRate > 0.
+	Stall time.Duration `json:"stall,omitempty"`
+}
+
+// Config configures one simulated replica. Zero values mean the defaults.
+type Config struct {
+	// Name identifies the replica; it is sent in the X-Sim-Replica header of
+	// every response. Default "sim".
+	Name string `json:"name,omitempty"`
+	// Model is the model id listed by /v1/models and used in responses
+	// when the request names none. Default "sim-model".
+	Model string `json:"model,omitempty"`
+	// Concurrency is how many requests are served at once (1 = one at a
+	// time, diffusion-like); the others wait in a FIFO queue. Default 1.
+	Concurrency int `json:"concurrency,omitempty"`
+	// Latency is the service-time model.
+	Latency Latency `json:"latency,omitzero"`
+	// MaxTokens is the number of output tokens when the request does not
+	// say (max_tokens / max_completion_tokens / sampling_params.max_new_tokens).
+	// Default 16.
+	MaxTokens int `json:"max_tokens,omitempty"`
+	// StreamChunkTokens is how many tokens each streamed chunk carries.
+	// Default 1 (one SSE event per token).
+	StreamChunkTokens int `json:"stream_chunk_tokens,omitempty"`
+	// MaxBodyBytes caps request bodies; larger ones get 413. Default 8 MiB.
+	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
+	// Faults are the initial injected faults.
+	Faults Faults `json:"faults,omitzero"`
+	// Seed seeds the random draws (errors, stalls, lognormal latency) for
+	// reproducible runs; 0 picks a random seed.
+	Seed uint64 `json:"seed,omitempty"`
+}
+
+// withDefaults returns c with the zero-valued fields set to their defaults.
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 1
+	}
+	if c.Latency.Kind == "" {
+		c.Latency.Kind = LatencyFixed
+	}
+	if c.MaxTokens == 0 {
+		c.MaxTokens = DefaultMaxTokens
+	}
+	if c.StreamChunkTokens == 0 {
+		c.StreamChunkTokens = 1
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	c.Faults = c.Faults.withDefaults()
+	return c
+}
+
+func (f Faults) withDefaults() Faults {
+	if f.ErrorStatus == 0 {
+		f.ErrorStatus = DefaultErrorStatus
+	}
+	return f
+}
+
+// Validate reports the first invalid field of c, naming it. Zero values are
+// valid (they mean the defaults).
+func (c Config) Validate() error {
+	if err := checkLabel("Name", c.Name); err != nil {
+		return err
+	}
+	if err := checkLabel("Model", c.Model); err != nil {
+		return err
+	}
+	if c.Concurrency < 0 {
+		return fmt.Errorf("sim: Concurrency must be at least 1, got %d", c.Concurrency)
+	}
+	if err := c.Latency.Validate(); err != nil {
+		return err
+	}
+	if c.MaxTokens < 0 || c.MaxTokens > MaxOutputTokens {
+		return fmt.Errorf("sim: MaxTokens must be between 1 and %d, got %d", MaxOutputTokens, c.MaxTokens)
+	}
+	if c.StreamChunkTokens < 0 {
+		return fmt.Errorf("sim: StreamChunkTokens must be at least 1, got %d", c.StreamChunkTokens)
+	}
+	if c.MaxBodyBytes < 0 {
+		return fmt.Errorf("sim: MaxBodyBytes must be positive, got %d", c.MaxBodyBytes)
+	}
+	return c.Faults.Validate()
+}
+
+// Validate reports the first invalid field of l, naming it.
+func (l Latency) Validate() error {
+	switch l.Kind {
+	case "", LatencyFixed:
+		if l.Duration < 0 {
+			return fmt.Errorf("sim: Latency.Duration must not be negative, got %v", l.Duration)
+		}
+	case LatencyLognormal:
+		if l.Duration <= 0 {
+			return fmt.Errorf("sim: Latency.Duration (the lognormal mean) must be positive, got %v", l.Duration)
+		}
+		if !(l.Sigma >= 0 && l.Sigma <= 10) {
+			return fmt.Errorf("sim: Latency.Sigma must be between 0 and 10, got %v", l.Sigma)
+		}
+	case LatencyPerToken:
+		if l.Prefill < 0 {
+			return fmt.Errorf("sim: Latency.Prefill must not be negative, got %v", l.Prefill)
+		}
+		if l.Decode < 0 {
+			return fmt.Errorf("sim: Latency.Decode must not be negative, got %v", l.Decode)
+		}
+		if !(l.BatchSlowdown >= 0 && l.BatchSlowdown <= 1e6) {
+			return fmt.Errorf("sim: Latency.BatchSlowdown must be between 0 and 1e6, got %v", l.BatchSlowdown)
+		}
+	default:
+		return fmt.Errorf("sim: Latency.Kind must be %q, %q or %q, got %q",
+			LatencyFixed, LatencyLognormal, LatencyPerToken, l.Kind)
+	}
+	return nil
+}
+
+// Validate reports the first invalid field of f, naming it.
+func (f Faults) Validate() error {
+	if !(f.ErrorRate >= 0 && f.ErrorRate <= 1) {
+		return fmt.Errorf("sim: Faults.ErrorRate must be between 0 and 1, got %v", f.ErrorRate)
+	}
+	if f.ErrorStatus != 0 && (f.ErrorStatus < 400 || f.ErrorStatus > 599) {
+		return fmt.Errorf("sim: Faults.ErrorStatus must be between 400 and 599, got %d", f.ErrorStatus)
+	}
+	if !(f.StallRate >= 0 && f.StallRate <= 1) {
+		return fmt.Errorf("sim: Faults.StallRate must be between 0 and 1, got %v", f.StallRate)
+	}
+	if f.Stall < 0 {
+		return fmt.Errorf("sim: Faults.Stall must not be negative, got %v", f.Stall)
+	}
+	if f.StallRate > 0 && f.Stall == 0 {
+		return fmt.Errorf("sim: Faults.Stall must be positive when Faults.StallRate is %v", f.StallRate)
+	}
+	return nil
+}
+
+// checkLabel rejects strings that cannot go into a header or a Prometheus
+// label value unescaped.
+func checkLabel(field, s string) error {
+	if len(s) > 256 {
+		return fmt.Errorf("sim: %s is longer than 256 bytes", field)
+	}
+	if i := strings.IndexFunc(s, func(r rune) bool {
+		return r < 0x20 || r == 0x7f || r == '"' || r == '\\' || r > 0x7e
+	}); i >= 0 {
+		return fmt.Errorf("sim: %s %q contains a character that is not printable ASCII or is a quote/backslash", field, s)
+	}
+	return nil
+}
+
+// lognormalMu returns the log-space location giving the distribution the
+// requested mean: mean = exp(mu + sigma²/2).
+func lognormalMu(mean time.Duration, sigma float64) float64 {
+	return math.Log(float64(mean)) - sigma*sigma/2
+}

@@ -1,0 +1,69 @@
+package sim
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+)
+
+// serveMetrics writes the replica's metrics in the Prometheus text format,
+// under the names vLLM (and SGLang) servers use, so that load-aware policies
+// can scrape a simulated replica like a real one.
+func (rp *Replica) serveMetrics(w http.ResponseWriter) {
+	_, _ = w.Write(rp.appendMetrics(nil))
+}
+
+// MetricsText returns what GET /metrics serves.
+func (rp *Replica) MetricsText() string {
+	return string(rp.appendMetrics(nil))
+}
+
+func (rp *Replica) appendMetrics(dst []byte) []byte {
+	st := rp.Stats()
+	b := bytes.NewBuffer(dst)
+	label := `{model_name="` + rp.cfg.Model + `"}`
+	usage := float64(st.Running) / float64(rp.cfg.Concurrency)
+
+	metric := func(name, typ, help, labels, value string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s %s\n%s%s %s\n", name, help, name, typ, name, labels, value)
+	}
+	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+	i := func(v int) string { return strconv.Itoa(v) }
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+	metric("vllm:num_requests_running", "gauge", "Number of requests currently running on the simulated GPU.", label, i(st.Running))
+	metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting in the replica's queue.", label, i(st.Waiting))
+	metric("vllm:gpu_cache_usage_perc", "gauge", "Simulated KV-cache usage (running / concurrency), 0..1.", label, f(usage))
+	metric("vllm:kv_cache_usage_perc", "gauge", "Simulated KV-cache usage (running / concurrency), 0..1.", label, f(usage))
+	metric("vllm:request_success_total", "counter", "Number of successfully served requests.", label, u(st.Served))
+	metric("vllm:prompt_tokens_total", "counter", "Number of prompt tokens of served requests.", label, u(st.PromptTokens))
+	metric("vllm:generation_tokens_total", "counter", "Number of generated tokens of served requests.", label, u(st.CompletionTokens))
+	metric("sglang:num_running_reqs", "gauge", "Number of running requests (SGLang name).", label, i(st.Running))
+	metric("sglang:num_queue_reqs", "gauge", "Number of queued requests (SGLang name).", label, i(st.Waiting))
+
+	replica := `{replica="` + rp.cfg.Name + `"}`
+	metric("sim_max_running", "gauge", "Largest number of requests running at once so far.", replica, i(st.MaxRunning))
+	metric("sim_max_waiting", "gauge", "Largest number of requests waiting at once so far.", replica, i(st.MaxWaiting))
+	metric("sim_concurrency", "gauge", "Configured number of requests served at once.", replica, i(rp.cfg.Concurrency))
+
+	rp.statusMu.Lock()
+	statuses := make([]int, 0, len(rp.byStatus))
+	for s := range rp.byStatus {
+		statuses = append(statuses, s)
+	}
+	slices.Sort(statuses)
+	counts := make([]uint64, len(statuses))
+	for k, s := range statuses {
+		counts[k] = rp.byStatus[s]
+	}
+	rp.statusMu.Unlock()
+
+	b.WriteString("# HELP sim_requests_total Inference requests by response status (499: the client went away).\n")
+	b.WriteString("# TYPE sim_requests_total counter\n")
+	for k, s := range statuses {
+		fmt.Fprintf(b, "sim_requests_total{replica=%q,status=\"%d\"} %d\n", rp.cfg.Name, s, counts[k])
+	}
+	return b.Bytes()
+}

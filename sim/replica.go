@@ -1,0 +1,451 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Response headers set by the simulator.
+const (
+	// HeaderReplica carries the replica's configured name on every response.
+	HeaderReplica = "X-Sim-Replica"
+	// HeaderSeq carries, on responses that got a serving slot, the 1-based
+	// order in which the replica granted slots. With a strict FIFO queue it
+	// follows the arrival order (a waiter that gave up may leave a gap).
+	HeaderSeq = "X-Sim-Seq"
+)
+
+// statusClientGone is the status recorded (never sent) for requests whose
+// client went away before the response was complete.
+const statusClientGone = 499
+
+// Replica is one simulated model replica. It is an http.Handler; create it
+// with New. All methods are safe for concurrent use.
+type Replica struct {
+	cfg  Config
+	q    *slotQueue
+	done chan struct{} // closed by Close
+
+	rngMu sync.Mutex
+	rng   *rand.Rand
+
+	faultMu      sync.Mutex
+	faults       Faults
+	stallRelease chan struct{} // closed (and replaced) when stalls are cleared
+
+	requests, served, errs, stalls, cancelled, rejected atomic.Uint64
+	promptTokens, completionTokens                      atomic.Uint64
+
+	statusMu sync.Mutex
+	byStatus map[int]uint64
+
+	lifeMu   sync.Mutex
+	closed   bool
+	inflight int
+	drained  chan struct{} // closed once closed && inflight == 0
+}
+
+// New validates cfg, applies the defaults and returns a ready replica.
+func New(cfg Config) (*Replica, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = rand.Uint64() | 1
+	}
+	return &Replica{
+		cfg:          cfg,
+		q:            newSlotQueue(cfg.Concurrency),
+		done:         make(chan struct{}),
+		rng:          rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		faults:       cfg.Faults,
+		stallRelease: make(chan struct{}),
+		byStatus:     make(map[int]uint64),
+		drained:      make(chan struct{}),
+	}, nil
+}
+
+// Name returns the replica's configured name.
+func (rp *Replica) Name() string { return rp.cfg.Name }
+
+// Config returns the replica's configuration with defaults applied. Its
+// Faults field holds the initial faults; see Faults for the current ones.
+func (rp *Replica) Config() Config { return rp.cfg }
+
+// Faults returns the faults currently in effect.
+func (rp *Replica) Faults() Faults {
+	rp.faultMu.Lock()
+	defer rp.faultMu.Unlock()
+	return rp.faults
+}
+
+// SetFaults replaces the injected faults; requests arriving afterwards (for
+// errors) or getting a serving slot afterwards (for stalls) see the new
+// values. Setting StallRate to 0 also ends every stall in progress: those
+// requests are then served normally. An invalid f is rejected and the
+// current faults are kept.
+func (rp *Replica) SetFaults(f Faults) error {
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	f = f.withDefaults()
+	rp.faultMu.Lock()
+	defer rp.faultMu.Unlock()
+	rp.faults = f
+	if f.StallRate == 0 {
+		close(rp.stallRelease)
+		rp.stallRelease = make(chan struct{})
+	}
+	return nil
+}
+
+func (rp *Replica) currentFaults() (Faults, <-chan struct{}) {
+	rp.faultMu.Lock()
+	defer rp.faultMu.Unlock()
+	return rp.faults, rp.stallRelease
+}
+
+// Stats is a snapshot of a replica's counters.
+type Stats struct {
+	// Requests counts requests to the inference endpoints
+	// (/v1/completions, /v1/chat/completions, /generate), whatever their outcome.
+	Requests uint64
+	// Served counts inference requests answered successfully and completely.
+	Served uint64
+	// Errors counts requests answered with an injected error.
+	Errors uint64
+	// Stalls counts requests that were stalled.
+	Stalls uint64
+	// Cancelled counts requests whose client went away before the response
+	// was complete, while waiting or while being served.
+	Cancelled uint64
+	// Rejected counts invalid requests (400, 405, 413).
+	Rejected uint64
+	// Started counts requests that got a serving slot.
+	Started uint64
+	// PromptTokens and CompletionTokens sum the tokens of served requests.
+	PromptTokens, CompletionTokens uint64
+	// Running and Waiting are the requests holding a slot and queued now.
+	Running, Waiting int
+	// MaxRunning and MaxWaiting are the largest values seen.
+	MaxRunning, MaxWaiting int
+}
+
+// Stats returns a snapshot of the replica's counters. Running and Waiting
+// are mutually consistent; the counters are read one by one.
+func (rp *Replica) Stats() Stats {
+	qs := rp.q.snapshot()
+	return Stats{
+		Requests:         rp.requests.Load(),
+		Served:           rp.served.Load(),
+		Errors:           rp.errs.Load(),
+		Stalls:           rp.stalls.Load(),
+		Cancelled:        rp.cancelled.Load(),
+		Rejected:         rp.rejected.Load(),
+		Started:          qs.started,
+		PromptTokens:     rp.promptTokens.Load(),
+		CompletionTokens: rp.completionTokens.Load(),
+		Running:          qs.running,
+		Waiting:          qs.waiting,
+		MaxRunning:       qs.maxRunning,
+		MaxWaiting:       qs.maxWaiting,
+	}
+}
+
+// Close shuts the replica down without waiting: queued and stalled requests
+// and requests being served end at once (non-streaming ones with 503,
+// streams are cut), and later requests get 503. The replica runs no
+// goroutines of its own, so nothing of it is left running once its
+// handlers have returned. Close is idempotent and always returns nil.
+func (rp *Replica) Close() error {
+	rp.lifeMu.Lock()
+	if rp.closed {
+		rp.lifeMu.Unlock()
+		return nil
+	}
+	rp.closed = true
+	close(rp.done)
+	if rp.inflight == 0 {
+		close(rp.drained)
+	}
+	rp.lifeMu.Unlock()
+	rp.q.close()
+	return nil
+}
+
+// enter registers a handler; it fails once the replica is closed.
+func (rp *Replica) enter() bool {
+	rp.lifeMu.Lock()
+	defer rp.lifeMu.Unlock()
+	if rp.closed {
+		return false
+	}
+	rp.inflight++
+	return true
+}
+
+func (rp *Replica) leave() {
+	rp.lifeMu.Lock()
+	defer rp.lifeMu.Unlock()
+	rp.inflight--
+	if rp.closed && rp.inflight == 0 {
+		close(rp.drained)
+	}
+}
+
+// waitDrained waits until the replica is closed and all its handlers have
+// returned, or ctx ends.
+func (rp *Replica) waitDrained(ctx context.Context) error {
+	select {
+	case <-rp.drained:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (rp *Replica) record(status int) {
+	rp.statusMu.Lock()
+	rp.byStatus[status]++
+	rp.statusMu.Unlock()
+}
+
+// chance reports whether an event of probability p happens.
+func (rp *Replica) chance(p float64) bool {
+	if p <= 0 {
+		return false
+	}
+	if p >= 1 {
+		return true
+	}
+	rp.rngMu.Lock()
+	defer rp.rngMu.Unlock()
+	return rp.rng.Float64() < p
+}
+
+// serviceTime draws the total service time of a fixed or lognormal request.
+func (rp *Replica) serviceTime() time.Duration {
+	l := rp.cfg.Latency
+	if l.Kind != LatencyLognormal || l.Sigma == 0 {
+		return l.Duration
+	}
+	rp.rngMu.Lock()
+	z := rp.rng.NormFloat64()
+	rp.rngMu.Unlock()
+	return clampDuration(math.Exp(lognormalMu(l.Duration, l.Sigma) + l.Sigma*z))
+}
+
+// decodeStep returns the current per-token decode time of the per_token model.
+func (rp *Replica) decodeStep() time.Duration {
+	l := rp.cfg.Latency
+	if l.BatchSlowdown == 0 {
+		return l.Decode
+	}
+	running, _ := rp.q.counts()
+	return clampDuration(float64(l.Decode) * (1 + l.BatchSlowdown*float64(max(running-1, 0))))
+}
+
+func clampDuration(ns float64) time.Duration {
+	const limit = float64(1 << 62)
+	if !(ns > 0) {
+		return 0
+	}
+	if ns > limit {
+		return time.Duration(1 << 62)
+	}
+	return time.Duration(ns)
+}
+
+// ServeHTTP serves the simulated endpoints.
+func (rp *Replica) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set(HeaderReplica, rp.cfg.Name)
+	if !rp.enter() {
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "replica is shut down")
+		return
+	}
+	defer rp.leave()
+
+	switch r.URL.Path {
+	case "/v1/completions":
+		rp.serveInference(w, r, apiCompletions)
+	case "/v1/chat/completions":
+		rp.serveInference(w, r, apiChat)
+	case "/generate":
+		rp.serveInference(w, r, apiGenerate)
+	case "/v1/models":
+		if allowGet(w, r) {
+			rp.serveModels(w)
+		}
+	case "/health":
+		if allowGet(w, r) {
+			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		}
+	case "/metrics":
+		if allowGet(w, r) {
+			rp.serveMetrics(w)
+		}
+	default:
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	}
+}
+
+func allowGet(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return true
+	}
+	w.Header().Set("Allow", "GET, HEAD")
+	writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on "+r.URL.Path)
+	return false
+}
+
+func (rp *Replica) serveModels(w http.ResponseWriter) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"object": "list",
+		"data": []map[string]any{{
+			"id":       rp.cfg.Model,
+			"object":   "model",
+			"created":  0,
+			"owned_by": "sluice-sim",
+		}},
+	})
+}
+
+// serveInference runs one inference request through faults, the FIFO queue
+// and the service-time model.
+func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api apiKind) {
+	rp.requests.Add(1)
+	if r.Method != http.MethodPost {
+		rp.rejected.Add(1)
+		rp.record(http.StatusMethodNotAllowed)
+		w.Header().Set("Allow", "POST")
+		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed on "+r.URL.Path)
+		return
+	}
+	req, status, err := rp.parseRequest(w, r)
+	if err != nil {
+		if status == statusClientGone {
+			rp.cancelled.Add(1)
+		} else {
+			rp.rejected.Add(1)
+			writeError(w, status, "invalid_request", err.Error())
+		}
+		rp.record(status)
+		return
+	}
+
+	faults, stallRelease := rp.currentFaults()
+	if rp.chance(faults.ErrorRate) {
+		rp.errs.Add(1)
+		rp.record(faults.ErrorStatus)
+		writeError(w, faults.ErrorStatus, "simulated_fault", "injected error from replica "+rp.cfg.Name)
+		return
+	}
+
+	ctx := r.Context()
+	seq, err := rp.q.acquire(ctx, rp.done)
+	if err != nil {
+		rp.abandon(w, err, false)
+		return
+	}
+	defer rp.q.release()
+	w.Header().Set(HeaderSeq, strconv.FormatUint(seq, 10))
+
+	sl := sleeper{ctx: ctx, done: rp.done}
+	defer sl.stop()
+
+	// Stalls are decided when service begins, with the faults in effect then.
+	faults, stallRelease = rp.currentFaults()
+	if rp.chance(faults.StallRate) {
+		rp.stalls.Add(1)
+		if err := sl.sleep(faults.Stall, stallRelease); err != nil {
+			rp.abandon(w, err, false)
+			return
+		}
+	}
+
+	g := &generation{rp: rp, api: api, req: req, seq: seq, created: time.Now().Unix()}
+	if req.Stream {
+		err = g.stream(w, &sl)
+	} else {
+		err = g.complete(w, &sl)
+	}
+	if err != nil {
+		rp.abandon(w, err, req.Stream)
+		return
+	}
+	rp.served.Add(1)
+	rp.promptTokens.Add(uint64(req.PromptTokens))
+	rp.completionTokens.Add(uint64(req.OutputTokens))
+	rp.record(http.StatusOK)
+}
+
+// abandon accounts for a request that could not complete: the replica was
+// closed (503, unless the response has started) or the client went away.
+func (rp *Replica) abandon(w http.ResponseWriter, err error, started bool) {
+	if errors.Is(err, errClosed) {
+		rp.record(http.StatusServiceUnavailable)
+		if !started {
+			writeError(w, http.StatusServiceUnavailable, "unavailable", "replica is shutting down")
+		}
+		return
+	}
+	rp.cancelled.Add(1)
+	rp.record(statusClientGone)
+}
+
+// sleeper waits on one reusable timer, giving up when the request's context
+// ends or the replica closes.
+type sleeper struct {
+	ctx  context.Context
+	done <-chan struct{}
+	t    *time.Timer
+}
+
+// sleep waits for d. It returns nil early if release is closed, the context's
+// error if the client goes away, and errClosed if the replica closes.
+func (s *sleeper) sleep(d time.Duration, release <-chan struct{}) error {
+	if d <= 0 {
+		select {
+		case <-s.ctx.Done():
+			return s.ctx.Err()
+		case <-s.done:
+			return errClosed
+		default:
+			return nil
+		}
+	}
+	if s.t == nil {
+		s.t = time.NewTimer(d)
+	} else {
+		s.t.Reset(d) // Go ≥ 1.23 timers: no stale value can be received after Reset
+	}
+	select {
+	case <-s.t.C:
+		return nil
+	case <-release:
+		s.t.Stop()
+		return nil
+	case <-s.ctx.Done():
+		s.t.Stop()
+		return s.ctx.Err()
+	case <-s.done:
+		s.t.Stop()
+		return errClosed
+	}
+}
+
+func (s *sleeper) stop() {
+	if s.t != nil {
+		s.t.Stop()
+	}
+}
