@@ -1,0 +1,218 @@
+// Package integration runs Sluice inside a real Caddy (caddytest), in
+// front of simulated replicas served by the same process, and checks what
+// users depend on: queueing at the edge, draining to new replicas,
+// overload answers, hot reload, and counters that return to zero.
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddytest"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	_ "github.com/sluice-router/sluice"
+)
+
+const adminURL = "http://localhost:2999"
+
+func TestMain(m *testing.M) {
+	// Keep Caddy's autosave and the persisted backend sets out of $HOME.
+	dir, err := os.MkdirTemp("", "sluice-integration-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("XDG_DATA_HOME", dir+"/data")
+	os.Setenv("XDG_CONFIG_HOME", dir+"/config")
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// client has a generous timeout: a hung request fails the test rather
+// than hanging it; no assertion depends on timing.
+var client = &http.Client{Timeout: 30 * time.Second}
+
+func startCaddy(t *testing.T, caddyfile string) {
+	t.Helper()
+	tester := caddytest.NewTester(t)
+	tester.InitServer(caddyfile, "caddyfile")
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+// reload posts a new config to the admin API, the way users hot-reload.
+func reload(t *testing.T, caddyfile string) {
+	t.Helper()
+	cfg, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+	if err != nil {
+		t.Fatalf("adapt: %v %v", err, warn)
+	}
+	req, _ := http.NewRequest(http.MethodPost, adminURL+"/load", bytes.NewReader(cfg))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("reload: %d %s", resp.StatusCode, body)
+	}
+}
+
+type outcome struct {
+	status     int
+	replica    string
+	retryAfter string
+	errType    string
+	err        error
+}
+
+func complete(url string) outcome {
+	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hello","max_tokens":4}`))
+	if err != nil {
+		return outcome{err: err}
+	}
+	defer resp.Body.Close()
+	o := outcome{status: resp.StatusCode, replica: resp.Header.Get("X-Sim-Replica"), retryAfter: resp.Header.Get("Retry-After")}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 400 {
+		var e struct {
+			Error struct{ Type string } `json:"error"`
+		}
+		if json.Unmarshal(body, &e) == nil {
+			o.errType = e.Error.Type
+		}
+	}
+	return o
+}
+
+// burst sends n requests at once and returns a channel of their outcomes.
+func burst(url string, n int) <-chan outcome {
+	out := make(chan outcome, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out <- complete(url)
+		}()
+	}
+	go func() { wg.Wait(); close(out) }()
+	return out
+}
+
+type health struct {
+	OK         bool `json:"ok"`
+	QueueDepth int  `json:"queue_depth"`
+	Backends   []struct {
+		Addr        string  `json:"addr"`
+		EWMALatency float64 `json:"ewma_latency"`
+		Tried       bool    `json:"tried"`
+		InFlight    int     `json:"in_flight"`
+		Down        bool    `json:"down"`
+		Failures    uint64  `json:"failures"`
+		Dispatched  uint64  `json:"dispatched"`
+	} `json:"backends"`
+}
+
+func getHealth(t *testing.T, url string) health {
+	t.Helper()
+	resp, err := client.Get(url + "/_custom_router/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("health: %d", resp.StatusCode)
+	}
+	var h health
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func inFlight(h health) int {
+	n := 0
+	for _, b := range h.Backends {
+		n += b.InFlight
+	}
+	return n
+}
+
+func setBackends(t *testing.T, url string, backends ...string) {
+	t.Helper()
+	if backends == nil {
+		backends = []string{} // "no backends", not a missing field
+	}
+	body, _ := json.Marshal(map[string]any{"backends": backends})
+	resp, err := client.Post(url+"/_custom_router/set-backends", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("set-backends: %d %s", resp.StatusCode, msg)
+	}
+}
+
+// eventually polls cond; the deadline only keeps a broken test from hanging.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// drained asserts the invariant after every burst: nothing queued, nothing
+// counted in flight.
+func drained(t *testing.T, url string) {
+	t.Helper()
+	eventually(t, "queue and in-flight counts to return to zero", func() bool {
+		h := getHealth(t, url)
+		return h.QueueDepth == 0 && inFlight(h) == 0
+	})
+}
+
+func sims(ports ...int) string {
+	var b strings.Builder
+	for _, p := range ports {
+		fmt.Fprintf(&b, `
+:%d {
+	bind 127.0.0.1
+	inference_sim {
+		name sim-%d
+		concurrency 1
+		latency fixed 150ms
+	}
+}
+`, p, p)
+	}
+	return b.String()
+}
+
+const globals = `{
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+	persist_config off
+}
+`
