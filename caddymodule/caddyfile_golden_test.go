@@ -25,6 +25,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 )
 
@@ -54,7 +55,7 @@ func goldenCases(t *testing.T) []goldenCase {
 	// Fields the reviewed golden files must show, per input: they pin the
 	// option → JSON field mapping even if someone runs -update blindly.
 	checks := map[string][]string{
-		"qll_all_options":{
+		"qll_all_options": {
 			`"policy":"queued_least_latency"`,
 			`"pool":"gpu-a"`,
 			`"latency_threshold":3000000000`,
@@ -68,7 +69,7 @@ func goldenCases(t *testing.T) []goldenCase {
 			`"fail_duration":10000000000`,
 			`"latency_measure":"first_byte"`,
 		},
-		"qll_seconds_and_disabled":{
+		"qll_seconds_and_disabled": {
 			`"pool":"pool_2.b"`,
 			`"latency_threshold":50000000`,
 			`"ewma_alpha":1`,
@@ -84,14 +85,14 @@ func goldenCases(t *testing.T) []goldenCase {
 			`"queue_timeout":86400000000000`,
 			`"latency_measure":"auto"`,
 		},
-		"qll_defaults":{
+		"qll_defaults": {
 			`"selection_policy":{"policy":"queued_least_latency"}`,
 		},
-		"dynamic_custom_router":{
+		"dynamic_custom_router": {
 			`"dynamic_upstreams":{"source":"custom_router"}`,
 			`"dynamic_upstreams":{"pool":"gpu-b","source":"custom_router"}`,
 		},
-		"custom_router_all_options":{
+		"custom_router_all_options": {
 			`"handler":"custom_router"`,
 			`"pool":"gpu-c"`,
 			`"token":"s3cret-token"`,
@@ -103,7 +104,7 @@ func goldenCases(t *testing.T) []goldenCase {
 			`"pool":"mypool"`,
 			`"token":"{env.SLUICE_ROUTER_TOKEN}"`,
 		},
-		"inference_sim_all_options":{
+		"inference_sim_all_options": {
 			`"handler":"inference_sim"`,
 			`"name":"replica-1"`,
 			`"model":"llama-sim"`,
@@ -156,9 +157,9 @@ func goldenCases(t *testing.T) []goldenCase {
 			name:  "repo_Caddyfile.hf",
 			input: filepath.Join("..", "Caddyfile.hf"),
 			env: map[string]string{
-				"CUSTOM_ROUTER_PORT":             "3001",
-				"CUSTOM_ROUTER_LATENCY_THRESHOLD":"0.05",
-				"CUSTOM_ROUTER_QUEUE_MAX_SIZE":   "200",
+				"CUSTOM_ROUTER_PORT":              "3001",
+				"CUSTOM_ROUTER_LATENCY_THRESHOLD": "0.05",
+				"CUSTOM_ROUTER_QUEUE_MAX_SIZE":    "200",
 			},
 			// Not set: the Caddyfile's defaults (the reference router's) apply.
 			unset: []string{"CUSTOM_ROUTER_EWMA_ALPHA", "CUSTOM_ROUTER_QUEUE_TIMEOUT", "CUSTOM_ROUTER_STATE_LOG_INTERVAL"},
@@ -537,7 +538,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		// lb_policy queued_least_latency: parse errors.
 		{"qll/unknown option", goldenQLL("bogus_option 1"), []string{"queued_least_latency", "bogus_option"}},
 		{"qll/missing value", goldenQLL("ewma_alpha"), []string{"queued_least_latency", "ewma_alpha"}},
+		{"qll/unknown option without value", goldenQLL("bogus_option"), []string{"queued_least_latency", "bogus_option"}},
 		{"qll/too many values", goldenQLL("queue_max_size 1 2"), []string{"queued_least_latency", "queue_max_size"}},
+		// Regression case (found by the golden tests, fixed in the adapter).
 		{"qll/argument on policy line", goldenSite("reverse_proxy 127.0.0.1:9001 {\n\tlb_policy queued_least_latency extra\n}"), []string{"queued_least_latency"}},
 		{"qll/ewma_alpha notanumber", goldenQLL("ewma_alpha notanumber"), []string{"ewma_alpha", "notanumber"}},
 		{"qll/latency_threshold soon", goldenQLL("latency_threshold soon"), []string{"latency_threshold", "soon"}},
@@ -551,16 +554,13 @@ func TestCaddyfileErrors(t *testing.T) {
 		// lb_policy queued_least_latency: semantic errors (Validate).
 		{"qll/ewma_alpha 1.5", goldenQLL("ewma_alpha 1.5"), []string{"ewma_alpha"}},
 		{"qll/ewma_alpha negative", goldenQLL("ewma_alpha -0.1"), []string{"ewma_alpha"}},
-		// BUG (caddymodule/queued_least_latency.go, ewma_alpha): "NaN" parses
-		// with strconv.ParseFloat and passes the (0, 1] range check (every
-		// comparison with NaN is false), so the adapter emits a NaN that
-		// encoding/json cannot marshal; the error then names neither the
-		// directive nor the option.
+		// Regression case (found by the golden tests, fixed in the adapter).
 		{"qll/ewma_alpha NaN", goldenQLL("ewma_alpha NaN"), []string{"ewma_alpha"}},
-		// BUG (caddymodule/queued_least_latency.go, parallelism): 0 is
-		// accepted and silently means the default (1): Config.WithDefaults
-		// turns 0 into 1 and the JSON field is omitempty, so Validate never
-		// sees it. The Caddyfile parser should reject parallelism < 1.
+		// Regression case (found by the golden tests, fixed in the adapter).
+		{"qll/ewma_alpha Inf", goldenQLL("ewma_alpha Inf"), []string{"ewma_alpha"}},
+		// Regression case (found by the golden tests, fixed in the adapter).
+		{"qll/latency_threshold NaN", goldenQLL("latency_threshold NaN"), []string{"latency_threshold"}},
+		// Regression case (found by the golden tests, fixed in the adapter).
 		{"qll/parallelism 0", goldenQLL("parallelism 0"), []string{"parallelism"}},
 		{"qll/parallelism negative", goldenQLL("parallelism -1"), []string{"parallelism"}},
 		{"qll/queue_max_size -2", goldenQLL("queue_max_size -2"), []string{"queue_max_size"}},
@@ -578,6 +578,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"custom_router/too many values", goldenCustomRouter("pool a b"), []string{"custom_router", "pool"}},
 		{"custom_router/sglang_api maybe", goldenCustomRouter("sglang_api maybe"), []string{"custom_router", "sglang_api", "maybe"}},
 		{"custom_router/backends without URL", goldenCustomRouter("backends"), []string{"custom_router", "backends"}},
+		// Regression case (found by the golden tests, fixed in the adapter).
+		{"custom_router/second backends line empty", goldenCustomRouter("backends http://10.0.0.1:8000\nbackends"), []string{"custom_router", "backends"}},
 		{"custom_router/too many arguments", goldenSite("custom_router a b"), []string{"custom_router"}},
 		// custom_router handler: semantic errors (Provision).
 		{"custom_router/backends ftp", goldenCustomRouter("backends ftp://x:1"), []string{"custom_router", "backends", "ftp://x:1"}},
@@ -587,6 +589,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"custom_router/bad short-form pool name", goldenSite(`custom_router "a/b"`), []string{"custom_router", "pool", "a/b"}},
 
 		// dynamic custom_router.
+		// Regression case (found by the golden tests, fixed in the adapter).
 		{"dynamic/too many arguments", goldenDynamic("a b"), []string{"custom_router"}},
 		{"dynamic/block", goldenDynamic("a {\n\t\tpool b\n\t}"), []string{"dynamic custom_router"}},
 		{"dynamic/bad pool name", goldenDynamic(`"a/b"`), []string{"dynamic custom_router", "pool", "a/b"}},
@@ -594,6 +597,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		// inference_sim.
 		{"inference_sim/unknown option", goldenSim("bogus_option 1"), []string{"inference_sim", "bogus_option"}},
 		{"inference_sim/missing value", goldenSim("concurrency"), []string{"concurrency"}},
+		// Regression case (found by the golden tests, fixed in the adapter).
 		{"inference_sim/too many values", goldenSim("model a b"), []string{"model"}},
 		{"inference_sim/too many arguments", goldenSite("inference_sim a b"), []string{"inference_sim"}},
 		{"inference_sim/repeated option", goldenSim("seed 1\nseed 2"), []string{"inference_sim", "seed"}},
@@ -618,7 +622,12 @@ func TestCaddyfileErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			goldenTempDirs(t)
 			stage := "adapt"
-			out, _, err := goldenAdapt(t, "Caddyfile", []byte(tc.src))
+			// Formatted first, so that the adapter's "not formatted" warning
+			// does not hide others.
+			out, warns, err := goldenAdapt(t, "Caddyfile", caddyfile.Format([]byte(tc.src)))
+			for _, w := range warns {
+				t.Logf("adapter warning: %s", w.String())
+			}
 			if err == nil {
 				stage = "validate/provision"
 				err = goldenValidateSluice(t, out, true)

@@ -192,16 +192,17 @@ func (h *CustomRouter) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		h.Pool = d.Val()
 		if d.NextArg() {
-			return d.ArgErr()
+			return d.Errf("custom_router: takes at most one argument, the pool name; got extra %q", d.Val())
 		}
 	}
 	for d.NextBlock(0) {
 		opt := d.Val()
 		if opt == "backends" {
-			h.Backends = append(h.Backends, d.RemainingArgs()...)
-			if len(h.Backends) == 0 {
+			urls := d.RemainingArgs()
+			if len(urls) == 0 {
 				return d.Errf("custom_router: backends needs at least one URL")
 			}
+			h.Backends = append(h.Backends, urls...)
 			continue
 		}
 		if !d.NextArg() {

@@ -232,7 +232,7 @@ func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "name", "model":
 			var v string
 			if !d.AllArgs(&v) {
-				return d.ArgErr()
+				return d.Errf("inference_sim: %s takes exactly one value", sub)
 			}
 			if sub == "name" {
 				s.Name = v

@@ -198,7 +198,7 @@ func TestInferenceSimCaddyfileErrors(t *testing.T) {
 		{"stall 0s 0.5", "stall"},
 		{"stall never 0.5", "stall"},
 		{"seed -1", "seed"},
-		{"name", "wrong argument count"},
+		{"name", "name takes exactly one value"},
 		{"name \"a\\\"b\"", "Name"},
 		{"colour blue", "unrecognized subdirective 'colour'"},
 		{"concurrency 2\n\t\tconcurrency 3", "concurrency specified more than once"},

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -251,7 +252,7 @@ func upstreamFor(pool reverseproxy.UpstreamPool, dial string) *reverseproxy.Upst
 func (p *QueuedLeastLatency) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // policy name
 	if d.NextArg() {
-		return d.ArgErr()
+		return d.Errf("queued_least_latency: takes no arguments, only a block; got %q", d.Val())
 	}
 	for d.NextBlock(0) {
 		opt := d.Val()
@@ -270,6 +271,9 @@ func (p *QueuedLeastLatency) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.LatencyThreshold, err = parseSecondsOrDuration(val)
 		case "ewma_alpha":
 			p.EWMAAlpha, err = strconv.ParseFloat(val, 64)
+			if err == nil && !(p.EWMAAlpha > 0 && p.EWMAAlpha <= 1) {
+				err = fmt.Errorf("must be in (0, 1]")
+			}
 		case "queue_max_size":
 			p.QueueMaxSize, err = strconv.Atoi(val)
 		case "queue_timeout":
@@ -277,11 +281,11 @@ func (p *QueuedLeastLatency) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "state_log_interval":
 			p.StateLogInterval, err = parseSecondsOrDuration(val)
 		case "max_concurrency":
-			p.MaxConcurrency, err = strconv.Atoi(val)
+			p.MaxConcurrency, err = atLeast(val, 0)
 		case "parallelism":
-			p.Parallelism, err = strconv.Atoi(val)
+			p.Parallelism, err = atLeast(val, 1)
 		case "max_fails":
-			p.MaxFails, err = strconv.Atoi(val)
+			p.MaxFails, err = atLeast(val, 1)
 		case "fail_duration":
 			p.FailDuration, err = parseSecondsOrDuration(val)
 		case "latency_measure":
@@ -296,11 +300,24 @@ func (p *QueuedLeastLatency) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// atLeast parses an integer option that must be >= min.
+func atLeast(s string, min int) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err == nil && n < min {
+		err = fmt.Errorf("must be at least %d", min)
+	}
+	return n, err
+}
+
 // parseSecondsOrDuration accepts a Go/Caddy duration ("3s", "1d") or a
 // plain number of seconds ("3", "0.05"); "-1" means disabled.
 func parseSecondsOrDuration(s string) (caddy.Duration, error) {
 	s = strings.TrimSpace(s)
 	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		// Bound before converting: NaN or 1e300 would overflow int64.
+		if math.IsNaN(f) || math.Abs(f) > 1e9 {
+			return 0, fmt.Errorf("%q seconds is out of range", s)
+		}
 		return caddy.Duration(f * float64(time.Second)), nil
 	}
 	d, err := caddy.ParseDuration(s)

@@ -68,7 +68,7 @@ func (u *CustomRouterUpstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) error
 		u.Pool = d.Val()
 	}
 	if d.NextArg() {
-		return d.ArgErr()
+		return d.Errf("dynamic custom_router: takes at most one argument, the pool name; got extra %q", d.Val())
 	}
 	if d.NextBlock(0) {
 		return d.Errf("dynamic custom_router: takes no block, only an optional pool name")

@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 // than hanging it; no assertion depends on timing.
 var client = &http.Client{Timeout: 30 * time.Second}
 
-func startCaddy(t *testing.T, caddyfile string) {
+func startCaddy(t testing.TB, caddyfile string) {
 	t.Helper()
 	tester := caddytest.NewTester(t)
 	tester.InitServer(caddyfile, "caddyfile")
@@ -153,7 +153,7 @@ func inFlight(h health) int {
 	return n
 }
 
-func setBackends(t *testing.T, url string, backends ...string) {
+func setBackends(t testing.TB, url string, backends ...string) {
 	t.Helper()
 	if backends == nil {
 		backends = []string{} // "no backends", not a missing field

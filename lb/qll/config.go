@@ -79,7 +79,7 @@ func (c Config) Validate() error {
 	switch {
 	case c.LatencyThreshold < 0:
 		return fmt.Errorf("latency_threshold must be positive, got %s", c.LatencyThreshold)
-	case c.EWMAAlpha <= 0 || c.EWMAAlpha > 1:
+	case !(c.EWMAAlpha > 0 && c.EWMAAlpha <= 1): // also rejects NaN
 		return fmt.Errorf("ewma_alpha must be in (0, 1], got %g", c.EWMAAlpha)
 	case c.QueueTimeout < 0:
 		return fmt.Errorf("queue_timeout must be positive, got %s", c.QueueTimeout)
