@@ -170,16 +170,23 @@ func durationVar(repl *caddy.Replacer, key string) (time.Duration, bool) {
 }
 
 // refuse writes rf once per request; a later Select for the same request
-// (lb_try_duration retries) returns nil without writing again.
-func (a *attempt) refuse(w http.ResponseWriter, rf refusal) {
+// (lb_try_duration retries) returns nil without writing again. It marks
+// the request so custom_router, when it wraps reverse_proxy, can swallow
+// the "no upstreams" error Caddy would otherwise log for every refusal.
+func (a *attempt) refuse(r *http.Request, w http.ResponseWriter, rf refusal) {
 	a.mu.Lock()
 	already := a.refused
 	a.refused = true
 	a.mu.Unlock()
 	if !already {
+		caddyhttp.SetVar(r.Context(), refusedVar, rf.Type)
 		rf.write(w)
 	}
 }
+
+// refusedVar names the request variable holding the refusal type; it is
+// also usable in log fields and matchers as {http.vars.sluice_refused}.
+const refusedVar = "sluice_refused"
 
 func (a *attempt) wasRefused() bool {
 	a.mu.Lock()

@@ -114,7 +114,13 @@ func (h *CustomRouter) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 			return nil
 		}
 	}
-	return next.ServeHTTP(w, r)
+	err := next.ServeHTTP(w, r)
+	if err != nil && caddyhttp.GetVar(r.Context(), refusedVar) != nil {
+		// Sluice already answered (JSON + Retry-After) and counted it;
+		// reverse_proxy's "no upstreams" error would only be log noise.
+		return nil
+	}
+	return err
 }
 
 func (h *CustomRouter) authorized(w http.ResponseWriter, r *http.Request) bool {

@@ -187,7 +187,7 @@ func (p *QueuedLeastLatency) Select(pool reverseproxy.UpstreamPool, r *http.Requ
 	if err != nil {
 		if rf, ok := refusalFor(err, p.state.RetryAfter()); ok {
 			p.log.Debug("request refused", zap.String("pool", p.pool.Name()), zap.String("reason", rf.Type))
-			a.refuse(w, rf)
+			a.refuse(r, w, rf)
 		}
 		return nil
 	}
