@@ -284,3 +284,35 @@ func metricsText(t *testing.T, url string) string {
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
 }
+
+func TestRetriedAttemptIsReleasedAsFailureAndTheRetrySucceeds(t *testing.T) {
+	startCaddy(t, globals+`
+:9290 {
+	custom_router retry
+	reverse_proxy {
+		dynamic custom_router retry
+		lb_retries 2
+		lb_policy queued_least_latency {
+			pool retry
+			fail_duration 1m
+		}
+	}
+}
+`+sims(9291))
+	url := "http://127.0.0.1:9290"
+	setBackends(t, url, "http://127.0.0.1:9299", "http://127.0.0.1:9291")
+	for i := 0; i < 6; i++ {
+		if o := complete(url); o.status != 200 || o.replica != "sim-9291" {
+			t.Fatalf("request %d: %+v (a refused dial must be retried on the live replica)", i, o)
+		}
+	}
+	h := getHealth(t, url)
+	dead, live := h.Backends[0], h.Backends[1]
+	if dead.Failures != 1 || !dead.Down || dead.Tried {
+		t.Fatalf("dead replica %+v: want exactly one failure, down, no EWMA", dead)
+	}
+	if live.Dispatched != 6 || live.Failures != 0 {
+		t.Fatalf("live replica %+v: want 6 dispatched", live)
+	}
+	drained(t, url)
+}

@@ -1,0 +1,70 @@
+package caddymodule
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/sluice-router/sluice/lb"
+)
+
+func usePoolsDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	old := poolsDir
+	poolsDir = func() string { return dir }
+	t.Cleanup(func() { poolsDir = old })
+	return dir
+}
+
+func TestBackendSetSurvivesARestart(t *testing.T) {
+	usePoolsDir(t)
+	bs, err := lb.ParseBackends([]string{"http://10.0.0.1:80", "https://replica-2:8443"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	persistPool("persist-a", bs, zap.NewNop())
+	// "After the restart": the pool has no set in this process yet.
+	if lb.GetPool("persist-a").Managed() {
+		t.Fatal("precondition: pool should be unmanaged")
+	}
+	restorePool("persist-a", zap.NewNop())
+	got, managed := lb.GetPool("persist-a").Backends()
+	if !managed || len(got) != 2 || got[0].URL != "http://10.0.0.1:80" || got[1].URL != "https://replica-2:8443" {
+		t.Fatalf("restored %v (managed %v)", got, managed)
+	}
+}
+
+func TestRestoreNeverOverridesALiveSetAndIgnoresCorruptFiles(t *testing.T) {
+	dir := usePoolsDir(t)
+	live, _ := lb.ParseBackends([]string{"http://live:1"})
+	lb.GetPool("persist-b").Set(live)
+	stale, _ := lb.ParseBackends([]string{"http://stale:1"})
+	persistPool("persist-b", stale, zap.NewNop())
+	restorePool("persist-b", zap.NewNop())
+	if got, _ := lb.GetPool("persist-b").Backends(); got[0].Dial != "live:1" {
+		t.Fatalf("restore replaced a live set: %v", got)
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, "persist-c.json"), []byte(`{"backends": ["not a url"]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	restorePool("persist-c", zap.NewNop())
+	if lb.GetPool("persist-c").Managed() {
+		t.Fatal("an invalid persisted set was applied")
+	}
+}
+
+func TestPersistLeavesNoTempFiles(t *testing.T) {
+	dir := usePoolsDir(t)
+	bs, _ := lb.ParseBackends([]string{"http://a:1"})
+	for i := 0; i < 3; i++ {
+		persistPool("persist-d", bs, zap.NewNop())
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 || entries[0].Name() != "persist-d.json" {
+		t.Fatalf("dir holds %v, want only persist-d.json", entries)
+	}
+}
