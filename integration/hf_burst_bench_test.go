@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -73,7 +75,7 @@ func BenchmarkHFBurst(b *testing.B) {
 		{"caddy_round_robin", "http://127.0.0.1:9404"},
 	} {
 		b.Run(sys.name, func(b *testing.B) {
-			lat, failed := openLoop(sys.url, 30, 15*time.Second, 42)
+			lat, failed := openLoop(sys.url, 30, benchDuration(15*time.Second), 42)
 			slices.Sort(lat)
 			q := func(p float64) float64 { return lat[int(p*float64(len(lat)-1))].Seconds() }
 			b.ReportMetric(q(0.5), "p50_s")
@@ -83,6 +85,15 @@ func BenchmarkHFBurst(b *testing.B) {
 			b.ReportMetric(float64(len(lat)), "requests")
 		})
 	}
+}
+
+// benchDuration is def, or SLUICE_BENCH_SECONDS when set (longer runs give
+// steadier tail percentiles).
+func benchDuration(def time.Duration) time.Duration {
+	if s, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_SECONDS")); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	return def
 }
 
 // openLoop sends Poisson arrivals at rate/s for d and returns every

@@ -74,6 +74,7 @@ type Lease struct {
 	state    *State
 	rep      *replica
 	released atomic.Bool
+	rounds   int // service rounds the request was predicted to wait, >= 1
 	// Addr is the dial address of the chosen replica.
 	Addr string
 	// Waited is how long the request waited in the queue.
@@ -288,13 +289,18 @@ func (s *State) dispatchLocked() {
 }
 
 func (s *State) assignLocked(r *replica, waited time.Duration) *Lease {
+	// The request joins k others: with Parallelism p it waits for about
+	// ceil((k+1)/p) service rounds. Release divides the observed latency
+	// by that, so the EWMA estimates one round's time and the prediction
+	// in pickLocked does not count the replica's queue twice.
+	rounds := (r.inFlight + s.cfg.Parallelism) / s.cfg.Parallelism
 	r.inFlight++
 	r.dispatched++
 	s.counters.Dispatched++
 	if s.observeWait != nil {
 		s.observeWait(waited)
 	}
-	return &Lease{state: s, rep: r, Addr: r.addr, Waited: waited}
+	return &Lease{state: s, rep: r, Addr: r.addr, Waited: waited, rounds: rounds}
 }
 
 // armRecoveryLocked schedules a dispatch for when the earliest down replica
@@ -340,7 +346,7 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	s.counters.Released++
 	switch o.Kind {
 	case lb.Success:
-		x := o.Latency.Seconds()
+		x := o.Latency.Seconds() / float64(l.rounds)
 		if !r.tried {
 			r.ewma, r.tried = x, true
 		} else {

@@ -439,3 +439,19 @@ func BenchmarkPick64(b *testing.B) {
 		l.Release(success(150 * time.Millisecond))
 	}
 }
+
+func TestEWMAIsNormalisedByTheLoadARequestJoined(t *testing.T) {
+	// A one-at-a-time replica: the second request queues behind the first
+	// and takes two service times. Its sample must count as one service
+	// time, or the prediction (EWMA × load) would count the queue twice.
+	s := New(Config{EWMAAlpha: 1})
+	s.SetBackends([]string{"a:1"})
+	mustAcquire(t, s).Release(success(time.Second)) // learn: 1s per request
+	first := mustAcquire(t, s)
+	second := mustAcquire(t, s) // predicted 2s, under the 3s threshold: joins the replica's queue
+	first.Release(success(time.Second))
+	second.Release(success(2 * time.Second))
+	if got := s.Snapshot().Replicas[0].EWMASeconds; got != 1 {
+		t.Fatalf("EWMA = %v, want 1 (the second sample normalised by 2 rounds)", got)
+	}
+}

@@ -1,0 +1,150 @@
+package cacheaware
+
+import "unicode/utf8"
+
+// Reason says which branch of the policy chose a replica.
+type Reason uint8
+
+const (
+	// NoReplicas: the set is empty; Decision.Addr is "".
+	NoReplicas Reason = iota
+	// CacheHit: the best match rate was above CacheThreshold.
+	CacheHit
+	// Imbalance: the pool was imbalanced, so the least-loaded replica won.
+	Imbalance
+	// Miss: no match good enough; MissPolicy chose.
+	Miss
+)
+
+func (r Reason) String() string {
+	switch r {
+	case CacheHit:
+		return "cache_hit"
+	case Imbalance:
+		return "imbalance"
+	case Miss:
+		return "miss"
+	default:
+		return "no_replicas"
+	}
+}
+
+// Decision is Pick's answer.
+type Decision struct {
+	Addr   string
+	Reason Reason
+	// MatchedChars is the longest prefix of the text (in runes) any present
+	// replica holds, and MatchRate that over the text's runes. Both are 0
+	// when the pool was imbalanced: the tree is not consulted then.
+	MatchedChars int
+	MatchRate    float64
+}
+
+// Pick chooses a replica for text of model. load gives each present
+// replica's exact in-flight count (nil: all 0); it is called once per
+// replica under the router's read lock, so it must be quick and must not
+// call back into the router. Pick does not record anything in the tree:
+// the caller calls Insert for the replica it really used.
+//
+// Order of rules, as in SGLang: imbalanced pool → least load; else a
+// match rate above CacheThreshold → the replica with the longest match;
+// else MissPolicy. Ties on the primary key go to the less loaded replica;
+// remaining ties rotate (a counter advanced by every Pick picks which of
+// the equal replicas), so equal replicas share new prefixes instead of
+// the first one collecting them all. Deterministic for a given sequence of
+// calls, which keeps tests exact.
+func (r *Router) Pick(model, text string, load func(addr string) int) Decision {
+	text = validText(text)
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	n := len(r.order)
+	if n == 0 {
+		return Decision{}
+	}
+	var buf [64]int
+	loads := buf[:0]
+	if n > len(buf) {
+		loads = make([]int, 0, n)
+	}
+	minL, maxL := 0, 0
+	for i, rep := range r.order {
+		l := 0
+		if load != nil {
+			l = load(rep.addr)
+		}
+		loads = append(loads, l)
+		if i == 0 || l < minL {
+			minL = l
+		}
+		if i == 0 || l > maxL {
+			maxL = l
+		}
+	}
+	turn := r.rr.Add(1)
+
+	if maxL-minL > r.cfg.BalanceAbsThreshold && float64(maxL) > r.cfg.BalanceRelThreshold*float64(minL) {
+		r.imbalanced.Add(1)
+		return Decision{Addr: choose(r.order, loads, nil, turn).addr, Reason: Imbalance}
+	}
+
+	var d Decision
+	var hit *node
+	if total := utf8.RuneCountInString(text); total > 0 {
+		if root := r.trees[model]; root != nil {
+			hit, d.MatchedChars = match(root, text)
+			d.MatchRate = float64(d.MatchedChars) / float64(total)
+		}
+	}
+	if hit != nil && d.MatchRate > r.cfg.CacheThreshold {
+		var cbuf [64]*replica
+		cand := cbuf[:0]
+		for _, h := range hit.holders {
+			if !h.rep.dead {
+				cand = append(cand, h.rep)
+			}
+		}
+		r.hits.Add(1)
+		d.Addr, d.Reason = choose(cand, loads, nil, turn).addr, CacheHit
+		return d
+	}
+
+	r.misses.Add(1)
+	var key func(*replica) int
+	if r.cfg.MissPolicy == MissSmallestTree {
+		key = func(rep *replica) int { return rep.chars }
+	}
+	d.Addr, d.Reason = choose(r.order, loads, key, turn).addr, Miss
+	return d
+}
+
+// choose returns the candidate with the lowest (key, load) (key nil: load
+// alone); among several equal ones, the (turn mod count)-th, so equal
+// replicas take turns. cand must not be empty.
+func choose(cand []*replica, loads []int, key func(*replica) int, turn uint64) *replica {
+	k := func(rep *replica) int {
+		if key == nil {
+			return 0
+		}
+		return key(rep)
+	}
+	bk, bl, ties := 0, 0, 0
+	for i, rep := range cand {
+		ck, cl := k(rep), loads[rep.idx]
+		switch {
+		case i == 0 || ck < bk || (ck == bk && cl < bl):
+			bk, bl, ties = ck, cl, 1
+		case ck == bk && cl == bl:
+			ties++
+		}
+	}
+	nth := int(turn % uint64(ties))
+	for _, rep := range cand {
+		if k(rep) == bk && loads[rep.idx] == bl {
+			if nth == 0 {
+				return rep
+			}
+			nth--
+		}
+	}
+	panic("unreachable")
+}

@@ -1,0 +1,282 @@
+package cacheaware
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+)
+
+// Router is one pool's cache-aware state: a tree per model, the replica
+// set, and counters. It outlives config reloads (the adapter keeps it per
+// pool and calls Configure).
+//
+// Size bound: MaxTreeSize counts the runes of node labels across all the
+// Router's trees; a label is counted once however many replicas hold it.
+// The bound is global rather than per model (or per replica) because what
+// it bounds is memory: a quiet model's unused share is not wasted, and the
+// least recently used text goes first whichever model it belongs to, which
+// one recency list across all trees gives exactly.
+//
+// Concurrency: one RWMutex covers all trees, so the global recency list
+// needs no lock ordering. Pick only reads (RLock, Picks run in parallel);
+// Insert, eviction and replica removal write. Every write is short: an
+// insert is proportional to its text, and bulk work (periodic eviction,
+// dropping a removed replica) runs in batches of evictBatch holdings,
+// releasing the lock between batches so Picks are never held up long.
+type Router struct {
+	setMu sync.Mutex // serialises SetReplicas and Configure
+
+	mu       sync.RWMutex
+	cfg      Config
+	trees    map[string]*node // model → root
+	roots    map[*node]string // root → model, to delete an emptied tree
+	lru      holding          // sentinel of the router-wide recency list
+	size     int              // runes of all node labels
+	nodes    int
+	replicas map[string]*replica // present replicas by address
+	order    []*replica          // present replicas, in set order
+
+	evictedChars    uint64 // under mu
+	evictedHoldings uint64
+
+	rr                       atomic.Uint64 // rotates tie-breaks
+	hits, misses, imbalanced atomic.Uint64
+}
+
+type replica struct {
+	addr  string
+	idx   int  // position in Router.order
+	dead  bool // removed from the set; its holdings are being dropped
+	chars int  // runes of the nodes it holds (for smallest_tree)
+	lru   holding
+}
+
+// evictBatch bounds the holdings dropped per lock hold in bulk work.
+// Dropping one is well under a microsecond, so a batch holds the lock for
+// tens of microseconds.
+const evictBatch = 256
+
+// New returns an empty router. cfg must be valid after WithDefaults.
+func New(cfg Config) *Router {
+	r := &Router{
+		cfg:      cfg.WithDefaults(),
+		trees:    map[string]*node{},
+		roots:    map[*node]string{},
+		replicas: map[string]*replica{},
+	}
+	r.lru.initLists()
+	return r
+}
+
+// Configure swaps the config in place (on reload), keeping the trees. A
+// smaller MaxTreeSize is reached by batched eviction first, with the old
+// bound still applying to inserts meanwhile, then set.
+func (r *Router) Configure(cfg Config) {
+	cfg = cfg.WithDefaults()
+	r.setMu.Lock()
+	defer r.setMu.Unlock()
+	r.mu.Lock()
+	keep := r.cfg.MaxTreeSize
+	r.cfg = cfg
+	if cfg.MaxTreeSize < keep {
+		r.cfg.MaxTreeSize = keep
+	}
+	r.mu.Unlock()
+	r.evictTo(context.Background(), cfg.MaxTreeSize)
+	r.mu.Lock()
+	r.cfg.MaxTreeSize = cfg.MaxTreeSize
+	r.evictLocked(cfg.MaxTreeSize, -1) // what inserts added meanwhile
+	r.mu.Unlock()
+}
+
+// SetReplicas makes addrs the present replicas, in order. Replicas that
+// stay keep their text; new ones start empty; removed ones leave the trees:
+// they are never picked again once this starts, and when it returns their
+// holdings are gone and nodes no other replica holds are freed. An address
+// removed and later re-added starts empty.
+func (r *Router) SetReplicas(addrs []string) {
+	r.setMu.Lock()
+	defer r.setMu.Unlock()
+	r.mu.Lock()
+	next := make(map[string]*replica, len(addrs))
+	order := make([]*replica, 0, len(addrs))
+	for _, a := range addrs {
+		if next[a] != nil {
+			continue
+		}
+		rep := r.replicas[a]
+		if rep == nil {
+			rep = &replica{addr: a}
+			rep.lru.initLists()
+		}
+		rep.idx = len(order)
+		next[a] = rep
+		order = append(order, rep)
+	}
+	var gone []*replica
+	for a, rep := range r.replicas {
+		if next[a] == nil {
+			rep.dead = true
+			gone = append(gone, rep)
+		}
+	}
+	r.replicas, r.order = next, order
+	r.mu.Unlock()
+
+	// Drop from the replica's own list tail: leaf-first for that replica,
+	// so a node left without holders never has children.
+	for _, rep := range gone {
+		for done := false; !done; {
+			r.mu.Lock()
+			for i := 0; i < evictBatch && rep.lru.rprev != &rep.lru; i++ {
+				r.drop(rep.lru.rprev)
+			}
+			done = rep.lru.rprev == &rep.lru
+			r.mu.Unlock()
+		}
+	}
+}
+
+// Insert records that addr now serves text for model. The caller calls it
+// after Pick for the replica it really used (which may differ from the
+// pick). Unknown or removed addresses are ignored (a SetReplicas raced).
+// Text beyond MaxTreeSize characters is cut; then least recently used
+// holdings are evicted until the size is within the bound again, so the
+// bound holds after every Insert.
+func (r *Router) Insert(model, text, addr string) {
+	text = validText(text)
+	if text == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rep := r.replicas[addr]
+	if rep == nil {
+		return
+	}
+	text = cutRunes(text, r.cfg.MaxTreeSize)
+	root := r.trees[model]
+	if root == nil {
+		root = &node{}
+		r.trees[model] = root
+		r.roots[root] = model
+	}
+	r.insertLocked(root, text, rep)
+	// The new path is at the front of the list and fits the bound, so this
+	// evicts other text first and never the path itself.
+	r.evictLocked(r.cfg.MaxTreeSize, -1)
+}
+
+// evictLocked drops least recently used holdings until size <= target or
+// limit holdings were dropped (limit < 0: no limit). It reports whether
+// the target was reached.
+func (r *Router) evictLocked(target, limit int) bool {
+	for n := 0; r.size > target; n++ {
+		if n == limit || r.lru.gprev == &r.lru {
+			return false
+		}
+		freed := r.drop(r.lru.gprev)
+		r.evictedChars += uint64(freed)
+		r.evictedHoldings++
+	}
+	return true
+}
+
+// evictTo evicts down to target in batches, releasing the lock between
+// batches, until done or ctx ends.
+func (r *Router) evictTo(ctx context.Context, target int) {
+	for ctx.Err() == nil {
+		r.mu.Lock()
+		done := r.evictLocked(target, evictBatch)
+		r.mu.Unlock()
+		if done {
+			return
+		}
+	}
+}
+
+// EvictOnce trims the trees to the low-water mark, 7/8 of MaxTreeSize, in
+// batches. Inserts alone already keep the bound; trimming below it leaves
+// headroom so that most inserts need not evict, and moves the bulk of
+// eviction off the request path.
+func (r *Router) EvictOnce() { r.evictOnce(context.Background()) }
+
+func (r *Router) evictOnce(ctx context.Context) {
+	r.mu.RLock()
+	target := r.cfg.lowWater()
+	r.mu.RUnlock()
+	r.evictTo(ctx, target)
+}
+
+// Run calls EvictOnce every EvictionInterval until ctx ends. It re-reads
+// the interval after each run, so Configure takes effect.
+func (r *Router) Run(ctx context.Context) {
+	for {
+		r.mu.RLock()
+		every := r.cfg.EvictionInterval
+		r.mu.RUnlock()
+		t := time.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+			r.evictOnce(ctx)
+		}
+	}
+}
+
+// Stats is a snapshot of a router's trees and counters.
+type Stats struct {
+	Chars        int            // runes stored in node labels, all models
+	MaxChars     int            // the bound (MaxTreeSize)
+	Nodes        int            // nodes, all models
+	Models       int            // models with a non-empty tree
+	ReplicaChars map[string]int // runes of the nodes each present replica holds
+
+	Hits, Misses, Imbalanced uint64 // Pick decisions by reason
+	EvictedChars             uint64 // runes freed by eviction (not by replica removal)
+	EvictedHoldings          uint64 // (replica, node) holdings evicted
+}
+
+// Stats copies the router's figures under its lock.
+func (r *Router) Stats() Stats {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	s := Stats{
+		Chars: r.size, MaxChars: r.cfg.MaxTreeSize, Nodes: r.nodes, Models: len(r.trees),
+		ReplicaChars: make(map[string]int, len(r.order)),
+		Hits:         r.hits.Load(), Misses: r.misses.Load(), Imbalanced: r.imbalanced.Load(),
+		EvictedChars: r.evictedChars, EvictedHoldings: r.evictedHoldings,
+	}
+	for _, rep := range r.order {
+		s.ReplicaChars[rep.addr] = rep.chars
+	}
+	return s
+}
+
+// validText makes text valid UTF-8 so rune counting and rune-boundary
+// matching agree (JSON-decoded strings already are).
+func validText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// cutRunes returns the first max runes of s.
+func cutRunes(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	for i := range s {
+		if max == 0 {
+			return s[:i]
+		}
+		max--
+	}
+	return s
+}

@@ -1,0 +1,348 @@
+// Package reqtext extracts what routing and flow control need from an
+// inference request body: the model, the prompt text (rendered so that
+// requests sharing a prefix share a text prefix), streaming and the output
+// token budget. One parser for every consumer, so they agree on the text.
+package reqtext
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Kinds of request, by path.
+const (
+	KindCompletions = "completions"
+	KindChat        = "chat"
+	KindGenerate    = "generate"
+	KindOther       = "other"
+)
+
+// MaxTextBytes caps Text. Prefix routing only needs the beginning, and a
+// huge prompt should not cost a huge tree insert; Truncated says it was cut.
+const MaxTextBytes = 1 << 20
+
+// Request is the parsed request.
+type Request struct {
+	Model     string
+	Text      string
+	Stream    bool
+	MaxTokens int // 0: not given
+	Kind      string
+	Truncated bool // Text was cut at MaxTextBytes (on a rune boundary)
+}
+
+// Extract parses body according to path. Paths it does not know give Kind
+// "other" and no error (the model is taken if the body is a JSON object
+// that has one). For known paths, a body that is not JSON, or whose fields
+// have the wrong shape, is an error: the caller then routes by load alone
+// and forwards the body unchanged.
+func Extract(path string, body []byte) (Request, error) {
+	switch kind := kindOf(path); kind {
+	case KindChat:
+		return chat(body)
+	case KindCompletions:
+		return completions(body)
+	case KindGenerate:
+		return generate(body)
+	default:
+		req := Request{Kind: KindOther}
+		var v struct {
+			Model string `json:"model"`
+		}
+		if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '{' && json.Unmarshal(body, &v) == nil {
+			req.Model = v.Model
+		}
+		return req, nil
+	}
+}
+
+// kindOf matches the path's end, so a prefix (e.g. /openai/v1/...) is fine.
+func kindOf(path string) string {
+	path = strings.TrimRight(path, "/")
+	switch {
+	case strings.HasSuffix(path, "/v1/chat/completions"):
+		return KindChat
+	case strings.HasSuffix(path, "/v1/completions"):
+		return KindCompletions
+	case path == "/generate" || strings.HasSuffix(path, "/generate"):
+		return KindGenerate
+	}
+	return KindOther
+}
+
+type chatBody struct {
+	Model               string `json:"model"`
+	Stream              bool   `json:"stream"`
+	MaxTokens           int    `json:"max_tokens"`
+	MaxCompletionTokens int    `json:"max_completion_tokens"`
+	Messages            []struct {
+		Role    string  `json:"role"`
+		Content content `json:"content"`
+	} `json:"messages"`
+}
+
+type part struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// unquote decodes a JSON string that json has already checked. Fast
+// path: without escapes and with valid UTF-8, the bytes between the
+// quotes are the string, and decoding again would only scan them twice.
+func unquote(b []byte) (string, error) {
+	if in := b[1 : len(b)-1]; bytes.IndexByte(in, '\\') < 0 && utf8.Valid(in) {
+		return string(in), nil
+	}
+	var s string
+	err := json.Unmarshal(b, &s)
+	return s, err
+}
+
+// content is a message's content: a string, an array of parts (only the
+// text ones are kept), or null.
+type content struct{ texts []string }
+
+func (c *content) UnmarshalJSON(b []byte) error {
+	switch b[0] { // json hands over one valid, trimmed value
+	case 'n':
+		return nil
+	case '"':
+		s, err := unquote(b)
+		if err != nil {
+			return err
+		}
+		c.texts = append(c.texts[:0], s)
+		return nil
+	case '[':
+		var parts []part
+		if err := json.Unmarshal(b, &parts); err != nil {
+			return err
+		}
+		c.texts = c.texts[:0]
+		for _, p := range parts {
+			if p.Type == "text" {
+				c.texts = append(c.texts, p.Text)
+			}
+		}
+		return nil
+	}
+	return errors.New("content: want a string or an array of parts")
+}
+
+// chat renders messages as "<|role|>\ncontent\n" in order: the same
+// system prompt gives the same leading text whatever follows. Text parts
+// of an array content are joined by "\n"; other parts (images, audio) are
+// skipped, so a text-only array renders like the same text as a string.
+func chat(body []byte) (Request, error) {
+	var v chatBody
+	if err := json.Unmarshal(body, &v); err != nil {
+		return Request{}, fmt.Errorf("chat completions body: %w", err)
+	}
+	req := Request{Kind: KindChat, Model: v.Model, Stream: v.Stream, MaxTokens: v.MaxTokens}
+	if v.MaxCompletionTokens > 0 {
+		req.MaxTokens = v.MaxCompletionTokens // the newer name wins
+	}
+	w := newWriter(len(body))
+	for _, m := range v.Messages {
+		w.str("<|")
+		w.str(m.Role)
+		w.str("|>\n")
+		for j, t := range m.Content.texts {
+			if j > 0 {
+				w.str("\n")
+			}
+			w.str(t)
+		}
+		w.str("\n")
+	}
+	req.Text, req.Truncated = w.done()
+	return req, nil
+}
+
+type completionsBody struct {
+	Model     string          `json:"model"`
+	Stream    bool            `json:"stream"`
+	MaxTokens int             `json:"max_tokens"`
+	Prompt    json.RawMessage `json:"prompt"`
+}
+
+func completions(body []byte) (Request, error) {
+	var v completionsBody
+	if err := json.Unmarshal(body, &v); err != nil {
+		return Request{}, fmt.Errorf("completions body: %w", err)
+	}
+	req := Request{Kind: KindCompletions, Model: v.Model, Stream: v.Stream, MaxTokens: v.MaxTokens}
+	w := newWriter(len(body))
+	if err := promptText(w, v.Prompt); err != nil {
+		return Request{}, fmt.Errorf("prompt: %w", err)
+	}
+	req.Text, req.Truncated = w.done()
+	return req, nil
+}
+
+type generateBody struct {
+	Model          string          `json:"model"`
+	Stream         bool            `json:"stream"`
+	Text           json.RawMessage `json:"text"`
+	InputIDs       json.RawMessage `json:"input_ids"`
+	SamplingParams struct {
+		MaxNewTokens int `json:"max_new_tokens"`
+	} `json:"sampling_params"`
+}
+
+// generate handles SGLang's native /generate: text, or else input_ids.
+func generate(body []byte) (Request, error) {
+	var v generateBody
+	if err := json.Unmarshal(body, &v); err != nil {
+		return Request{}, fmt.Errorf("generate body: %w", err)
+	}
+	req := Request{Kind: KindGenerate, Model: v.Model, Stream: v.Stream, MaxTokens: v.SamplingParams.MaxNewTokens}
+	w := newWriter(len(body))
+	field, raw := "text", v.Text
+	if isNull(raw) {
+		field, raw = "input_ids", v.InputIDs
+	}
+	if err := promptText(w, raw); err != nil {
+		return Request{}, fmt.Errorf("%s: %w", field, err)
+	}
+	req.Text, req.Truncated = w.done()
+	return req, nil
+}
+
+func isNull(raw json.RawMessage) bool {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	return len(raw) == 0 || raw[0] == 'n'
+}
+
+// promptText renders a polymorphic prompt: a string; an array of strings
+// (joined by "\n"); an array of token ids (decimal, space-separated, so
+// prompts sharing leading ids share a text prefix); or an array of such
+// arrays (joined by "\n"). Absent or null renders as "".
+func promptText(w *writer, raw json.RawMessage) error {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	if len(raw) == 0 || raw[0] == 'n' {
+		return nil
+	}
+	if raw[0] == '"' {
+		s, err := unquote(raw)
+		if err != nil {
+			return err
+		}
+		w.str(s)
+		return nil
+	}
+	if raw[0] != '[' {
+		return errors.New("want a string, an array of strings or an array of token ids")
+	}
+	// The first element decides the shape; json then checks the rest.
+	first := bytes.TrimLeft(raw[1:], " \t\r\n")
+	switch {
+	case len(first) == 0 || first[0] == ']':
+		return nil
+	case first[0] == '"':
+		var ss []string
+		if err := json.Unmarshal(raw, &ss); err != nil {
+			return err
+		}
+		for i, s := range ss {
+			if i > 0 {
+				w.str("\n")
+			}
+			w.str(s)
+		}
+	default:
+		return writeIDs(w, raw)
+	}
+	return nil
+}
+
+// writeIDs renders an array of token ids, or an array of arrays of them,
+// copying each id's digits as they are (JSON allows no leading zeros, so
+// equal ids have equal digits). raw is a valid JSON array (the caller's
+// json.Unmarshal checked it); this only checks the shape and that every
+// number is an integer. Scanning by hand is ~10x faster than decoding
+// into []int64 and allocates nothing.
+func writeIDs(w *writer, raw []byte) error {
+	depth, nested, wrote := 0, false, false
+	for i := 0; i < len(raw); {
+		switch c := raw[i]; {
+		case c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == ',':
+			i++
+		case c == '[':
+			depth++
+			if depth == 2 {
+				if !nested && wrote {
+					return errors.New("mixed token ids and arrays")
+				}
+				if nested {
+					w.str("\n")
+				}
+				nested, wrote = true, false
+			} else if depth > 2 {
+				return errors.New("token id arrays nest at most two deep")
+			}
+			i++
+		case c == ']':
+			depth--
+			i++
+		case c == '-' || (c >= '0' && c <= '9'):
+			if nested && depth == 1 {
+				return errors.New("mixed token ids and arrays")
+			}
+			j := i + 1
+			for j < len(raw) && raw[j] >= '0' && raw[j] <= '9' {
+				j++
+			}
+			if j < len(raw) && (raw[j] == '.' || raw[j] == 'e' || raw[j] == 'E') {
+				return fmt.Errorf("token id %s...: not an integer", raw[i:j])
+			}
+			if wrote {
+				w.str(" ")
+			}
+			w.bytes(raw[i:j])
+			wrote = true
+			i = j
+		default:
+			return errors.New("want token ids (integers)")
+		}
+	}
+	return nil
+}
+
+// writer builds Text up to MaxTextBytes.
+type writer struct {
+	b   []byte
+	cut bool
+}
+
+func newWriter(hint int) *writer {
+	return &writer{b: make([]byte, 0, min(hint, MaxTextBytes))}
+}
+
+func (w *writer) str(s string) {
+	if w.cut {
+		return
+	}
+	if room := MaxTextBytes - len(w.b); len(s) > room {
+		// Cut on a rune boundary so Text stays valid UTF-8.
+		for room > 0 && !utf8.RuneStart(s[room]) {
+			room--
+		}
+		s, w.cut = s[:room], true
+	}
+	w.b = append(w.b, s...)
+}
+
+// bytes appends ASCII (token ids): any cut is a rune boundary.
+func (w *writer) bytes(b []byte) {
+	if room := MaxTextBytes - len(w.b); len(b) > room {
+		b, w.cut = b[:room], true
+	}
+	w.b = append(w.b, b...)
+}
+
+func (w *writer) done() (string, bool) { return string(w.b), w.cut }
