@@ -118,6 +118,15 @@ func health(name string) healthReport {
 				draining = append(draining, bh)
 			}
 		}
+	} else if st := cacheAwareStateFor(name); st != nil {
+		for _, r := range st.tracker.Snapshot() {
+			bh := backendHealth{Addr: r.Addr, InFlight: r.InFlight, Down: r.Down, Failures: r.Failures, Draining: !r.Present}
+			if r.Present {
+				stats[r.Addr] = bh
+			} else {
+				draining = append(draining, bh)
+			}
+		}
 	}
 	for _, b := range set {
 		bh, ok := stats[b.Dial]

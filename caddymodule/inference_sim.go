@@ -37,9 +37,14 @@ type InferenceSim struct {
 	Name string `json:"name,omitempty"`
 	// Model id listed by /v1/models. Default "sim-model".
 	Model string `json:"model,omitempty"`
-	// Concurrency is how many requests are served at once; the others wait
-	// in a FIFO queue. Default 1.
+	// Concurrency is how many requests are served at once (vLLM's
+	// max_num_seqs; the Caddyfile accepts both names); the others wait in a
+	// FIFO queue. Default 1.
 	Concurrency int `json:"concurrency,omitempty"`
+	// PrefixCache gives the replica an LRU prefix (KV) cache, so that
+	// requests whose prompt starts like a recent one have a shorter
+	// prefill. Default: none.
+	PrefixCache *InferenceSimPrefixCache `json:"prefix_cache,omitempty"`
 	// Latency is the service-time model. Default: fixed 0.
 	Latency *InferenceSimLatency `json:"latency,omitempty"`
 	// MaxTokens is the output length when a request does not say. Default 16.
@@ -64,6 +69,16 @@ type InferenceSim struct {
 	replica *sim.Replica
 }
 
+// InferenceSimPrefixCache is the JSON form of the prefix cache (see
+// sim.PrefixCache).
+type InferenceSimPrefixCache struct {
+	// Blocks is the capacity in blocks (> 0).
+	Blocks int `json:"blocks,omitempty"`
+	// BlockChars is the block size in characters of prompt text (≈ 4 per
+	// token). Default 256.
+	BlockChars int `json:"block_chars,omitempty"`
+}
+
 // InferenceSimLatency is the JSON form of the service-time model.
 type InferenceSimLatency struct {
 	// Kind is "fixed" (default), "lognormal" or "per_token".
@@ -72,8 +87,11 @@ type InferenceSimLatency struct {
 	Duration caddy.Duration `json:"duration,omitempty"`
 	// Sigma is the log-space standard deviation (lognormal).
 	Sigma float64 `json:"sigma,omitempty"`
-	// Prefill is the time per prompt token (per_token).
+	// Prefill is the time per uncached prompt token (per_token).
 	Prefill caddy.Duration `json:"prefill,omitempty"`
+	// PrefillPerToken is the time per uncached prompt token added before
+	// the first token of the fixed and lognormal models.
+	PrefillPerToken caddy.Duration `json:"prefill_per_token,omitempty"`
 	// Decode is the time per output token with a batch of one (per_token).
 	Decode caddy.Duration `json:"decode,omitempty"`
 	// BatchSlowdown slows each decode step by this fraction per additional
@@ -108,13 +126,17 @@ func (s *InferenceSim) simConfig() sim.Config {
 	}
 	if l := s.Latency; l != nil {
 		cfg.Latency = sim.Latency{
-			Kind:          sim.LatencyKind(l.Kind),
-			Duration:      time.Duration(l.Duration),
-			Sigma:         l.Sigma,
-			Prefill:       time.Duration(l.Prefill),
-			Decode:        time.Duration(l.Decode),
-			BatchSlowdown: l.BatchSlowdown,
+			Kind:            sim.LatencyKind(l.Kind),
+			Duration:        time.Duration(l.Duration),
+			Sigma:           l.Sigma,
+			Prefill:         time.Duration(l.Prefill),
+			PrefillPerToken: time.Duration(l.PrefillPerToken),
+			Decode:          time.Duration(l.Decode),
+			BatchSlowdown:   l.BatchSlowdown,
 		}
+	}
+	if p := s.PrefixCache; p != nil {
+		cfg.PrefixCache = sim.PrefixCache{Blocks: p.Blocks, BlockChars: p.BlockChars}
 	}
 	return cfg
 }
@@ -201,10 +223,12 @@ func parseInferenceSimCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHan
 //	inference_sim [<name>] {
 //	    name         <name>
 //	    model        <model id>
-//	    concurrency  <n>
+//	    concurrency  <n>        (or max_num_seqs <n>, vLLM's name)
 //	    latency      fixed <duration>
 //	    latency      lognormal <mean> <sigma>
 //	    latency      per_token <prefill per token> <decode per token> [batch_slowdown <factor>]
+//	    prefill_per_token <duration>          (fixed and lognormal only)
+//	    prefix_cache <blocks> [<block chars>]
 //	    max_tokens   <n>
 //	    stream_chunk <tokens per chunk>
 //	    max_body     <bytes>
@@ -222,6 +246,7 @@ func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	seen := make(map[string]bool)
+	var prefillPerToken caddy.Duration // merged into Latency once it is known
 	for d.NextBlock(0) {
 		sub := d.Val()
 		if seen[sub] {
@@ -239,12 +264,46 @@ func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			} else {
 				s.Model = v
 			}
-		case "concurrency":
+		case "concurrency", "max_num_seqs":
+			if seen["concurrency"] && seen["max_num_seqs"] {
+				return d.Errf("inference_sim: max_num_seqs is another name for concurrency; give only one of them")
+			}
 			n, err := inferenceSimInt(d, sub, 1, math.MaxInt32)
 			if err != nil {
 				return err
 			}
 			s.Concurrency = n
+		case "prefix_cache":
+			args := d.RemainingArgs()
+			if len(args) != 1 && len(args) != 2 {
+				return d.Errf("inference_sim: usage: prefix_cache <blocks> [<block chars>]")
+			}
+			p := &InferenceSimPrefixCache{}
+			n, err := strconv.Atoi(args[0])
+			if err != nil || n < 1 || n > sim.MaxPrefixBlocks {
+				return d.Errf("inference_sim: prefix_cache blocks %q must be an integer between 1 and %d", args[0], sim.MaxPrefixBlocks)
+			}
+			p.Blocks = n
+			if len(args) == 2 {
+				n, err := strconv.Atoi(args[1])
+				if err != nil || n < 1 || n > sim.MaxBlockChars {
+					return d.Errf("inference_sim: prefix_cache block_chars %q must be an integer between 1 and %d", args[1], sim.MaxBlockChars)
+				}
+				p.BlockChars = n
+			}
+			s.PrefixCache = p
+		case "prefill_per_token":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			v, err := inferenceSimDuration(d, sub, d.Val())
+			if err != nil {
+				return err
+			}
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			prefillPerToken = caddy.Duration(v)
 		case "max_tokens":
 			n, err := inferenceSimInt(d, sub, 1, sim.MaxOutputTokens)
 			if err != nil {
@@ -319,6 +378,16 @@ func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("inference_sim: unrecognized subdirective '%s'", sub)
 		}
+	}
+	if seen["prefill_per_token"] {
+		if s.Latency == nil {
+			s.Latency = &InferenceSimLatency{} // fixed 0
+		}
+		if sim.LatencyKind(s.Latency.Kind) == sim.LatencyPerToken {
+			return d.Errf("inference_sim: prefill_per_token is for latency fixed or lognormal; " +
+				"latency per_token takes the prefill per token as its first value")
+		}
+		s.Latency.PrefillPerToken = prefillPerToken
 	}
 	return nil
 }

@@ -202,6 +202,26 @@ func TestInferenceSimCaddyfileErrors(t *testing.T) {
 		{"name \"a\\\"b\"", "Name"},
 		{"colour blue", "unrecognized subdirective 'colour'"},
 		{"concurrency 2\n\t\tconcurrency 3", "concurrency specified more than once"},
+		{"max_num_seqs 0", "max_num_seqs"},
+		{"max_num_seqs many", "max_num_seqs"},
+		{"concurrency 2\n\t\tmax_num_seqs 3", "max_num_seqs"},
+		{"max_num_seqs 2\n\t\tconcurrency 3", "max_num_seqs"},
+		{"prefix_cache", "prefix_cache"},
+		{"prefix_cache 96 256 1", "prefix_cache"},
+		{"prefix_cache 0", "prefix_cache blocks"},
+		{"prefix_cache -5", "prefix_cache blocks"},
+		{"prefix_cache lots", "prefix_cache blocks"},
+		{"prefix_cache 99999999999", "prefix_cache blocks"},
+		{"prefix_cache 96 0", "prefix_cache block_chars"},
+		{"prefix_cache 96 wide", "prefix_cache block_chars"},
+		{"prefix_cache 96 2000000", "prefix_cache block_chars"},
+		{"prefix_cache 1\n\t\tprefix_cache 2", "prefix_cache specified more than once"},
+		{"prefill_per_token", "wrong argument count"},
+		{"prefill_per_token soon", "prefill_per_token"},
+		{"prefill_per_token -1ms", "prefill_per_token"},
+		{"prefill_per_token 1ms 2ms", "wrong argument count"},
+		{"prefill_per_token 1ms\n\t\tlatency per_token 1ms 2ms", "prefill_per_token"},
+		{"latency per_token 1ms 2ms\n\t\tprefill_per_token 1ms", "prefill_per_token"},
 	}
 	for _, c := range cases {
 		src := ":8080 {\n\tinference_sim {\n\t\t" + c.block + "\n\t}\n}\n"
@@ -253,5 +273,136 @@ func TestInferenceSimServeHTTP(t *testing.T) {
 	mod.Cleanup()
 	if InferenceSimReplica("caddy-sim") != nil {
 		t.Error("replica still registered after Cleanup")
+	}
+}
+
+func TestInferenceSimPrefixCacheOptions(t *testing.T) {
+	handlers, raw, err := adaptInferenceSimCaddyfile(t, `
+:8080 {
+	inference_sim px-1 {
+		max_num_seqs      8
+		prefill_per_token 2ms
+		latency           lognormal 200ms 0.3
+		prefix_cache      96 64
+	}
+}
+
+:8081 {
+	inference_sim px-2 {
+		prefill_per_token 500us
+		prefix_cache      512
+	}
+}
+
+:8082 {
+	inference_sim px-3 {
+		latency      per_token 1ms 20ms batch_slowdown 0.05
+		prefix_cache 1024
+	}
+}
+`)
+	if err != nil {
+		t.Fatalf("adapt: %v", err)
+	}
+	byName := map[string]map[string]any{}
+	for _, h := range handlers {
+		name, _ := h["name"].(string)
+		byName[name] = h
+	}
+	assertInferenceSimJSON(t, byName["px-1"], map[string]any{
+		"handler":      "inference_sim",
+		"name":         "px-1",
+		"concurrency":  float64(8),
+		"latency":      map[string]any{"kind": "lognormal", "duration": float64(200 * time.Millisecond), "sigma": 0.3, "prefill_per_token": float64(2 * time.Millisecond)},
+		"prefix_cache": map[string]any{"blocks": float64(96), "block_chars": float64(64)},
+	})
+	// prefill_per_token without a latency line: fixed 0 plus the prefill.
+	assertInferenceSimJSON(t, byName["px-2"], map[string]any{
+		"handler":      "inference_sim",
+		"name":         "px-2",
+		"latency":      map[string]any{"prefill_per_token": float64(500 * time.Microsecond)},
+		"prefix_cache": map[string]any{"blocks": float64(512)},
+	})
+	assertInferenceSimJSON(t, byName["px-3"], map[string]any{
+		"handler":      "inference_sim",
+		"name":         "px-3",
+		"latency":      map[string]any{"kind": "per_token", "prefill": float64(time.Millisecond), "decode": float64(20 * time.Millisecond), "batch_slowdown": 0.05},
+		"prefix_cache": map[string]any{"blocks": float64(1024)},
+	})
+	if t.Failed() {
+		t.Logf("adapted:\n%s", raw)
+	}
+
+	provision := func(h map[string]any) *InferenceSim {
+		t.Helper()
+		body, _ := json.Marshal(h)
+		mod := new(InferenceSim)
+		if err := json.Unmarshal(body, mod); err != nil {
+			t.Fatal(err)
+		}
+		if err := mod.Validate(); err != nil {
+			t.Fatalf("Validate: %v", err)
+		}
+		if err := mod.Provision(caddy.Context{}); err != nil {
+			t.Fatalf("Provision: %v", err)
+		}
+		t.Cleanup(func() { _ = mod.Cleanup() })
+		return mod
+	}
+	cfg1 := provision(byName["px-1"]).replica.Config()
+	if cfg1.Concurrency != 8 || cfg1.PrefixCache != (sim.PrefixCache{Blocks: 96, BlockChars: 64}) ||
+		cfg1.Latency.PrefillPerToken != 2*time.Millisecond || cfg1.Latency.Kind != sim.LatencyLognormal {
+		t.Errorf("px-1 sim config %+v", cfg1)
+	}
+	mod2 := provision(byName["px-2"])
+	cfg2 := mod2.replica.Config()
+	if cfg2.PrefixCache != (sim.PrefixCache{Blocks: 512, BlockChars: sim.DefaultBlockChars}) ||
+		cfg2.Latency.Kind != sim.LatencyFixed || cfg2.Latency.PrefillPerToken != 500*time.Microsecond {
+		t.Errorf("px-2 sim config %+v", cfg2)
+	}
+
+	// Two requests sharing a long prefix through the handler: the second hits.
+	serve := func(prompt string) string {
+		rec := httptest.NewRecorder()
+		body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 1})
+		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(string(body)))
+		if err := mod2.ServeHTTP(rec, req, nil); err != nil || rec.Code != http.StatusOK {
+			t.Fatalf("status %d err %v body %s", rec.Code, err, rec.Body)
+		}
+		return rec.Header().Get(sim.HeaderCachedTokens)
+	}
+	shared := strings.Repeat("a shared system prompt. ", 64) // 1536 chars: 6 blocks of 256
+	if c := serve(shared + "first"); c != "0" {
+		t.Errorf("cold request has %s cached tokens", c)
+	}
+	if c := serve(shared + "second"); c == "0" || c == "" {
+		t.Errorf("request sharing the prefix has %q cached tokens", c)
+	}
+	st := mod2.replica.Stats()
+	if st.PrefixHitBlocks != 6 || st.HitRate() <= 0 {
+		t.Errorf("stats after two requests: %d hit blocks, hit rate %v", st.PrefixHitBlocks, st.HitRate())
+	}
+	if m := mod2.replica.MetricsText(); !strings.Contains(m, "vllm:prefix_cache_hits_total{") ||
+		!strings.Contains(m, "vllm:prefix_cache_queries_total{") {
+		t.Errorf("metrics lack the prefix cache counters:\n%s", m)
+	}
+
+	// Bad JSON values are rejected by Validate, naming the field.
+	for _, c := range []struct {
+		json, want string
+	}{
+		{`{"prefix_cache":{"blocks":-1}}`, "PrefixCache.Blocks"},
+		{`{"prefix_cache":{"block_chars":64}}`, "PrefixCache.Blocks"},
+		{`{"prefix_cache":{"blocks":8,"block_chars":-2}}`, "PrefixCache.BlockChars"},
+		{`{"latency":{"kind":"per_token","prefill_per_token":1000}}`, "PrefillPerToken"},
+		{`{"latency":{"prefill_per_token":-1000}}`, "PrefillPerToken"},
+	} {
+		var mod InferenceSim
+		if err := json.Unmarshal([]byte(c.json), &mod); err != nil {
+			t.Fatal(err)
+		}
+		if err := mod.Validate(); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "inference_sim") {
+			t.Errorf("%s: Validate() = %v, want an error naming %s", c.json, err, c.want)
+		}
 	}
 }

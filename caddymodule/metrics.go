@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/sluice-router/sluice/lb/cacheaware"
 	"github.com/sluice-router/sluice/lb/qll"
 )
 
@@ -17,10 +18,12 @@ import (
 // at admin /metrics and through the metrics handler) as that config loads,
 // and on a private registry served at /_custom_router/metrics.
 var (
-	qllCollector  = qll.NewCollector(qllStatesByPool)
-	sluiceMetrics = func() *prometheus.Registry {
+	qllCollector        = qll.NewCollector(qllStatesByPool)
+	cacheAwareCollector = cacheaware.NewCollector(cacheAwareRouters)
+	sluiceCollectors    = []prometheus.Collector{qllCollector, cacheAwareCollector}
+	sluiceMetrics       = func() *prometheus.Registry {
 		r := prometheus.NewRegistry()
-		r.MustRegister(qllCollector)
+		r.MustRegister(sluiceCollectors...)
 		return r
 	}()
 	sluiceMetricsHandler = promhttp.HandlerFor(sluiceMetrics, promhttp.HandlerOpts{})
@@ -31,10 +34,12 @@ func registerMetrics(ctx caddy.Context, log *zap.Logger) {
 	if reg == nil {
 		return
 	}
-	if err := reg.Register(qllCollector); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			log.Warn("cannot register Sluice metrics", zap.Error(err))
+	for _, c := range sluiceCollectors {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				log.Warn("cannot register Sluice metrics", zap.Error(err))
+			}
 		}
 	}
 }

@@ -29,6 +29,8 @@ func refusalFor(err error, retryAfter time.Duration) (refusal, bool) {
 		return refusal{}, false
 	case errors.Is(err, lb.ErrNoBackends):
 		return refusal{http.StatusServiceUnavailable, "no_backends", "no backends in the pool", time.Second}, true
+	case errors.Is(err, lb.ErrAllDown):
+		return refusal{http.StatusServiceUnavailable, "backends_down", "every backend is marked down after failures; retrying shortly", retryAfter}, true
 	case errors.Is(err, lb.ErrQueueFull):
 		return refusal{http.StatusTooManyRequests, "queue_full", "every backend is busy and queueing is disabled", retryAfter}, true
 	case errors.Is(err, lb.ErrEvicted):

@@ -49,4 +49,5 @@ var (
 	ErrEvicted      = errors.New("evicted from a full queue by a newer request")
 	ErrQueueTimeout = errors.New("timed out waiting in the queue")
 	ErrShutdown     = errors.New("policy is shutting down")
+	ErrAllDown      = errors.New("every backend is down after failures")
 )

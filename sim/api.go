@@ -46,6 +46,8 @@ type inferenceRequest struct {
 	OutputTokens int
 	Stream       bool
 	IncludeUsage bool
+	// Prefix holds the prompt's block keys when the prefix cache is on.
+	Prefix promptPrefix
 }
 
 // parseRequest reads and parses the body. On error it returns the status to
@@ -81,6 +83,9 @@ func (rp *Replica) parseRequest(w http.ResponseWriter, r *http.Request) (inferen
 	req.IncludeUsage = wr.StreamOptions != nil && wr.StreamOptions.IncludeUsage
 
 	var pc promptCount
+	if rp.cache != nil {
+		pc.text = &textBuilder{b: make([]byte, 0, min(len(body), 1<<16))}
+	}
 	present := false
 	for _, part := range []struct {
 		name string
@@ -97,17 +102,23 @@ func (rp *Replica) parseRequest(w http.ResponseWriter, r *http.Request) (inferen
 	for i, m := range wr.Messages {
 		present = true
 		var msg struct {
+			Role any `json:"role"` // any: a malformed role is not an error, as before
+
 			Content json.RawMessage `json:"content"`
 		}
 		if err := json.Unmarshal(m, &msg); err != nil {
 			return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("messages[%d]: %v", i, err)
 		}
-		if isAbsent(msg.Content) {
-			continue
+		pc.text.str("<|")
+		role, _ := msg.Role.(string)
+		pc.text.str(role)
+		pc.text.str("|>\n")
+		if !isAbsent(msg.Content) {
+			if err := pc.add(msg.Content, true); err != nil {
+				return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("messages[%d].content: %v", i, err)
+			}
 		}
-		if err := pc.add(msg.Content, true); err != nil {
-			return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("messages[%d].content: %v", i, err)
-		}
+		pc.text.str("\n")
 	}
 	if wr.Messages != nil {
 		present = true
@@ -117,6 +128,9 @@ func (rp *Replica) parseRequest(w http.ResponseWriter, r *http.Request) (inferen
 			errors.New(`the body has no prompt: expected "prompt", "messages", "text" or "input_ids"`)
 	}
 	req.PromptTokens = max(1, pc.tokens+pc.chars/4)
+	if rp.cache != nil {
+		req.Prefix = newPromptPrefix(pc.text.b, rp.cache.blockChars, rp.cache.capacity)
+	}
 
 	out := int64(rp.cfg.MaxTokens)
 	field := ""
@@ -142,10 +156,12 @@ func isAbsent(raw json.RawMessage) bool {
 }
 
 // promptCount accumulates prompt size: characters of text (≈ 4 per token)
-// and explicit token ids.
+// and explicit token ids; and, if text is not nil, the prompt text the
+// prefix cache hashes.
 type promptCount struct {
 	chars  int
 	tokens int
+	text   *textBuilder
 }
 
 // add counts a prompt value: a string, a token id, or arrays of those.
@@ -166,10 +182,20 @@ func (pc *promptCount) walk(v any, parts bool, depth int) error {
 	case nil:
 	case string:
 		pc.chars += len(x)
+		pc.text.str(x)
 	case float64:
 		pc.tokens++
+		pc.text.id(x)
 	case []any:
+		wrote := 0
 		for _, e := range x {
+			if m, ok := e.(map[string]any); ok && parts {
+				if _, ok := m["text"].(string); !ok {
+					continue // a non-text content part (image, audio) renders as nothing
+				}
+			}
+			pc.text.sep(wrote, e)
+			wrote++
 			if err := pc.walk(e, parts, depth+1); err != nil {
 				return err
 			}
@@ -180,6 +206,7 @@ func (pc *promptCount) walk(v any, parts bool, depth int) error {
 		}
 		if t, ok := x["text"].(string); ok {
 			pc.chars += len(t)
+			pc.text.str(t)
 		}
 	default:
 		return fmt.Errorf("unexpected %T", v)
@@ -209,6 +236,9 @@ type generation struct {
 	seq     uint64
 	created int64
 	total   time.Duration // fixed/lognormal: drawn total service time
+	cached  int           // prompt tokens found in the prefix cache
+
+	prefilled bool // the prefill is done (and the prompt's blocks are stored)
 }
 
 func (g *generation) id() string {
@@ -221,11 +251,27 @@ func (g *generation) id() string {
 
 // run walks through the output in chunks of at most chunk tokens, waiting the
 // modelled time before each chunk and then calling emit (if not nil).
+//
+// The prefill (prefillTime of the uncached prompt tokens) comes first. With
+// the prefix cache off and no PrefillPerToken, it is folded into the first
+// chunk's wait as it always was; otherwise it is waited for on its own and
+// then the prompt's blocks are stored in the cache.
 func (g *generation) run(sl *sleeper, chunk int, emit func(from, to int) error) error {
 	l := g.rp.cfg.Latency
 	n := g.req.OutputTokens
 	if l.Kind != LatencyPerToken {
 		g.total = g.rp.serviceTime()
+	}
+	prefill := g.prefill()
+	if g.rp.cache != nil || (l.Kind != LatencyPerToken && prefill > 0) {
+		if err := sl.sleep(prefill, nil); err != nil {
+			return err
+		}
+		prefill = 0
+		g.prefilled = true
+		if g.rp.cache != nil {
+			g.rp.cache.store(g.req.Prefix)
+		}
 	}
 	for from := 0; from < n; {
 		to := min(from+chunk, n)
@@ -235,7 +281,7 @@ func (g *generation) run(sl *sleeper, chunk int, emit func(from, to int) error) 
 			// spaced by the (batch-dependent) decode step.
 			steps := to - from
 			if from == 0 {
-				d = clampDuration(float64(l.Prefill) * float64(g.req.PromptTokens))
+				d = prefill
 				steps--
 			}
 			d += clampDuration(float64(g.rp.decodeStep()) * float64(steps))
@@ -257,19 +303,34 @@ func (g *generation) run(sl *sleeper, chunk int, emit func(from, to int) error) 
 	return nil
 }
 
+// prefill returns the request's prefill time, given its cached prompt tokens.
+func (g *generation) prefill() time.Duration {
+	return g.rp.prefillTime(g.req.PromptTokens, g.cached)
+}
+
 // usage is OpenAI's usage object.
+// PromptTokensDetails is only set when the prefix cache is on.
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens        int            `json:"prompt_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
+	TotalTokens         int            `json:"total_tokens"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 func (g *generation) usage() usage {
-	return usage{
+	u := usage{
 		PromptTokens:     g.req.PromptTokens,
 		CompletionTokens: g.req.OutputTokens,
 		TotalTokens:      g.req.PromptTokens + g.req.OutputTokens,
 	}
+	if g.rp.cache != nil {
+		u.PromptTokensDetails = &promptDetails{CachedTokens: g.cached}
+	}
+	return u
 }
 
 // Response bodies, as structs so that fields come out in the usual order
@@ -307,6 +368,7 @@ type (
 		ID               string        `json:"id"`
 		PromptTokens     int           `json:"prompt_tokens"`
 		CompletionTokens int           `json:"completion_tokens"`
+		CachedTokens     *int          `json:"cached_tokens,omitempty"` // prefix cache on only
 		FinishReason     *sglangFinish `json:"finish_reason"`
 	}
 	sglangFinish struct {
@@ -325,6 +387,9 @@ func (g *generation) sglang(text string, done int) sglangResponse {
 	r := sglangResponse{Text: text, MetaInfo: sglangMeta{
 		ID: g.id(), PromptTokens: g.req.PromptTokens, CompletionTokens: done,
 	}}
+	if g.rp.cache != nil {
+		r.MetaInfo.CachedTokens = &g.cached
+	}
 	if done == g.req.OutputTokens {
 		r.MetaInfo.FinishReason = &sglangFinish{Type: "length", Length: done}
 	}

@@ -23,15 +23,25 @@ type LatencyKind string
 
 // The service-time models.
 const (
-	// LatencyFixed serves every request in exactly Latency.Duration.
+	// LatencyFixed serves every request in exactly Latency.Duration (plus
+	// Latency.PrefillPerToken × uncached prompt tokens, before the first
+	// token).
 	LatencyFixed LatencyKind = "fixed"
 	// LatencyLognormal draws each request's service time from a lognormal
 	// distribution whose mean is Latency.Duration and whose log-space
-	// standard deviation is Latency.Sigma.
+	// standard deviation is Latency.Sigma (plus, as for fixed,
+	// Latency.PrefillPerToken × uncached prompt tokens before the first token).
 	LatencyLognormal LatencyKind = "lognormal"
-	// LatencyPerToken charges Latency.Prefill per prompt token, then
-	// Latency.Decode per output token, each decode step slowed by the batch:
-	// step = Decode × (1 + BatchSlowdown × (running − 1)).
+	// LatencyPerToken charges Latency.Prefill per uncached prompt token (all
+	// prompt tokens unless Config.PrefixCache is on) before the first token,
+	// then Latency.Decode per further output token, each decode step slowed
+	// by the batch: step = Decode × (1 + BatchSlowdown × (running − 1)),
+	// where running is the number of requests holding a serving slot when
+	// the step is scheduled. The step is re-evaluated at every streamed
+	// chunk (StreamChunkTokens tokens) and, for non-streaming requests,
+	// about eight times per request (every ⌈output/8⌉ tokens), so every
+	// running request slows down as the batch grows and speeds up as it
+	// shrinks.
 	LatencyPerToken LatencyKind = "per_token"
 )
 
@@ -55,8 +65,14 @@ type Latency struct {
 	Duration time.Duration `json:"duration,omitempty"`
 	// Sigma is the log-space standard deviation (lognormal only), >= 0.
 	Sigma float64 `json:"sigma,omitempty"`
-	// Prefill is the time per prompt token (per_token only).
+	// Prefill is the time per uncached prompt token (per_token only).
 	Prefill time.Duration `json:"prefill,omitempty"`
+	// PrefillPerToken is the time per uncached prompt token added to the
+	// drawn service time of the fixed and lognormal models, before the first
+	// token: service = Duration (or the lognormal draw) + PrefillPerToken ×
+	// (prompt tokens − cached prompt tokens). Zero (the default) adds
+	// nothing. Invalid with per_token, whose Prefill plays this role.
+	PrefillPerToken time.Duration `json:"prefill_per_token,omitempty"`
 	// Decode is the time per output token with a batch of one (per_token only).
 	Decode time.Duration `json:"decode,omitempty"`
 	// BatchSlowdown is the relative slowdown of a decode step per additional
@@ -84,6 +100,65 @@ type Faults struct {
 	Stall time.Duration `json:"stall,omitempty"`
 }
 
+// Default and limits of PrefixCache.
+const (
+	DefaultBlockChars = 256
+	MaxPrefixBlocks   = 1 << 24
+	MaxBlockChars     = 1 << 20
+)
+
+// PrefixCache configures a replica's prefix cache, a model of vLLM's
+// automatic prefix caching on the prompt text: the text is cut into blocks
+// of BlockChars characters (≈ BlockChars/4 tokens), the cache holds up to
+// Blocks of them in LRU order, and a request's cached prefix is the longest
+// run of its leading full blocks found in the cache, where a block matches
+// only if the whole text up to its end matches. Its prefill is charged for
+// the uncached prompt tokens only:
+//
+//	cached tokens   = min(⌊prompt tokens × cached chars / text chars⌋, prompt tokens − 1)
+//	uncached tokens = prompt tokens − cached tokens
+//
+// where cached chars = hit blocks × BlockChars and text chars is the length
+// of the rendered prompt text below (prompt tokens are counted as before:
+// content characters / 4 plus token ids). Like vLLM, the last prompt token
+// is always computed.
+//
+// A request's blocks are looked up when its service begins (it has a
+// serving slot, and any injected stall is over), stored (inserted, or
+// touched as most recently used) once its prefill is done, and touched
+// again when it ends, served or cancelled; a request cancelled before the
+// end of its prefill stores nothing. Concurrent requests can thus reuse a
+// prefix as soon as one of them has prefilled it.
+//
+// The prompt text is the completion prompt or /generate text (arrays of
+// strings joined by "\n", token ids in decimal joined by " "), or the chat
+// messages rendered as "<|role|>\ncontent\n" in order — the conventions of
+// the router's request parser.
+type PrefixCache struct {
+	// Blocks is the capacity in blocks; 0 disables the cache.
+	Blocks int `json:"blocks,omitempty"`
+	// BlockChars is the size of a block in characters of prompt text.
+	// Default 256.
+	BlockChars int `json:"block_chars,omitempty"`
+}
+
+// Enabled reports whether the cache is on.
+func (p PrefixCache) Enabled() bool { return p.Blocks > 0 }
+
+// Validate reports the first invalid field of p, naming it.
+func (p PrefixCache) Validate() error {
+	if p.Blocks < 0 || p.Blocks > MaxPrefixBlocks {
+		return fmt.Errorf("sim: PrefixCache.Blocks must be between 0 and %d, got %d", MaxPrefixBlocks, p.Blocks)
+	}
+	if p.BlockChars < 0 || p.BlockChars > MaxBlockChars {
+		return fmt.Errorf("sim: PrefixCache.BlockChars must be between 1 and %d, got %d", MaxBlockChars, p.BlockChars)
+	}
+	if p.BlockChars > 0 && p.Blocks == 0 {
+		return fmt.Errorf("sim: PrefixCache.BlockChars is set (%d) but PrefixCache.Blocks is 0", p.BlockChars)
+	}
+	return nil
+}
+
 // Config configures one simulated replica. Zero values mean the defaults.
 type Config struct {
 	// Name identifies the replica; it is sent in the X-Sim-Replica header of
@@ -93,8 +168,13 @@ type Config struct {
 	// when the request names none. Default "sim-model".
 	Model string `json:"model,omitempty"`
 	// Concurrency is how many requests are served at once (1 = one at a
-	// time, diffusion-like); the others wait in a FIFO queue. Default 1.
+	// time, diffusion-like); the others wait in a FIFO queue. It is vLLM's
+	// max_num_seqs (the size of the running batch). Default 1.
 	Concurrency int `json:"concurrency,omitempty"`
+	// PrefixCache, when Blocks > 0, gives the replica a prefix (KV) cache
+	// that shortens the prefill of requests whose prompt starts like a
+	// recent one. The zero value disables it.
+	PrefixCache PrefixCache `json:"prefix_cache,omitzero"`
 	// Latency is the service-time model.
 	Latency Latency `json:"latency,omitzero"`
 	// MaxTokens is the number of output tokens when the request does not
@@ -123,6 +203,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = 1
+	}
+	if c.PrefixCache.Enabled() && c.PrefixCache.BlockChars == 0 {
+		c.PrefixCache.BlockChars = DefaultBlockChars
 	}
 	if c.Latency.Kind == "" {
 		c.Latency.Kind = LatencyFixed
@@ -162,6 +245,9 @@ func (c Config) Validate() error {
 	if err := c.Latency.Validate(); err != nil {
 		return err
 	}
+	if err := c.PrefixCache.Validate(); err != nil {
+		return err
+	}
 	if c.MaxTokens < 0 || c.MaxTokens > MaxOutputTokens {
 		return fmt.Errorf("sim: MaxTokens must be between 1 and %d, got %d", MaxOutputTokens, c.MaxTokens)
 	}
@@ -176,6 +262,9 @@ func (c Config) Validate() error {
 
 // Validate reports the first invalid field of l, naming it.
 func (l Latency) Validate() error {
+	if l.PrefillPerToken < 0 {
+		return fmt.Errorf("sim: Latency.PrefillPerToken must not be negative, got %v", l.PrefillPerToken)
+	}
 	switch l.Kind {
 	case "", LatencyFixed:
 		if l.Duration < 0 {
@@ -189,6 +278,9 @@ func (l Latency) Validate() error {
 			return fmt.Errorf("sim: Latency.Sigma must be between 0 and 10, got %v", l.Sigma)
 		}
 	case LatencyPerToken:
+		if l.PrefillPerToken != 0 {
+			return fmt.Errorf("sim: Latency.PrefillPerToken is for the fixed and lognormal models; per_token uses Latency.Prefill")
+		}
 		if l.Prefill < 0 {
 			return fmt.Errorf("sim: Latency.Prefill must not be negative, got %v", l.Prefill)
 		}

@@ -36,7 +36,14 @@ func (rp *Replica) appendMetrics(dst []byte) []byte {
 	metric("vllm:num_requests_running", "gauge", "Number of requests currently running on the simulated GPU.", label, i(st.Running))
 	metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting in the replica's queue.", label, i(st.Waiting))
 	metric("vllm:gpu_cache_usage_perc", "gauge", "Simulated KV-cache usage (running / concurrency), 0..1.", label, f(usage))
-	metric("vllm:kv_cache_usage_perc", "gauge", "Simulated KV-cache usage (running / concurrency), 0..1.", label, f(usage))
+	if rp.cache != nil {
+		kv := float64(st.PrefixCachedBlocks) / float64(st.PrefixCapacityBlocks)
+		metric("vllm:kv_cache_usage_perc", "gauge", "Simulated KV-cache usage (prefix-cache blocks held / capacity), 0..1.", label, f(kv))
+	} else {
+		metric("vllm:kv_cache_usage_perc", "gauge", "Simulated KV-cache usage (running / concurrency), 0..1.", label, f(usage))
+	}
+	metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in prompt tokens looked up (0 when the prefix cache is off).", label, u(st.PrefixQueries))
+	metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in cached prompt tokens (0 when the prefix cache is off).", label, u(st.PrefixHits))
 	metric("vllm:request_success_total", "counter", "Number of successfully served requests.", label, u(st.Served))
 	metric("vllm:prompt_tokens_total", "counter", "Number of prompt tokens of served requests.", label, u(st.PromptTokens))
 	metric("vllm:generation_tokens_total", "counter", "Number of generated tokens of served requests.", label, u(st.CompletionTokens))
@@ -47,6 +54,10 @@ func (rp *Replica) appendMetrics(dst []byte) []byte {
 	metric("sim_max_running", "gauge", "Largest number of requests running at once so far.", replica, i(st.MaxRunning))
 	metric("sim_max_waiting", "gauge", "Largest number of requests waiting at once so far.", replica, i(st.MaxWaiting))
 	metric("sim_concurrency", "gauge", "Configured number of requests served at once.", replica, i(rp.cfg.Concurrency))
+	metric("sim_prefix_cache_query_blocks_total", "counter", "Full prompt blocks looked up in the prefix cache.", replica, u(st.PrefixQueryBlocks))
+	metric("sim_prefix_cache_hit_blocks_total", "counter", "Full prompt blocks found in the prefix cache.", replica, u(st.PrefixHitBlocks))
+	metric("sim_prefix_cache_blocks", "gauge", "Blocks held in the prefix cache.", replica, i(st.PrefixCachedBlocks))
+	metric("sim_prefix_cache_capacity_blocks", "gauge", "Capacity of the prefix cache in blocks (0: off).", replica, i(st.PrefixCapacityBlocks))
 
 	rp.statusMu.Lock()
 	statuses := make([]int, 0, len(rp.byStatus))

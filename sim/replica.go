@@ -21,6 +21,10 @@ const (
 	// order in which the replica granted slots. With a strict FIFO queue it
 	// follows the arrival order (a waiter that gave up may leave a gap).
 	HeaderSeq = "X-Sim-Seq"
+	// HeaderCachedTokens carries, when the prefix cache is on, the number of
+	// the request's prompt tokens found in the cache (on responses that got
+	// a serving slot).
+	HeaderCachedTokens = "X-Sim-Cached-Tokens"
 )
 
 // statusClientGone is the status recorded (never sent) for requests whose
@@ -30,9 +34,10 @@ const statusClientGone = 499
 // Replica is one simulated model replica. It is an http.Handler; create it
 // with New. All methods are safe for concurrent use.
 type Replica struct {
-	cfg  Config
-	q    *slotQueue
-	done chan struct{} // closed by Close
+	cfg   Config
+	q     *slotQueue
+	cache *prefixCache  // nil unless cfg.PrefixCache is enabled
+	done  chan struct{} // closed by Close
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -63,8 +68,13 @@ func New(cfg Config) (*Replica, error) {
 	if seed == 0 {
 		seed = rand.Uint64() | 1
 	}
+	var cache *prefixCache
+	if cfg.PrefixCache.Enabled() {
+		cache = newPrefixCache(cfg.PrefixCache.Blocks, cfg.PrefixCache.BlockChars)
+	}
 	return &Replica{
 		cfg:          cfg,
+		cache:        cache,
 		q:            newSlotQueue(cfg.Concurrency),
 		done:         make(chan struct{}),
 		rng:          rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
@@ -139,12 +149,48 @@ type Stats struct {
 	Running, Waiting int
 	// MaxRunning and MaxWaiting are the largest values seen.
 	MaxRunning, MaxWaiting int
+
+	// Prefix cache counters (all zero when the cache is off), counted when
+	// a request's service begins (after its slot and any stall). PrefixQueries is the sum of the
+	// prompt tokens looked up and PrefixHits the sum of the cached prompt
+	// tokens found (vLLM's prefix_cache_queries/hits, in tokens);
+	// PrefixQueryBlocks and PrefixHitBlocks are the same in full blocks (a
+	// request's hit blocks may exceed its cached tokens' share by one block:
+	// its last prompt token is never counted as cached).
+	PrefixQueries, PrefixHits          uint64
+	PrefixQueryBlocks, PrefixHitBlocks uint64
+	// PrefixCachedBlocks is the number of blocks in the cache now, out of
+	// PrefixCapacityBlocks (the configured PrefixCache.Blocks).
+	PrefixCachedBlocks, PrefixCapacityBlocks int
+}
+
+// HitRate returns the replica-side prefix cache hit rate in tokens,
+// PrefixHits / PrefixQueries, or 0 before any query.
+func (s Stats) HitRate() float64 {
+	if s.PrefixQueries == 0 {
+		return 0
+	}
+	return float64(s.PrefixHits) / float64(s.PrefixQueries)
+}
+
+// BlockHitRate returns the prefix cache hit rate in blocks,
+// PrefixHitBlocks / PrefixQueryBlocks, or 0 before any full block was
+// looked up.
+func (s Stats) BlockHitRate() float64 {
+	if s.PrefixQueryBlocks == 0 {
+		return 0
+	}
+	return float64(s.PrefixHitBlocks) / float64(s.PrefixQueryBlocks)
 }
 
 // Stats returns a snapshot of the replica's counters. Running and Waiting
 // are mutually consistent; the counters are read one by one.
 func (rp *Replica) Stats() Stats {
 	qs := rp.q.snapshot()
+	var pc prefixCacheStats
+	if rp.cache != nil {
+		pc = rp.cache.stats()
+	}
 	return Stats{
 		Requests:         rp.requests.Load(),
 		Served:           rp.served.Load(),
@@ -159,6 +205,13 @@ func (rp *Replica) Stats() Stats {
 		Waiting:          qs.waiting,
 		MaxRunning:       qs.maxRunning,
 		MaxWaiting:       qs.maxWaiting,
+
+		PrefixQueries:        pc.queryTokens,
+		PrefixHits:           pc.hitTokens,
+		PrefixQueryBlocks:    pc.queryBlocks,
+		PrefixHitBlocks:      pc.hitBlocks,
+		PrefixCachedBlocks:   pc.blocks,
+		PrefixCapacityBlocks: rp.cfg.PrefixCache.Blocks,
 	}
 }
 
@@ -243,6 +296,19 @@ func (rp *Replica) serviceTime() time.Duration {
 	z := rp.rng.NormFloat64()
 	rp.rngMu.Unlock()
 	return clampDuration(math.Exp(lognormalMu(l.Duration, l.Sigma) + l.Sigma*z))
+}
+
+// prefillTime returns the prefill time of a request with promptTokens
+// prompt tokens of which cached are in the prefix cache: Latency.Prefill
+// (per_token) or Latency.PrefillPerToken (fixed, lognormal) per uncached
+// token.
+func (rp *Replica) prefillTime(promptTokens, cached int) time.Duration {
+	l := rp.cfg.Latency
+	per := l.PrefillPerToken
+	if l.Kind == LatencyPerToken {
+		per = l.Prefill
+	}
+	return clampDuration(float64(per) * float64(max(promptTokens-cached, 0)))
 }
 
 // decodeStep returns the current per-token decode time of the per_token model.
@@ -374,6 +440,17 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 	}
 
 	g := &generation{rp: rp, api: api, req: req, seq: seq, created: time.Now().Unix()}
+	if rp.cache != nil {
+		_, g.cached = rp.cache.lookup(req.Prefix, req.PromptTokens)
+		w.Header().Set(HeaderCachedTokens, strconv.Itoa(g.cached))
+		// The blocks are stored once the prefill is done (in run), and
+		// touched again when the request ends, served or not.
+		defer func() {
+			if g.prefilled {
+				rp.cache.store(req.Prefix)
+			}
+		}()
+	}
 	if req.Stream {
 		err = g.stream(w, &sl)
 	} else {

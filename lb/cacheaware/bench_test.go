@@ -75,7 +75,7 @@ func BenchmarkMatchInsert4KB(b *testing.B) {
 	r, sys := filled(b, Config{}, 100_000)
 	rng := rand.New(rand.NewPCG(1, 1))
 	tail := randText(rng, 4096)
-	load := func(string) int { return 0 }
+	load := func(string) (int, bool) { return 0, true }
 	buf := make([]byte, 0, 8192)
 	b.ReportAllocs()
 	b.ResetTimer()

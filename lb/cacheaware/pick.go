@@ -14,6 +14,8 @@ const (
 	Imbalance
 	// Miss: no match good enough; MissPolicy chose.
 	Miss
+	// NoUsable: replicas exist but none may get a request now.
+	NoUsable
 )
 
 func (r Reason) String() string {
@@ -24,6 +26,8 @@ func (r Reason) String() string {
 		return "imbalance"
 	case Miss:
 		return "miss"
+	case NoUsable:
+		return "no_usable"
 	default:
 		return "no_replicas"
 	}
@@ -40,10 +44,16 @@ type Decision struct {
 	MatchRate    float64
 }
 
+// LoadFunc gives a replica's exact in-flight count and whether it may get
+// a request now (false: down after failures, or full).
+type LoadFunc func(addr string) (inFlight int, usable bool)
+
 // Pick chooses a replica for text of model. load gives each present
-// replica's exact in-flight count (nil: all 0); it is called once per
-// replica under the router's read lock, so it must be quick and must not
-// call back into the router. Pick does not record anything in the tree:
+// replica's load and usability (nil: all 0 and usable); it is called once
+// per replica under the router's read lock, so it must be quick and must
+// not call back into the router. Unusable replicas are left out of every
+// rule, including the imbalance test. Empty text (a body that could not
+// be parsed, or a path without a prompt) is routed by load alone. Pick does not record anything in the tree:
 // the caller calls Insert for the replica it really used.
 //
 // Order of rules, as in SGLang: imbalanced pool → least load; else a
@@ -53,7 +63,7 @@ type Decision struct {
 // the equal replicas), so equal replicas share new prefixes instead of
 // the first one collecting them all. Deterministic for a given sequence of
 // calls, which keeps tests exact.
-func (r *Router) Pick(model, text string, load func(addr string) int) Decision {
+func (r *Router) Pick(model, text string, load LoadFunc) Decision {
 	text = validText(text)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -66,25 +76,38 @@ func (r *Router) Pick(model, text string, load func(addr string) int) Decision {
 	if n > len(buf) {
 		loads = make([]int, 0, n)
 	}
+	var ubuf [64]*replica
+	usable := ubuf[:0]
 	minL, maxL := 0, 0
-	for i, rep := range r.order {
-		l := 0
+	for _, rep := range r.order {
+		l, ok := 0, true
 		if load != nil {
-			l = load(rep.addr)
+			l, ok = load(rep.addr)
 		}
 		loads = append(loads, l)
-		if i == 0 || l < minL {
+		if !ok {
+			continue
+		}
+		if len(usable) == 0 || l < minL {
 			minL = l
 		}
-		if i == 0 || l > maxL {
+		if len(usable) == 0 || l > maxL {
 			maxL = l
 		}
+		usable = append(usable, rep)
+	}
+	if len(usable) == 0 {
+		return Decision{Reason: NoUsable}
 	}
 	turn := r.rr.Add(1)
+	if text == "" {
+		r.misses.Add(1)
+		return Decision{Addr: choose(usable, loads, nil, turn).addr, Reason: Miss}
+	}
 
 	if maxL-minL > r.cfg.BalanceAbsThreshold && float64(maxL) > r.cfg.BalanceRelThreshold*float64(minL) {
 		r.imbalanced.Add(1)
-		return Decision{Addr: choose(r.order, loads, nil, turn).addr, Reason: Imbalance}
+		return Decision{Addr: choose(usable, loads, nil, turn).addr, Reason: Imbalance}
 	}
 
 	var d Decision
@@ -99,13 +122,16 @@ func (r *Router) Pick(model, text string, load func(addr string) int) Decision {
 		var cbuf [64]*replica
 		cand := cbuf[:0]
 		for _, h := range hit.holders {
-			if !h.rep.dead {
+			if !h.rep.dead && isIn(usable, h.rep) {
 				cand = append(cand, h.rep)
 			}
 		}
-		r.hits.Add(1)
-		d.Addr, d.Reason = choose(cand, loads, nil, turn).addr, CacheHit
-		return d
+		if len(cand) > 0 {
+			r.hits.Add(1)
+			d.Addr, d.Reason = choose(cand, loads, nil, turn).addr, CacheHit
+			return d
+		}
+		// Every holder is down: a miss, routed among the usable ones.
 	}
 
 	r.misses.Add(1)
@@ -113,8 +139,17 @@ func (r *Router) Pick(model, text string, load func(addr string) int) Decision {
 	if r.cfg.MissPolicy == MissSmallestTree {
 		key = func(rep *replica) int { return rep.chars }
 	}
-	d.Addr, d.Reason = choose(r.order, loads, key, turn).addr, Miss
+	d.Addr, d.Reason = choose(usable, loads, key, turn).addr, Miss
 	return d
+}
+
+func isIn(reps []*replica, rep *replica) bool {
+	for _, x := range reps {
+		if x == rep {
+			return true
+		}
+	}
+	return false
 }
 
 // choose returns the candidate with the lowest (key, load) (key nil: load

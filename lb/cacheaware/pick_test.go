@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-func loads(m map[string]int) func(string) int { return func(a string) int { return m[a] } }
+func loads(m map[string]int) LoadFunc { return func(a string) (int, bool) { return m[a], true } }
 
 func TestPickThreshold(t *testing.T) {
 	r := newRouter(t, Config{}, "a", "b")
@@ -171,5 +171,34 @@ func TestConfigureShrinksTree(t *testing.T) {
 	check(t, r)
 	if s := r.Stats(); s.Chars > 200 || s.MaxChars != 200 {
 		t.Fatalf("after shrinking: %+v", s)
+	}
+}
+
+func TestPickSkipsUnusableReplicas(t *testing.T) {
+	r := newRouter(t, Config{}, "a", "b", "c")
+	text := "a long shared system prompt and a question"
+	r.Insert("m", text, "a")
+	aDown := func(addr string) (int, bool) {
+		if addr == "a" {
+			return 0, false
+		}
+		return map[string]int{"b": 3, "c": 1}[addr], true
+	}
+	if d := r.Pick("m", text, aDown); d.Reason != Miss || d.Addr != "c" {
+		t.Fatalf("holder down: got %+v, want a least-load miss on c", d)
+	}
+	// An unusable replica's load does not count toward imbalance either.
+	idleDown := func(addr string) (int, bool) {
+		if addr == "c" {
+			return 0, false
+		}
+		return 100, true
+	}
+	if d := r.Pick("m", text, idleDown); d.Reason != CacheHit || d.Addr != "a" {
+		t.Fatalf("imbalance against a down replica: got %+v", d)
+	}
+	none := func(string) (int, bool) { return 0, false }
+	if d := r.Pick("m", text, none); d.Addr != "" || d.Reason != NoUsable {
+		t.Fatalf("all down: %+v", d)
 	}
 }

@@ -343,7 +343,7 @@ func TestConcurrentUse(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(g), 9))
 			for i := range 2000 {
 				text := fmt.Sprintf("prefix %d / %d", rng.IntN(10), rng.IntN(1000))
-				d := r.Pick("m", text, func(string) int { return rng.IntN(3) })
+				d := r.Pick("m", text, func(string) (int, bool) { return rng.IntN(3), true })
 				if d.Addr != "" {
 					r.Insert("m", text, d.Addr)
 				}

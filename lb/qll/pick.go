@@ -16,6 +16,11 @@ import "time"
 // from the mean of the others but its first requests cost nothing, so new
 // capacity is used at once without drowning it.
 //
+// A replica with a free slot (fewer than Parallelism in flight) always
+// beats a busy one: EWMAs are noisy (one slow sample moves them by half),
+// and a request that joins a busy replica's own queue has lost the chance
+// to take whichever replica frees first.
+//
 // Eligible: present, not down (a replica whose down time has passed gets
 // one probe at a time), under MaxConcurrency, and either idle or predicted
 // at or under LatencyThreshold. "Idle is always eligible" is also what lets
@@ -39,7 +44,7 @@ func (s *State) pickLocked(now time.Time) *replica {
 	par := s.cfg.Parallelism
 
 	var best *replica
-	bestCost := 0.0
+	bestCost, bestFree := 0.0, false
 	start := s.cursor % n
 	for i := 0; i < n; i++ {
 		r := s.order[(start+i)%n]
@@ -66,8 +71,10 @@ func (s *State) pickLocked(now time.Time) *replica {
 		if r.inFlight > 0 && cost > threshold {
 			continue
 		}
-		if best == nil || cost < bestCost || (cost == bestCost && r.inFlight < best.inFlight) {
-			best, bestCost = r, cost
+		free := r.inFlight < par
+		if best == nil || (free && !bestFree) ||
+			(free == bestFree && (cost < bestCost || (cost == bestCost && r.inFlight < best.inFlight))) {
+			best, bestCost, bestFree = r, cost, free
 		}
 	}
 	if best != nil {

@@ -1,0 +1,197 @@
+// Package tracker keeps, per pool, the two facts every non-queueing policy
+// needs about its replicas: the exact number of requests in flight (Caddy's
+// own count is incremented only after Select returns, so concurrent picks
+// would see stale numbers) and passive health (consecutive failures mark a
+// replica down for a while).
+package tracker
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-router/sluice/lb"
+)
+
+// Config sets passive health. Zero values take the defaults.
+type Config struct {
+	// MaxFails consecutive failures mark a replica down (default 1) for
+	// FailDuration (default 5s), doubling on each further failure up to 16×.
+	MaxFails     int
+	FailDuration time.Duration
+}
+
+// WithDefaults fills zero fields.
+func (c Config) WithDefaults() Config {
+	if c.MaxFails == 0 {
+		c.MaxFails = 1
+	}
+	if c.FailDuration == 0 {
+		c.FailDuration = 5 * time.Second
+	}
+	return c
+}
+
+// Tracker holds one pool's replicas. Reads on the pick path take a read
+// lock and atomic loads only.
+type Tracker struct {
+	mu   sync.RWMutex
+	cfg  Config
+	reps map[string]*replica // present replicas and removed ones still draining
+	now  func() time.Time
+}
+
+type replica struct {
+	addr     string
+	present  bool
+	inFlight atomic.Int64
+	// health, guarded by hmu: rarely written (on failures and recoveries)
+	hmu         sync.Mutex
+	consecFails int
+	downUntil   atomic.Int64 // unix nanoseconds; 0 = up
+	failures    atomic.Uint64
+}
+
+// New returns an empty tracker.
+func New(cfg Config) *Tracker {
+	return &Tracker{cfg: cfg.WithDefaults(), reps: map[string]*replica{}, now: time.Now}
+}
+
+// Configure swaps the health settings, keeping the counts.
+func (t *Tracker) Configure(cfg Config) {
+	t.mu.Lock()
+	t.cfg = cfg.WithDefaults()
+	t.mu.Unlock()
+}
+
+// SetReplicas makes addrs the present set; removed replicas are forgotten
+// once their last request is released.
+func (t *Tracker) SetReplicas(addrs []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range t.reps {
+		r.present = false
+	}
+	for _, a := range addrs {
+		r, ok := t.reps[a]
+		if !ok {
+			r = &replica{addr: a}
+			t.reps[a] = r
+		}
+		r.present = true
+	}
+	for a, r := range t.reps {
+		if !r.present && r.inFlight.Load() == 0 {
+			delete(t.reps, a)
+		}
+	}
+}
+
+// Load returns addr's in-flight count and whether it may get a request:
+// present and not down, or down-time over and idle (one probe at a time).
+func (t *Tracker) Load(addr string) (inFlight int, usable bool) {
+	t.mu.RLock()
+	r, ok := t.reps[addr]
+	t.mu.RUnlock()
+	if !ok || !r.present {
+		return 0, false
+	}
+	n := int(r.inFlight.Load())
+	if until := r.downUntil.Load(); until != 0 {
+		if t.now().UnixNano() < until || n > 0 {
+			return n, false
+		}
+	}
+	return n, true
+}
+
+// Lease is one attempt on a replica; Release it exactly once (later calls
+// are no-ops and return false).
+type Lease struct {
+	t        *Tracker
+	r        *replica
+	released atomic.Bool
+	Addr     string
+}
+
+// Acquire counts a request in flight to addr. It returns nil if addr is
+// not a replica of the pool (removed meanwhile).
+func (t *Tracker) Acquire(addr string) *Lease {
+	t.mu.RLock()
+	r, ok := t.reps[addr]
+	ok = ok && r.present
+	if ok {
+		r.inFlight.Add(1) // under the read lock: SetReplicas cannot forget r now
+	}
+	t.mu.RUnlock()
+	if !ok {
+		return nil
+	}
+	return &Lease{t: t, r: r, Addr: addr}
+}
+
+// Release ends the attempt and applies its outcome to passive health.
+func (l *Lease) Release(o lb.Outcome) bool {
+	if !l.released.CompareAndSwap(false, true) {
+		return false
+	}
+	t, r := l.t, l.r
+	switch o.Kind {
+	case lb.Success:
+		r.hmu.Lock()
+		r.consecFails = 0
+		r.downUntil.Store(0)
+		r.hmu.Unlock()
+	case lb.Failure:
+		r.failures.Add(1)
+		t.mu.RLock()
+		cfg := t.cfg
+		t.mu.RUnlock()
+		r.hmu.Lock()
+		r.consecFails++
+		if r.consecFails >= cfg.MaxFails {
+			factor := 1 << min(r.consecFails-cfg.MaxFails, 4)
+			r.downUntil.Store(t.now().Add(time.Duration(factor) * cfg.FailDuration).UnixNano())
+		}
+		r.hmu.Unlock()
+	}
+	if r.inFlight.Add(-1) == 0 {
+		t.mu.Lock()
+		if !r.present && r.inFlight.Load() == 0 && t.reps[r.addr] == r {
+			delete(t.reps, r.addr)
+		}
+		t.mu.Unlock()
+	}
+	return true
+}
+
+// ReplicaStats is one replica's view, for health output and metrics.
+type ReplicaStats struct {
+	Addr     string
+	InFlight int
+	Down     bool
+	Failures uint64
+	Present  bool
+}
+
+// Snapshot lists every replica, present ones and draining ones.
+func (t *Tracker) Snapshot() []ReplicaStats {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	now := t.now().UnixNano()
+	out := make([]ReplicaStats, 0, len(t.reps))
+	for _, r := range t.reps {
+		out = append(out, ReplicaStats{Addr: r.addr, InFlight: int(r.inFlight.Load()),
+			Down: now < r.downUntil.Load(), Failures: r.failures.Load(), Present: r.present})
+	}
+	return out
+}
+
+// InFlight is the total over all replicas: zero once every lease is released.
+func (t *Tracker) InFlight() int {
+	n := 0
+	for _, s := range t.Snapshot() {
+		n += s.InFlight
+	}
+	return n
+}

@@ -1,0 +1,86 @@
+package tracker
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/lb"
+)
+
+func TestCountsAreExactUnderConcurrency(t *testing.T) {
+	tr := New(Config{})
+	tr.SetReplicas([]string{"a:1", "b:1"})
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 500; i++ {
+				l := tr.Acquire([]string{"a:1", "b:1"}[(g+i)%2])
+				if l == nil {
+					continue
+				}
+				l.Release(lb.Outcome{Kind: lb.Cancelled})
+				l.Release(lb.Outcome{Kind: lb.Cancelled}) // no-op
+			}
+			if g%4 == 0 {
+				tr.SetReplicas([]string{"a:1", "b:1"})
+			}
+		}(g)
+	}
+	wg.Wait()
+	if n := tr.InFlight(); n != 0 {
+		t.Fatalf("in flight after all releases: %d", n)
+	}
+}
+
+func TestFailureMarksDownThenOneProbeThenRecovery(t *testing.T) {
+	now := time.Unix(0, 0)
+	tr := New(Config{MaxFails: 2, FailDuration: 10 * time.Second})
+	tr.now = func() time.Time { return now }
+	tr.SetReplicas([]string{"a:1"})
+	fail := func() { tr.Acquire("a:1").Release(lb.Outcome{Kind: lb.Failure}) }
+	fail()
+	if _, ok := tr.Load("a:1"); !ok {
+		t.Fatal("one failure of max_fails 2 must not mark down")
+	}
+	fail()
+	if _, ok := tr.Load("a:1"); ok {
+		t.Fatal("two consecutive failures must mark down")
+	}
+	now = now.Add(11 * time.Second)
+	probe := tr.Acquire("a:1")
+	if _, ok := tr.Load("a:1"); ok {
+		t.Fatal("down time over: only one probe at a time")
+	}
+	probe.Release(lb.Outcome{Kind: lb.Success})
+	if n, ok := tr.Load("a:1"); !ok || n != 0 {
+		t.Fatalf("after a successful probe: load %d usable %v", n, ok)
+	}
+	// A cancelled attempt says nothing about the replica.
+	tr.Acquire("a:1").Release(lb.Outcome{Kind: lb.Cancelled})
+	if s := tr.Snapshot()[0]; s.Failures != 2 || s.Down {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestRemovedReplicaDrainsThenIsForgotten(t *testing.T) {
+	tr := New(Config{})
+	tr.SetReplicas([]string{"a:1"})
+	l := tr.Acquire("a:1")
+	tr.SetReplicas(nil)
+	if tr.Acquire("a:1") != nil {
+		t.Fatal("a removed replica must not get new requests")
+	}
+	if _, ok := tr.Load("a:1"); ok {
+		t.Fatal("a removed replica is not usable")
+	}
+	if len(tr.Snapshot()) != 1 {
+		t.Fatal("a draining replica must still be tracked")
+	}
+	l.Release(lb.Outcome{Kind: lb.Success})
+	if len(tr.Snapshot()) != 0 {
+		t.Fatal("drained replica not forgotten")
+	}
+}
