@@ -385,6 +385,14 @@ func goldenValidateSluice(t *testing.T, cfgJSON []byte, provision bool) error {
 			if err := p.Validate(); err != nil {
 				return err
 			}
+		case o["policy"] == "cache_aware":
+			var p CacheAware
+			if err := goldenStrictUnmarshal(raw, &p, "policy"); err != nil {
+				return err
+			}
+			if err := p.Validate(); err != nil {
+				return err
+			}
 		case o["handler"] == "inference_sim":
 			var s InferenceSim
 			if err := goldenStrictUnmarshal(raw, &s, "handler"); err != nil {
@@ -521,6 +529,10 @@ func goldenQLL(opts string) string {
 	return goldenSite("reverse_proxy 127.0.0.1:9001 {\n\tlb_policy queued_least_latency {\n" + opts + "\n\t}\n}")
 }
 
+func goldenCacheAware(opts string) string {
+	return goldenSite("reverse_proxy 127.0.0.1:9001 {\n\tlb_policy cache_aware {\n" + opts + "\n\t}\n}")
+}
+
 func goldenCustomRouter(block string) string {
 	return goldenSite("custom_router {\n" + block + "\n}\nreverse_proxy {\n\tdynamic custom_router golden-err\n}")
 }
@@ -537,6 +549,19 @@ func TestCaddyfileErrors(t *testing.T) {
 	cases := []goldenErrCase{
 		// lb_policy queued_least_latency: parse errors.
 		{"qll/unknown option", goldenQLL("bogus_option 1"), []string{"queued_least_latency", "bogus_option"}},
+		{"cache_aware/unknown option", goldenCacheAware("bogus 1"), []string{"cache_aware", "bogus"}},
+		{"cache_aware/argument", goldenSite("reverse_proxy 127.0.0.1:9001 {\n\tlb_policy cache_aware extra\n}"), []string{"cache_aware", "extra"}},
+		{"cache_aware/missing value", goldenCacheAware("cache_threshold"), []string{"cache_aware", "cache_threshold"}},
+		{"cache_aware/cache_threshold 1.5", goldenCacheAware("cache_threshold 1.5"), []string{"cache_threshold"}},
+		{"cache_aware/cache_threshold NaN", goldenCacheAware("cache_threshold NaN"), []string{"cache_threshold"}},
+		{"cache_aware/balance_abs_threshold -3", goldenCacheAware("balance_abs_threshold -3"), []string{"balance_abs_threshold"}},
+		{"cache_aware/balance_rel_threshold 0.5", goldenCacheAware("balance_rel_threshold 0.5"), []string{"balance_rel_threshold"}},
+		{"cache_aware/balance_rel_threshold Inf", goldenCacheAware("balance_rel_threshold Inf"), []string{"balance_rel_threshold"}},
+		{"cache_aware/max_tree_size 0", goldenCacheAware("max_tree_size 0"), []string{"max_tree_size"}},
+		{"cache_aware/eviction_interval 0", goldenCacheAware("eviction_interval 0"), []string{"eviction_interval"}},
+		{"cache_aware/miss_policy random", goldenCacheAware("miss_policy random"), []string{"miss_policy"}},
+		{"cache_aware/max_body_bytes x", goldenCacheAware("max_body_bytes lots"), []string{"max_body_bytes"}},
+		{"cache_aware/bad pool", goldenCacheAware("pool a/b"), []string{"pool"}},
 		{"qll/missing value", goldenQLL("ewma_alpha"), []string{"queued_least_latency", "ewma_alpha"}},
 		{"qll/unknown option without value", goldenQLL("bogus_option"), []string{"queued_least_latency", "bogus_option"}},
 		{"qll/too many values", goldenQLL("queue_max_size 1 2"), []string{"queued_least_latency", "queue_max_size"}},
