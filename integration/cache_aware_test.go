@@ -117,3 +117,83 @@ func grepLines(s, substr string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+func TestBodiesSluiceCannotReadStillReachTheReplicaUnchanged(t *testing.T) {
+	startCaddy(t, cacheAwareConfig(9330, "ca-body", "max_body_bytes 1024", 9331, 9332))
+	url := "http://127.0.0.1:9330"
+	setBackends(t, url, "http://127.0.0.1:9331", "http://127.0.0.1:9332")
+
+	// Over the bound: routed by load alone, and the replica counts every
+	// prompt token (~4 chars each), so it got the whole body.
+	prompt := strings.Repeat("abcd", 2000)
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 2})
+	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || out.Usage.PromptTokens != 2000 {
+		t.Fatalf("large body: status %d, replica saw %d prompt tokens, want 2000", resp.StatusCode, out.Usage.PromptTokens)
+	}
+
+	// Not JSON: Sluice routes it by load; the replica itself answers 400.
+	resp, err = client.Post(url+"/v1/completions", "application/json", strings.NewReader("{not json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 || resp.Header.Get("X-Sim-Replica") == "" {
+		t.Fatalf("bad JSON: got %d from %q, want the replica's own 400", resp.StatusCode, resp.Header.Get("X-Sim-Replica"))
+	}
+	drained(t, url)
+}
+
+func TestSGLangWorkerAPIChangesTheSameSet(t *testing.T) {
+	startCaddy(t, cacheAwareConfig(9340, "ca-workers", "", 9341, 9342))
+	url := "http://127.0.0.1:9340"
+	setBackends(t, url, "http://127.0.0.1:9341")
+	post := func(path string) int {
+		resp, err := client.Post(url+path, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if s := post("/add_worker?url=http://127.0.0.1:9342"); s != 200 {
+		t.Fatalf("add_worker: %d", s)
+	}
+	if s := post("/add_worker?url=not-a-url"); s != 400 {
+		t.Fatalf("add_worker with a bad url: %d, want 400", s)
+	}
+	resp, err := client.Get(url + "/list_workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct{ URLs []string }
+	json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if len(list.URLs) != 2 {
+		t.Fatalf("list_workers: %v", list.URLs)
+	}
+	if h := getHealth(t, url); len(h.Backends) != 2 {
+		t.Fatalf("set-backends view after add_worker: %+v", h.Backends)
+	}
+	if s := post("/remove_worker?url=http://127.0.0.1:9341"); s != 200 {
+		t.Fatalf("remove_worker: %d", s)
+	}
+	if s := post("/remove_worker?url=http://127.0.0.1:9341"); s != 404 {
+		t.Fatalf("removing an absent worker: %d, want 404", s)
+	}
+	for i := 0; i < 4; i++ {
+		if o := chat(url, "sys", fmt.Sprint(i)); o.status != 200 || o.replica != "sim-9342" {
+			t.Fatalf("after remove_worker: %+v", o)
+		}
+	}
+}

@@ -24,7 +24,13 @@ import (
 // simulators' own counters. Run with -benchtime 1x:
 //
 //	go test -run '^$' -bench SharedPrefixes -benchtime 1x ./integration/
-func BenchmarkSharedPrefixes(b *testing.B) {
+func BenchmarkSharedPrefixes(b *testing.B) { benchPrefixes(b, 0) }
+
+// BenchmarkSharedPrefixesWithUniques mixes in 30% long one-off prompts,
+// which miss everywhere: the case where the miss policy matters.
+func BenchmarkSharedPrefixesWithUniques(b *testing.B) { benchPrefixes(b, 0.3) }
+
+func benchPrefixes(b *testing.B, uniqueFrac float64) {
 	systems := []struct{ name, policy string }{
 		{"caddy_round_robin", "lb_policy round_robin"},
 		{"caddy_least_conn", "lb_policy least_conn"},
@@ -73,7 +79,7 @@ func BenchmarkSharedPrefixes(b *testing.B) {
 	for i, s := range systems {
 		b.Run(s.name, func(b *testing.B) {
 			url := fmt.Sprintf("http://127.0.0.1:%d", 9500+10*i)
-			lat, failed := sharedPrefixLoad(url, prefixes, 40, benchDuration(20*time.Second))
+			lat, failed := sharedPrefixLoad(url, prefixes, uniqueFrac, 40, benchDuration(20*time.Second))
 			var queries, hits uint64
 			for r := 1; r <= 4; r++ {
 				st := caddymodule.InferenceSimReplica(fmt.Sprintf("pfx-%d-%d", i, r)).Stats()
@@ -92,9 +98,10 @@ func BenchmarkSharedPrefixes(b *testing.B) {
 }
 
 // sharedPrefixLoad sends Poisson arrivals at rate/s for d: each a chat
-// with one of the prefixes (uniformly) as system prompt and a unique
-// question; X-Prefix-Id carries the prefix's id for the oracle.
-func sharedPrefixLoad(url string, prefixes []string, rate float64, d time.Duration) ([]time.Duration, int) {
+// with one of the prefixes (uniformly) as system prompt, or with
+// probability uniqueFrac a long one-off prompt, and a unique question;
+// X-Prefix-Id carries the prefix's id for the oracle.
+func sharedPrefixLoad(url string, prefixes []string, uniqueFrac, rate float64, d time.Duration) ([]time.Duration, int) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	c := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	var (
@@ -109,8 +116,13 @@ func sharedPrefixLoad(url string, prefixes []string, rate float64, d time.Durati
 		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
 		time.Sleep(time.Until(next))
 		id := rng.IntN(len(prefixes))
+		system := prefixes[id]
+		if rng.Float64() < uniqueFrac {
+			id = len(prefixes) + n // its own id: the oracle spreads these by hash
+			system = fmt.Sprintf("One-off document %d: ", n) + strings.Repeat(fmt.Sprintf("paragraph %d of a unique text. ", n), 60)
+		}
 		body, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 4, "messages": []map[string]string{
-			{"role": "system", "content": prefixes[id]},
+			{"role": "system", "content": system},
 			{"role": "user", "content": fmt.Sprintf("Question %d: what changed?", n)},
 		}})
 		wg.Add(1)
