@@ -276,20 +276,7 @@ func cacheAwareRouters() map[string]*cacheaware.Router {
 //	    fail_duration         <duration|seconds>
 //	}
 func (p *CacheAware) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // policy name
-	if d.NextArg() {
-		return d.Errf("cache_aware: takes no arguments, only a block; got %q", d.Val())
-	}
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if !d.NextArg() {
-			return d.Errf("cache_aware: %s needs a value", opt)
-		}
-		val := d.Val()
-		if d.NextArg() {
-			return d.Errf("cache_aware: %s takes one value", opt)
-		}
-		var err error
+	return parseOptionBlock(d, "cache_aware", func(opt, val string) (err error) {
 		switch opt {
 		case "pool":
 			p.Pool = val
@@ -329,22 +316,10 @@ func (p *CacheAware) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "fail_duration":
 			p.FailDuration, err = parseSecondsOrDuration(val)
 		default:
-			return d.Errf("cache_aware: unknown option %q", opt)
+			return errUnknownOption
 		}
-		if err != nil {
-			return d.Errf("cache_aware: bad %s %q: %v", opt, val, err)
-		}
-	}
-	return nil
-}
-
-// parseUnitFloat parses a number in [0, 1].
-func parseUnitFloat(s string) (float64, error) {
-	f, err := strconv.ParseFloat(s, 64)
-	if err == nil && !(f >= 0 && f <= 1) {
-		err = fmt.Errorf("must be in [0, 1]")
-	}
-	return f, err
+		return err
+	})
 }
 
 // Interface guards

@@ -2,10 +2,8 @@ package caddymodule
 
 import (
 	"fmt"
-	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -250,20 +248,7 @@ func upstreamFor(pool reverseproxy.UpstreamPool, dial string) *reverseproxy.Upst
 // CUSTOM_ROUTER_* variables are written, so `{$CUSTOM_ROUTER_LATENCY_THRESHOLD:3}`
 // works as a value.
 func (p *QueuedLeastLatency) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // policy name
-	if d.NextArg() {
-		return d.Errf("queued_least_latency: takes no arguments, only a block; got %q", d.Val())
-	}
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if !d.NextArg() {
-			return d.Errf("queued_least_latency: %s needs a value", opt)
-		}
-		val := d.Val()
-		if d.NextArg() {
-			return d.Errf("queued_least_latency: %s takes one value", opt)
-		}
-		var err error
+	return parseOptionBlock(d, "queued_least_latency", func(opt, val string) (err error) {
 		switch opt {
 		case "pool":
 			p.Pool = val
@@ -291,37 +276,10 @@ func (p *QueuedLeastLatency) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "latency_measure":
 			p.LatencyMeasure = val
 		default:
-			return d.Errf("queued_least_latency: unknown option %q", opt)
+			return errUnknownOption
 		}
-		if err != nil {
-			return d.Errf("queued_least_latency: bad %s %q: %v", opt, val, err)
-		}
-	}
-	return nil
-}
-
-// atLeast parses an integer option that must be >= min.
-func atLeast(s string, min int) (int, error) {
-	n, err := strconv.Atoi(s)
-	if err == nil && n < min {
-		err = fmt.Errorf("must be at least %d", min)
-	}
-	return n, err
-}
-
-// parseSecondsOrDuration accepts a Go/Caddy duration ("3s", "1d") or a
-// plain number of seconds ("3", "0.05"); "-1" means disabled.
-func parseSecondsOrDuration(s string) (caddy.Duration, error) {
-	s = strings.TrimSpace(s)
-	if f, err := strconv.ParseFloat(s, 64); err == nil {
-		// Bound before converting: NaN or 1e300 would overflow int64.
-		if math.IsNaN(f) || math.Abs(f) > 1e9 {
-			return 0, fmt.Errorf("%q seconds is out of range", s)
-		}
-		return caddy.Duration(f * float64(time.Second)), nil
-	}
-	d, err := caddy.ParseDuration(s)
-	return caddy.Duration(d), err
+		return err
+	})
 }
 
 // Interface guards

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -75,7 +76,10 @@ func BenchmarkHFBurst(b *testing.B) {
 		{"caddy_round_robin", "http://127.0.0.1:9404"},
 	} {
 		b.Run(sys.name, func(b *testing.B) {
-			lat, failed := openLoop(sys.url, 30, benchDuration(15*time.Second), 42)
+			lat, failed := openLoop(30, benchDuration(15*time.Second), 42, func(int, *rand.Rand) *http.Request {
+				req, _ := http.NewRequest(http.MethodPost, sys.url+"/v1/completions", strings.NewReader(`{"prompt":"draw a cat"}`))
+				return req
+			})
 			slices.Sort(lat)
 			q := func(p float64) float64 { return lat[int(p*float64(len(lat)-1))].Seconds() }
 			b.ReportMetric(q(0.5), "p50_s")
@@ -96,11 +100,14 @@ func benchDuration(def time.Duration) time.Duration {
 	return def
 }
 
-// openLoop sends Poisson arrivals at rate/s for d and returns every
-// successful request's latency and the number that failed.
-func openLoop(url string, rate float64, d time.Duration, seed uint64) ([]time.Duration, int) {
+// openLoop fires Poisson arrivals at rate/s for d, open loop: build makes
+// arrival n's request (on the arrival loop, so it may use rng), and each is
+// sent on its own goroutine. It returns every successful request's latency
+// and the number that failed.
+func openLoop(rate float64, d time.Duration, seed uint64, build func(n int, rng *rand.Rand) *http.Request) ([]time.Duration, int) {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	c := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
+	defer c.CloseIdleConnections()
 	var (
 		mu     sync.Mutex
 		lat    []time.Duration
@@ -109,16 +116,18 @@ func openLoop(url string, rate float64, d time.Duration, seed uint64) ([]time.Du
 	)
 	start := time.Now()
 	next := start
-	for next.Sub(start) < d {
+	for n := 0; next.Sub(start) < d; n++ {
 		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
 		time.Sleep(time.Until(next))
+		req := build(n, rng)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			t0 := time.Now()
-			resp, err := c.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"draw a cat"}`))
+			resp, err := c.Do(req)
 			ok := err == nil && resp.StatusCode == 200
 			if err == nil {
+				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
 			mu.Lock()

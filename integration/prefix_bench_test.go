@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -102,19 +101,7 @@ func benchPrefixes(b *testing.B, uniqueFrac float64) {
 // probability uniqueFrac a long one-off prompt, and a unique question;
 // X-Prefix-Id carries the prefix's id for the oracle.
 func sharedPrefixLoad(url string, prefixes []string, uniqueFrac, rate float64, d time.Duration) ([]time.Duration, int) {
-	rng := rand.New(rand.NewPCG(7, 7))
-	c := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
-	var (
-		mu     sync.Mutex
-		lat    []time.Duration
-		failed int
-		wg     sync.WaitGroup
-	)
-	start := time.Now()
-	next := start
-	for n := 0; next.Sub(start) < d; n++ {
-		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
-		time.Sleep(time.Until(next))
+	return openLoop(rate, d, 7, func(n int, rng *rand.Rand) *http.Request {
 		id := rng.IntN(len(prefixes))
 		system := prefixes[id]
 		if rng.Float64() < uniqueFrac {
@@ -125,26 +112,8 @@ func sharedPrefixLoad(url string, prefixes []string, uniqueFrac, rate float64, d
 			{"role": "system", "content": system},
 			{"role": "user", "content": fmt.Sprintf("Question %d: what changed?", n)},
 		}})
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(string(body)))
-			req.Header.Set("X-Prefix-Id", fmt.Sprint(id))
-			t0 := time.Now()
-			resp, err := c.Do(req)
-			ok := err == nil && resp.StatusCode == 200
-			if err == nil {
-				resp.Body.Close()
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if ok {
-				lat = append(lat, time.Since(t0))
-			} else {
-				failed++
-			}
-		}()
-	}
-	wg.Wait()
-	return lat, failed
+		req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(string(body)))
+		req.Header.Set("X-Prefix-Id", fmt.Sprint(id))
+		return req
+	})
 }
