@@ -50,6 +50,11 @@ type replica struct {
 	consecFails int
 	downUntil   atomic.Int64 // unix nanoseconds; 0 = up
 	failures    atomic.Uint64
+	// in-flight leases, oldest first (acquired in time order, appended at
+	// the tail), so the ones older than a timeout are found from the head
+	// without scanning the rest.
+	lmu        sync.Mutex
+	head, tail *Lease
 }
 
 // New returns an empty tracker.
@@ -108,10 +113,12 @@ func (t *Tracker) Load(addr string) (inFlight int, usable bool) {
 // Lease is one attempt on a replica; Release it exactly once (later calls
 // are no-ops and return false).
 type Lease struct {
-	t        *Tracker
-	r        *replica
-	released atomic.Bool
-	Addr     string
+	t          *Tracker
+	r          *replica
+	released   atomic.Bool
+	start      time.Time
+	prev, next *Lease
+	Addr       string
 }
 
 // Acquire counts a request in flight to addr. It returns nil if addr is
@@ -127,7 +134,34 @@ func (t *Tracker) Acquire(addr string) *Lease {
 	if !ok {
 		return nil
 	}
-	return &Lease{t: t, r: r, Addr: addr}
+	l := &Lease{t: t, r: r, Addr: addr, start: t.now()}
+	r.lmu.Lock()
+	if r.tail == nil {
+		r.head, r.tail = l, l
+	} else {
+		l.prev, r.tail.next, r.tail = r.tail, l, l
+	}
+	r.lmu.Unlock()
+	return l
+}
+
+// Active is addr's in-flight count, not counting requests started before
+// cutoff: a request an engine dropped without answering must stop
+// counting at some point (Heimdall's active-request scorer timeout).
+func (t *Tracker) Active(addr string, cutoff time.Time) int {
+	t.mu.RLock()
+	r, ok := t.reps[addr]
+	t.mu.RUnlock()
+	if !ok {
+		return 0
+	}
+	r.lmu.Lock()
+	defer r.lmu.Unlock()
+	n := int(r.inFlight.Load())
+	for l := r.head; l != nil && l.start.Before(cutoff); l = l.next {
+		n--
+	}
+	return max(n, 0)
 }
 
 // Release ends the attempt and applies its outcome to passive health.
@@ -136,6 +170,19 @@ func (l *Lease) Release(o lb.Outcome) bool {
 		return false
 	}
 	t, r := l.t, l.r
+	r.lmu.Lock()
+	if l.prev != nil {
+		l.prev.next = l.next
+	} else {
+		r.head = l.next
+	}
+	if l.next != nil {
+		l.next.prev = l.prev
+	} else {
+		r.tail = l.prev
+	}
+	l.prev, l.next = nil, nil
+	r.lmu.Unlock()
 	switch o.Kind {
 	case lb.Success:
 		r.hmu.Lock()

@@ -84,3 +84,27 @@ func TestRemovedReplicaDrainsThenIsForgotten(t *testing.T) {
 		t.Fatal("drained replica not forgotten")
 	}
 }
+
+func TestActiveStopsCountingRequestsOlderThanTheTimeout(t *testing.T) {
+	now := time.Unix(100, 0)
+	tr := New(Config{})
+	tr.now = func() time.Time { return now }
+	tr.SetReplicas([]string{"a:1"})
+	old := tr.Acquire("a:1")
+	now = now.Add(time.Minute)
+	mid := tr.Acquire("a:1")
+	now = now.Add(time.Minute)
+	recent := tr.Acquire("a:1")
+	if n := tr.Active("a:1", now.Add(-90*time.Second)); n != 2 {
+		t.Fatalf("active = %d, want 2 (the oldest timed out)", n)
+	}
+	mid.Release(lb.Outcome{Kind: lb.Success})
+	if n := tr.Active("a:1", now.Add(-90*time.Second)); n != 1 {
+		t.Fatalf("after releasing the middle one: %d, want 1", n)
+	}
+	old.Release(lb.Outcome{Kind: lb.Cancelled})
+	recent.Release(lb.Outcome{Kind: lb.Success})
+	if n := tr.Active("a:1", time.Time{}); n != 0 {
+		t.Fatalf("after all releases: %d", n)
+	}
+}

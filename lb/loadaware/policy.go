@@ -1,0 +1,212 @@
+package loadaware
+
+import (
+	"container/list"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Policy is one pool's scoring state: the no_hit_lru history and the
+// adaptive weight shift. It is safe for concurrent use.
+type Policy struct {
+	mu      sync.Mutex
+	cfg     Config
+	cold    map[string]*list.Element // addr → element of coldLRU (value coldEntry)
+	coldLRU list.List                // most recent cold request at the front
+	shift   float64                  // adaptive: 0 normal … 1 all weight on load
+	ttft    float64                  // EWMA of time to first byte, seconds
+}
+
+type coldEntry struct {
+	addr string
+	at   time.Time
+}
+
+// New returns a policy; cfg must be valid.
+func New(cfg Config) *Policy {
+	return &Policy{cfg: cfg.WithDefaults(), cold: map[string]*list.Element{}}
+}
+
+// Configure swaps the config, keeping history.
+func (p *Policy) Configure(cfg Config) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cfg = cfg.WithDefaults()
+	for p.coldLRU.Len() > p.cfg.LRUSize {
+		p.evictOldestLocked()
+	}
+	if p.cfg.SLO == 0 {
+		p.shift = 0
+	}
+}
+
+// Config returns the config in force (with defaults).
+func (p *Policy) Config() Config {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg
+}
+
+// LastCold is when addr last got a cold request, zero if never or no
+// longer tracked (beyond lru_size).
+func (p *Policy) LastCold(addr string) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e, ok := p.cold[addr]; ok {
+		return e.Value.(coldEntry).at
+	}
+	return time.Time{}
+}
+
+// NoteCold records that addr got a cold request at now.
+func (p *Policy) NoteCold(addr string, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e, ok := p.cold[addr]; ok {
+		e.Value = coldEntry{addr, now}
+		p.coldLRU.MoveToFront(e)
+		return
+	}
+	p.cold[addr] = p.coldLRU.PushFront(coldEntry{addr, now})
+	for p.coldLRU.Len() > p.cfg.LRUSize {
+		p.evictOldestLocked()
+	}
+}
+
+func (p *Policy) evictOldestLocked() {
+	e := p.coldLRU.Back()
+	p.coldLRU.Remove(e)
+	delete(p.cold, e.Value.(coldEntry).addr)
+}
+
+// Forget drops replicas no longer in the set from the history.
+func (p *Policy) Forget(keep map[string]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for addr, e := range p.cold {
+		if !keep[addr] {
+			p.coldLRU.Remove(e)
+			delete(p.cold, addr)
+		}
+	}
+}
+
+// ObserveTTFT feeds adaptive mode with one completed request's time to
+// first byte.
+func (p *Policy) ObserveTTFT(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cfg.SLO == 0 {
+		return
+	}
+	const alpha = 0.2
+	x := d.Seconds()
+	if p.ttft == 0 {
+		p.ttft = x
+	} else {
+		p.ttft = alpha*x + (1-alpha)*p.ttft
+	}
+	if p.ttft > p.cfg.SLO.Seconds() {
+		p.shift = min(1, p.shift+p.cfg.AdaptiveStep)
+	} else {
+		p.shift = max(0, p.shift-p.cfg.AdaptiveStep)
+	}
+}
+
+// Shift is the adaptive weight shift in force (0 = configured weights).
+func (p *Policy) Shift() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.shift
+}
+
+// Weights returns the effective weights: load scorers × (1 + shift),
+// affinity scorers × (1 − shift).
+func (p *Policy) Weights() map[string]float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]float64, len(p.cfg.Weights))
+	for name, w := range p.cfg.Weights {
+		if isAffinity(name) {
+			out[name] = w * (1 - p.shift)
+		} else {
+			out[name] = w * (1 + p.shift)
+		}
+	}
+	return out
+}
+
+// Ranking is the outcome of scoring one request.
+type Ranking struct {
+	// Order holds candidate indices, best first, at most MaxNumEndpoints:
+	// the pick, then the fallback order for retries.
+	Order []int
+	// Total is each candidate's weighted score; Scores[s][i] scorer s's.
+	Total  []float64
+	Scores map[string][]float64
+}
+
+// Rank scores every candidate with the enabled scorers and returns the
+// max-score order. Equal totals are broken at random, so equal replicas
+// share the load instead of the first one taking it all.
+func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking {
+	weights := p.Weights()
+	cfg := p.Config()
+	n := len(cs)
+	r := Ranking{Total: make([]float64, n), Scores: make(map[string][]float64, len(weights))}
+	for _, name := range AllScorers {
+		w := weights[name]
+		if w <= 0 {
+			continue
+		}
+		s := make([]float64, n)
+		switch name {
+		case Queue:
+			scoreQueue(cs, s)
+		case LoadAware:
+			scoreLoadAware(cs, cfg.Threshold, s)
+		case ActiveRequest:
+			scoreActive(cs, s)
+		case SessionAffinity:
+			scoreSession(cs, f, s)
+		case NoHitLRU:
+			scoreNoHitLRU(cs, f, s)
+		case KVCache:
+			scoreKVCache(cs, s)
+		}
+		r.Scores[name] = s
+		for i := range s {
+			r.Total[i] += w * s[i]
+		}
+	}
+	r.Order = maxScoreOrder(r.Total, cfg.MaxNumEndpoints)
+	return r
+}
+
+// maxScoreOrder returns up to k indices by descending total; among equal
+// totals each is equally likely to come first (reservoir sampling).
+func maxScoreOrder(total []float64, k int) []int {
+	k = min(k, len(total))
+	order := make([]int, 0, k)
+	for len(order) < k {
+		best, ties := -1, 0
+		for i, t := range total {
+			if slices.Contains(order, i) {
+				continue
+			}
+			switch {
+			case best < 0 || t > total[best]:
+				best, ties = i, 1
+			case t == total[best]:
+				ties++
+				if rand.IntN(ties) == 0 {
+					best = i
+				}
+			}
+		}
+		order = append(order, best)
+	}
+	return order
+}

@@ -1,0 +1,58 @@
+package modelmetrics
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// MaxBodyBytes bounds the metrics body read from a replica; a larger body
+// is a failed scrape. vLLM's full output is around 100 KiB.
+const MaxBodyBytes = 4 << 20
+
+// Config sets a Scraper. Zero values take the defaults.
+type Config struct {
+	// Interval between scrapes of a target (default 1s).
+	Interval time.Duration
+	// Timeout of one scrape (default Interval/2).
+	Timeout time.Duration
+	// Staleness: values older than this are Stale (default 3×Interval).
+	Staleness time.Duration
+	// Path of the metrics endpoint on each target (default "/metrics").
+	Path string
+	// Client, if set, makes the requests; by default the scraper uses its
+	// own transport (no proxy from the environment), closed when Run ends.
+	Client *http.Client
+}
+
+// WithDefaults fills zero fields.
+func (c Config) WithDefaults() Config {
+	if c.Interval == 0 {
+		c.Interval = time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = c.Interval / 2
+	}
+	if c.Staleness == 0 {
+		c.Staleness = 3 * c.Interval
+	}
+	if c.Path == "" {
+		c.Path = "/metrics"
+	}
+	return c
+}
+
+// Validate names the first invalid field. Zero values are valid.
+func (c Config) Validate() error {
+	switch {
+	case c.Interval < 0:
+		return fmt.Errorf("modelmetrics: interval must be positive, got %v", c.Interval)
+	case c.Timeout < 0:
+		return fmt.Errorf("modelmetrics: timeout must be positive, got %v", c.Timeout)
+	case c.Staleness < 0:
+		return fmt.Errorf("modelmetrics: staleness must be positive, got %v", c.Staleness)
+	case c.Path != "" && c.Path[0] != '/':
+		return fmt.Errorf("modelmetrics: path must start with /, got %q", c.Path)
+	}
+	return nil
+}

@@ -1,0 +1,210 @@
+package modelmetrics
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+type field uint8
+
+const (
+	fieldWaiting field = iota
+	fieldRunning
+	fieldKV
+)
+
+// source is one metric feeding a field, optionally only its series whose
+// label equals want. Within a field, earlier sources win.
+type source struct {
+	name        string
+	label, want string
+	field       field
+}
+
+var sources = [...]source{
+	{name: "vllm:num_requests_waiting", field: fieldWaiting},
+	{name: "sglang:num_queue_reqs", field: fieldWaiting},
+	{name: "nv_trt_llm_request_metrics", label: "request_type", want: "waiting", field: fieldWaiting},
+	{name: "tgi_queue_size", field: fieldWaiting},
+
+	{name: "vllm:num_requests_running", field: fieldRunning},
+	{name: "sglang:num_running_reqs", field: fieldRunning},
+	{name: "nv_trt_llm_request_metrics", label: "request_type", want: "scheduled", field: fieldRunning},
+	{name: "tgi_batch_current_size", field: fieldRunning},
+
+	{name: "vllm:kv_cache_usage_perc", field: fieldKV},
+	{name: "vllm:gpu_cache_usage_perc", field: fieldKV},
+	{name: "sglang:token_usage", field: fieldKV},
+	{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", want: "fraction", field: fieldKV},
+}
+
+// byName indexes sources by metric name.
+var byName = func() map[string][]int {
+	m := map[string][]int{}
+	for i, s := range sources {
+		m[s.name] = append(m[s.name], i)
+	}
+	return m
+}()
+
+// ErrNoMetrics: the body has none of the understood metrics, so it says
+// nothing about the replica's load (wrong path, or an unsupported server).
+var ErrNoMetrics = errors.New("modelmetrics: no known model-server metric in the response")
+
+// Parse reads the Prometheus text format and returns the load it reports.
+// Comments, unknown metrics, histograms and lines that are not samples of
+// an understood metric are skipped; a malformed or non-finite sample of an
+// understood metric is an error, as is a body with none of them.
+func Parse(body []byte) (Sample, error) {
+	type acc struct {
+		v    float64
+		seen bool
+	}
+	var accs [len(sources)]acc
+	for len(body) > 0 {
+		var line []byte
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			line, body = body, nil
+		}
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		end := bytes.IndexAny(line, "{ \t")
+		if end <= 0 {
+			continue
+		}
+		idx, ok := byName[string(line[:end])]
+		if !ok {
+			continue
+		}
+		name := line[:end]
+		labels, rest, err := splitLabels(line[end:])
+		if err != nil {
+			return Sample{}, fmt.Errorf("modelmetrics: %s: %w", name, err)
+		}
+		v, err := parseValue(rest)
+		if err != nil {
+			return Sample{}, fmt.Errorf("modelmetrics: %s: %w", name, err)
+		}
+		for _, i := range idx {
+			src := &sources[i]
+			if src.label != "" {
+				got, ok := labelValue(labels, src.label)
+				if !ok || string(got) != src.want {
+					continue
+				}
+			}
+			a := &accs[i]
+			if src.field == fieldKV {
+				a.v = max(a.v, usage(v))
+			} else {
+				if v < 0 {
+					return Sample{}, fmt.Errorf("modelmetrics: %s: negative count %v", name, v)
+				}
+				a.v += v
+			}
+			a.seen = true
+		}
+	}
+	var s Sample
+	for i, src := range sources {
+		a := accs[i]
+		if !a.seen {
+			continue
+		}
+		switch {
+		case src.field == fieldWaiting && !s.Have.Waiting:
+			s.Waiting, s.Have.Waiting = a.v, true
+		case src.field == fieldRunning && !s.Have.Running:
+			s.Running, s.Have.Running = a.v, true
+		case src.field == fieldKV && !s.Have.KVCache:
+			s.KVCacheUsage, s.Have.KVCache = a.v, true
+		}
+	}
+	if s.Have == (Have{}) {
+		return Sample{}, ErrNoMetrics
+	}
+	return s, nil
+}
+
+// usage turns a usage value into a fraction: some exporters report percent.
+func usage(v float64) float64 {
+	if v > 1 && v <= 100 {
+		v /= 100
+	}
+	return min(max(v, 0), 1)
+}
+
+// splitLabels splits `{a="b",…} value [ts]` (or ` value [ts]`) into the
+// label text between the braces and the rest.
+func splitLabels(s []byte) (labels, rest []byte, err error) {
+	if len(s) == 0 || s[0] != '{' {
+		return nil, s, nil
+	}
+	inQuote := false
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case inQuote && c == '\\':
+			i++ // skip the escaped character
+		case c == '"':
+			inQuote = !inQuote
+		case !inQuote && c == '}':
+			return s[1:i], s[i+1:], nil
+		}
+	}
+	return nil, nil, errors.New("unterminated label set")
+}
+
+// parseValue reads the sample value, ignoring an optional timestamp.
+func parseValue(s []byte) (float64, error) {
+	s = bytes.TrimLeft(s, " \t")
+	if i := bytes.IndexAny(s, " \t"); i >= 0 {
+		s = s[:i]
+	}
+	v, err := strconv.ParseFloat(string(s), 64)
+	if err != nil {
+		return 0, fmt.Errorf("bad value %q", s)
+	}
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, fmt.Errorf("non-finite value %q", s)
+	}
+	return v, nil
+}
+
+// labelValue returns the raw (still escaped) value of label key. The
+// wanted values contain no escapes, so comparing raw text is exact.
+func labelValue(labels []byte, key string) ([]byte, bool) {
+	for len(labels) > 0 {
+		labels = bytes.TrimLeft(labels, " \t,")
+		eq := bytes.IndexByte(labels, '=')
+		if eq < 0 {
+			return nil, false
+		}
+		k := bytes.TrimSpace(labels[:eq])
+		labels = bytes.TrimLeft(labels[eq+1:], " \t")
+		if len(labels) == 0 || labels[0] != '"' {
+			return nil, false
+		}
+		end := 1
+		for end < len(labels) && labels[end] != '"' {
+			if labels[end] == '\\' {
+				end++
+			}
+			end++
+		}
+		if end >= len(labels) {
+			return nil, false
+		}
+		if string(k) == key {
+			return labels[1:end], true
+		}
+		labels = labels[end+1:]
+	}
+	return nil, false
+}
