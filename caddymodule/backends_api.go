@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -99,6 +100,17 @@ type backendHealth struct {
 	Draining    bool    `json:"draining,omitempty"`
 	Dispatched  uint64  `json:"dispatched"`
 	Failures    uint64  `json:"failures"`
+	// The replica's own metrics, when a load_aware policy scrapes them.
+	Metrics *replicaMetrics `json:"metrics,omitempty"`
+}
+
+type replicaMetrics struct {
+	Freshness    string   `json:"freshness"`
+	Waiting      *float64 `json:"waiting,omitempty"`
+	Running      *float64 `json:"running,omitempty"`
+	KVCacheUsage *float64 `json:"kv_cache_usage,omitempty"`
+	AgeSeconds   *float64 `json:"age_seconds,omitempty"`
+	Error        string   `json:"error,omitempty"`
 }
 
 func health(name string) healthReport {
@@ -118,8 +130,8 @@ func health(name string) healthReport {
 				draining = append(draining, bh)
 			}
 		}
-	} else if st := cacheAwareStateFor(name); st != nil {
-		for _, r := range st.tracker.Snapshot() {
+	} else if tr := trackerFor(name); tr != nil {
+		for _, r := range tr.Snapshot() {
 			bh := backendHealth{Addr: r.Addr, InFlight: r.InFlight, Down: r.Down, Failures: r.Failures, Draining: !r.Present}
 			if r.Present {
 				stats[r.Addr] = bh
@@ -137,6 +149,29 @@ func health(name string) healthReport {
 		rep.Backends = append(rep.Backends, bh)
 	}
 	rep.Backends = append(rep.Backends, draining...)
+	if sc := scraperFor(name); sc != nil {
+		for i := range rep.Backends {
+			smp, fr := sc.Get(rep.Backends[i].Addr)
+			m := &replicaMetrics{Freshness: fr.String()}
+			if smp.Have.Waiting {
+				m.Waiting = &smp.Waiting
+			}
+			if smp.Have.Running {
+				m.Running = &smp.Running
+			}
+			if smp.Have.KVCache {
+				m.KVCacheUsage = &smp.KVCacheUsage
+			}
+			if !smp.At.IsZero() {
+				age := time.Since(smp.At).Seconds()
+				m.AgeSeconds = &age
+			}
+			if smp.Err != nil {
+				m.Error = smp.Err.Error()
+			}
+			rep.Backends[i].Metrics = m
+		}
+	}
 	return rep
 }
 

@@ -25,15 +25,15 @@ type Config struct {
 	Client *http.Client
 }
 
-// WithDefaults fills zero fields.
+// WithDefaults fills zero (and negative) fields.
 func (c Config) WithDefaults() Config {
-	if c.Interval == 0 {
+	if c.Interval <= 0 {
 		c.Interval = time.Second
 	}
-	if c.Timeout == 0 {
+	if c.Timeout <= 0 {
 		c.Timeout = c.Interval / 2
 	}
-	if c.Staleness == 0 {
+	if c.Staleness <= 0 {
 		c.Staleness = 3 * c.Interval
 	}
 	if c.Path == "" {

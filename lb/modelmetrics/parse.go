@@ -76,8 +76,8 @@ func Parse(body []byte) (Sample, error) {
 			continue
 		}
 		end := bytes.IndexAny(line, "{ \t")
-		if end <= 0 {
-			continue
+		if end < 0 {
+			end = len(line) // a name alone: bad if it is one of ours
 		}
 		idx, ok := byName[string(line[:end])]
 		if !ok {

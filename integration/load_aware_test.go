@@ -1,0 +1,139 @@
+package integration
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestSessionAffinityRoundTripThroughCaddy(t *testing.T) {
+	startCaddy(t, globals+`
+:9610 {
+	custom_router la-session
+	reverse_proxy {
+		dynamic custom_router la-session
+		lb_policy load_aware {
+			pool la-session
+			metrics_interval 100ms
+		}
+	}
+}
+`+sims(9611, 9612, 9613))
+	url := "http://127.0.0.1:9610"
+	setBackends(t, url, "http://127.0.0.1:9611", "http://127.0.0.1:9612", "http://127.0.0.1:9613")
+
+	history := strings.Repeat("user: tell me more about sluices. assistant: they control water. ", 4)
+	post := func(token string) (replica, newToken string) {
+		// A multi-turn session resends its history: the prompt is hot.
+		req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(`{"prompt":"`+history+`","max_tokens":2}`))
+		if token != "" {
+			req.Header.Set("X-Session-Token", token)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		return resp.Header.Get("X-Sim-Replica"), resp.Header.Get("X-Session-Token")
+	}
+	first, token := post("")
+	if token == "" || strings.Contains(token, "127.0.0.1") {
+		t.Fatalf("session token %q: want an opaque token", token)
+	}
+	for i := 0; i < 8; i++ {
+		replica, again := post(token)
+		if replica != first || again != token {
+			t.Fatalf("request %d with the session token went to %s (token %q), want %s", i, replica, again, first)
+		}
+	}
+	// Without the token, idle replicas share the load (random ties).
+	seen := map[string]bool{}
+	for i := 0; i < 12; i++ {
+		r, _ := post("")
+		seen[r] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("requests without a session all went to %v", seen)
+	}
+	drained(t, url)
+}
+
+func TestLoadAwareAvoidsAReplicaWhoseMetricsSayItIsQueued(t *testing.T) {
+	// 9622 is one-at-a-time and held busy by slow requests: its own
+	// metrics show a queue, so queue/load_aware scorers steer away from it.
+	startCaddy(t, globals+`
+:9620 {
+	custom_router la-queue
+	reverse_proxy {
+		dynamic custom_router la-queue
+		lb_policy load_aware {
+			pool la-queue
+			scorer queue
+			scorer load_aware
+			metrics_interval 50ms
+		}
+	}
+}
+:9621 {
+	bind 127.0.0.1
+	inference_sim {
+		name la-fast
+		concurrency 8
+		latency fixed 20ms
+	}
+}
+:9622 {
+	bind 127.0.0.1
+	inference_sim {
+		name la-jammed
+		concurrency 1
+		latency fixed 3s
+	}
+}
+`)
+	url := "http://127.0.0.1:9620"
+	// Jam 9622 directly (not through Sluice) so only its metrics tell.
+	for i := 0; i < 3; i++ {
+		go func() {
+			resp, err := client.Post("http://127.0.0.1:9622/v1/completions", "application/json", strings.NewReader(`{"prompt":"x"}`))
+			if err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	setBackends(t, url, "http://127.0.0.1:9621", "http://127.0.0.1:9622")
+	eventually(t, "the scraper to see the jammed replica's queue", func() bool {
+		resp, err := client.Get(url + "/_custom_router/health")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var h struct {
+			Backends []struct {
+				Addr    string
+				Metrics *struct {
+					Freshness string
+					Waiting   *float64
+				}
+			}
+		}
+		if json.NewDecoder(resp.Body).Decode(&h) != nil || len(h.Backends) != 2 {
+			return false
+		}
+		for _, b := range h.Backends {
+			if b.Metrics == nil || b.Metrics.Freshness != "fresh" || b.Metrics.Waiting == nil {
+				return false
+			}
+		}
+		return *h.Backends[1].Metrics.Waiting >= 2
+	})
+	for i := 0; i < 10; i++ {
+		if o := complete(url); o.status != 200 || o.replica != "la-fast" {
+			t.Fatalf("request %d: %+v — a replica whose metrics show a queue must lose", i, o)
+		}
+	}
+}
