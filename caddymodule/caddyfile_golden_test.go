@@ -385,6 +385,14 @@ func goldenValidateSluice(t *testing.T, cfgJSON []byte, provision bool) error {
 			if err := p.Validate(); err != nil {
 				return err
 			}
+		case o["policy"] == "load_aware":
+			var p LoadAware
+			if err := goldenStrictUnmarshal(raw, &p, "policy"); err != nil {
+				return err
+			}
+			if err := p.Validate(); err != nil {
+				return err
+			}
 		case o["policy"] == "cache_aware":
 			var p CacheAware
 			if err := goldenStrictUnmarshal(raw, &p, "policy"); err != nil {
@@ -533,6 +541,10 @@ func goldenCacheAware(opts string) string {
 	return goldenSite("reverse_proxy 127.0.0.1:9001 {\n\tlb_policy cache_aware {\n" + opts + "\n\t}\n}")
 }
 
+func goldenLoadAware(opts string) string {
+	return goldenSite("reverse_proxy 127.0.0.1:9001 {\n\tlb_policy load_aware {\n" + opts + "\n\t}\n}")
+}
+
 func goldenCustomRouter(block string) string {
 	return goldenSite("custom_router {\n" + block + "\n}\nreverse_proxy {\n\tdynamic custom_router golden-err\n}")
 }
@@ -550,6 +562,17 @@ func TestCaddyfileErrors(t *testing.T) {
 		// lb_policy queued_least_latency: parse errors.
 		{"qll/unknown option", goldenQLL("bogus_option 1"), []string{"queued_least_latency", "bogus_option"}},
 		{"cache_aware/unknown option", goldenCacheAware("bogus 1"), []string{"cache_aware", "bogus"}},
+		{"load_aware/unknown option", goldenLoadAware("bogus 1"), []string{"load_aware", "bogus"}},
+		{"load_aware/unknown scorer", goldenLoadAware("scorer prefix_magic"), []string{"prefix_magic"}},
+		{"load_aware/bad weight", goldenLoadAware("scorer queue heavy"), []string{"queue", "heavy"}},
+		{"load_aware/negative weight", goldenLoadAware("scorer queue -1"), []string{"queue"}},
+		{"load_aware/all weights zero", goldenLoadAware("scorer queue 0"), []string{"scorer"}},
+		{"load_aware/threshold 0.5", goldenLoadAware("threshold 0.5"), []string{"threshold"}},
+		{"load_aware/lru_size 0", goldenLoadAware("lru_size 0"), []string{"lru_size"}},
+		{"load_aware/max_num_endpoints 0", goldenLoadAware("max_num_endpoints 0"), []string{"max_num_endpoints"}},
+		{"load_aware/adaptive_step 3", goldenLoadAware("adaptive_step 3"), []string{"adaptive_step"}},
+		{"load_aware/slo soon", goldenLoadAware("slo soon"), []string{"slo"}},
+		{"load_aware/missing value", goldenLoadAware("threshold"), []string{"load_aware", "threshold"}},
 		{"cache_aware/argument", goldenSite("reverse_proxy 127.0.0.1:9001 {\n\tlb_policy cache_aware extra\n}"), []string{"cache_aware", "extra"}},
 		{"cache_aware/missing value", goldenCacheAware("cache_threshold"), []string{"cache_aware", "cache_threshold"}},
 		{"cache_aware/cache_threshold 1.5", goldenCacheAware("cache_threshold 1.5"), []string{"cache_threshold"}},

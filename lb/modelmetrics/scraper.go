@@ -80,7 +80,7 @@ func (s *Scraper) SetTargets(targets map[string]string) {
 	s.targets.Store(&next)
 	if added {
 		select {
-		case <-make(chan struct{}):
+		case s.wake <- struct{}{}:
 		default: // a wake-up is already pending
 		}
 	}
