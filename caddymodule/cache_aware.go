@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -188,8 +187,7 @@ type cacheAwareState struct {
 	stop    context.CancelFunc
 	done    chan struct{}
 
-	staticMu sync.Mutex
-	static   []string // last static upstream list synced, when unmanaged
+	static staticSync
 }
 
 func newCacheAwareState(name string, rc cacheaware.Config, tc tracker.Config) *cacheAwareState {
@@ -214,20 +212,7 @@ func (st *cacheAwareState) setReplicas(addrs []string) {
 }
 
 func (st *cacheAwareState) syncStatic(pool reverseproxy.UpstreamPool) {
-	st.staticMu.Lock()
-	defer st.staticMu.Unlock()
-	same := len(pool) == len(st.static)
-	for i := 0; same && i < len(pool); i++ {
-		same = pool[i].Dial == st.static[i]
-	}
-	if same {
-		return
-	}
-	st.static = make([]string, len(pool))
-	for i, u := range pool {
-		st.static[i] = u.Dial
-	}
-	st.setReplicas(st.static)
+	st.static.sync(pool, func(set []lb.Backend) { st.setReplicas(lb.Dials(set)) })
 }
 
 // Destruct implements caddy.Destructor: stops the eviction loop.

@@ -288,6 +288,16 @@ func sessionToken(addr string) string {
 
 var loadAwareStates = caddy.NewUsagePool()
 
+// loadAwareScrapers lists every live scraper by pool, for metrics.
+func loadAwareScrapers() map[string]*modelmetrics.Scraper {
+	out := map[string]*modelmetrics.Scraper{}
+	loadAwareStates.Range(func(k, v any) bool {
+		out[k.(string)] = v.(*loadAwareState).scraper
+		return true
+	})
+	return out
+}
+
 // scraperFor returns the replica-metrics scraper of a pool served by
 // load_aware, or nil.
 func scraperFor(name string) *modelmetrics.Scraper {
@@ -330,8 +340,7 @@ type loadAwareState struct {
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
 
-	staticMu sync.Mutex
-	static   []string
+	static staticSync
 }
 
 func newLoadAwareState(name string, pc loadaware.Config, sc modelmetrics.Config, tc tracker.Config) *loadAwareState {
@@ -384,22 +393,7 @@ func (st *loadAwareState) sessionAddr(token string) string {
 }
 
 func (st *loadAwareState) syncStatic(pool reverseproxy.UpstreamPool) {
-	st.staticMu.Lock()
-	defer st.staticMu.Unlock()
-	same := len(pool) == len(st.static)
-	for i := 0; same && i < len(pool); i++ {
-		same = pool[i].Dial == st.static[i]
-	}
-	if same {
-		return
-	}
-	st.static = make([]string, len(pool))
-	set := make([]lb.Backend, len(pool))
-	for i, u := range pool {
-		st.static[i] = u.Dial
-		set[i] = lb.Backend{URL: "http://" + u.Dial, Dial: u.Dial}
-	}
-	st.setReplicas(set)
+	st.static.sync(pool, st.setReplicas)
 }
 
 // Destruct implements caddy.Destructor: stops the scraper and eviction.

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/lb/cacheaware"
+	"github.com/sluice-router/sluice/lb/modelmetrics"
 	"github.com/sluice-router/sluice/lb/qll"
 )
 
@@ -20,7 +21,8 @@ import (
 var (
 	qllCollector        = qll.NewCollector(qllStatesByPool)
 	cacheAwareCollector = cacheaware.NewCollector(cacheAwareRouters)
-	sluiceCollectors    = []prometheus.Collector{qllCollector, cacheAwareCollector}
+	scraperCollector    = modelmetrics.NewCollector(loadAwareScrapers)
+	sluiceCollectors    = []prometheus.Collector{qllCollector, cacheAwareCollector, scraperCollector}
 	sluiceMetrics       = func() *prometheus.Registry {
 		r := prometheus.NewRegistry()
 		r.MustRegister(sluiceCollectors...)

@@ -1,0 +1,142 @@
+package redisleast
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/redis/rueidis"
+	"github.com/sluice-router/sluice/lb"
+)
+
+// Lease is one request counted in flight on Addr. Release it exactly once.
+type Lease struct {
+	Addr string
+	// Fallback is true when Redis was unavailable and the replica was
+	// picked from this instance's own counts; such a lease is not in Redis.
+	Fallback bool
+
+	s        *Store
+	ident    *identity
+	req      string
+	released atomic.Bool
+}
+
+// Select picks the least-loaded of candidates (the healthy replicas),
+// globally through Redis in one round trip, and counts a request on it.
+// Ties go to a random one of the least loaded. While the breaker is open
+// (or the call fails) it picks from this instance's own counts instead, so
+// it never waits on Redis longer than ReadTimeout.
+func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error) {
+	if len(candidates) == 0 {
+		return nil, ErrNoCandidates
+	}
+	if s.closed.Load() || s.br.isOpen() {
+		return s.fallback(candidates)
+	}
+	for attempt := 0; ; attempt++ {
+		ident := s.ident.Load()
+		req := strconv.FormatUint(s.seq.Add(1), 36)
+		args := make([]string, 0, 5+len(candidates))
+		args = append(args, strconv.Itoa(s.cfg.MaxInflight), strconv.FormatInt(s.cfg.LeaseTTL.Milliseconds(), 10),
+			req, ident.id, strconv.Itoa(rand.IntN(len(candidates))))
+		args = append(args, candidates...)
+		res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+			return selectScript.Exec(ctx, s.client, []string{s.k.load, ident.alive, ident.inst, s.k.insts}, args)
+		})
+		arr, err := res.ToArray()
+		if err == nil && len(arr) != 2 {
+			err = errBadReply
+		}
+		if err != nil {
+			if transportErr(err) {
+				// It may have run: release it when Redis answers again.
+				s.queueRelease(ident, req)
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return s.fallback(candidates)
+		}
+		code, _ := arr[0].AsInt64()
+		addr, _ := arr[1].ToString()
+		switch code {
+		case 1:
+			s.local.get(addr).Add(1)
+			s.c.selections.Add(1)
+			return &Lease{Addr: addr, s: s, ident: ident, req: req}, nil
+		case 2:
+			s.c.shed.Add(1)
+			return nil, ErrSaturated
+		}
+		// No candidate is a member: Redis may have restarted empty.
+		if attempt > 0 || !s.resync(ctx) {
+			return nil, ErrNoCandidates
+		}
+	}
+}
+
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+
+const errBadReply = replyError("redis select: unexpected reply shape")
+
+// fallback picks from this instance's own counts; MaxInflight applies to
+// them, the only view there is.
+func (s *Store) fallback(candidates []string) (*Lease, error) {
+	addr, n := s.local.least(candidates, rand.IntN(len(candidates)))
+	if s.cfg.MaxInflight > 0 && n >= int64(s.cfg.MaxInflight) {
+		s.c.shed.Add(1)
+		return nil, ErrSaturated
+	}
+	s.local.get(addr).Add(1)
+	s.c.selections.Add(1)
+	s.c.fallbacks.Add(1)
+	return &Lease{Addr: addr, Fallback: true, s: s}, nil
+}
+
+// Release ends the request. Only the first call counts (later ones return
+// false). A Redis lease is released in Redis within ReadTimeout, or queued
+// until Redis answers again; call it off the request path (for example
+// from context.AfterFunc). The outcome is not used by this policy:
+// passive health is the tracker's business.
+func (l *Lease) Release(lb.Outcome) bool {
+	if !l.released.CompareAndSwap(false, true) {
+		return false
+	}
+	s := l.s
+	s.local.get(l.Addr).Add(-1)
+	s.c.releases.Add(1)
+	if l.Fallback || s.closed.Load() {
+		return true // not in Redis, or Close already handed it to the reapers
+	}
+	if s.br.isOpen() {
+		s.queueRelease(l.ident, l.req)
+		return true
+	}
+	res := s.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
+		return releaseScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone, l.ident.inst}, []string{l.req})
+	})
+	if transportErr(res.Error()) {
+		s.queueRelease(l.ident, l.req)
+	}
+	return true
+}
+
+// queueRelease keeps a release for later; on overflow the instance
+// rotates its identity (see pending).
+func (s *Store) queueRelease(ident *identity, req string) {
+	if s.pend.add(ident, req) {
+		return
+	}
+	s.rotate(ident)
+}
+
+// rotate abandons ident (if still current) for a fresh identity.
+func (s *Store) rotate(old *identity) {
+	if s.ident.CompareAndSwap(old, s.newIdentity()) {
+		s.pend.clear()
+	}
+}

@@ -1,0 +1,123 @@
+package redisleast
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// loop runs every LeaseTTL/3 while the breaker is closed: renew this
+// instance's liveness key, send pending releases, reap dead instances.
+//
+// Reclaim bound: an instance that dies renewed its key at most LeaseTTL/3
+// before; the key expires LeaseTTL after that renewal, and some live
+// instance reaps within one more LeaseTTL/3. So a dead instance's requests
+// stop counting at most LeaseTTL + LeaseTTL/3 after it died.
+func (s *Store) loop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.reapInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		if s.br.isOpen() {
+			continue // the probe takes over
+		}
+		ctx := context.Background()
+		if s.renew(ctx) != nil {
+			continue
+		}
+		s.flush(ctx)
+		s.reap(ctx)
+	}
+}
+
+func (s *Store) reapInterval() time.Duration { return max(s.cfg.LeaseTTL/3, time.Millisecond) }
+
+// renew extends this instance's liveness key.
+func (s *Store) renew(ctx context.Context) error {
+	id := s.ident.Load()
+	return s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return s.client.Do(ctx, s.client.B().Set().Key(id.alive).Value("1").Px(s.cfg.LeaseTTL).Build())
+	}).Error()
+}
+
+// flush sends the pending releases, in batches; what fails is requeued.
+func (s *Store) flush(ctx context.Context) {
+	const batch = 256
+	for _, b := range s.pend.take() {
+		for i := 0; i < len(b.ids); i += batch {
+			ids := b.ids[i:min(i+batch, len(b.ids))]
+			res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+				return releaseScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone, b.ident.inst}, ids)
+			})
+			if transportErr(res.Error()) {
+				s.pend.putBack(pendingBatch{b.ident, b.ids[i:]})
+				break
+			}
+		}
+	}
+}
+
+// reap reclaims every instance whose liveness key has expired. Any number
+// of instances may reap at once: the script is atomic per dead instance.
+func (s *Store) reap(ctx context.Context) {
+	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return s.client.Do(ctx, s.client.B().Smembers().Key(s.k.insts).Build())
+	})
+	ids, err := res.AsStrSlice()
+	if err != nil {
+		return
+	}
+	me := s.ident.Load().id
+	for _, id := range ids {
+		if id == me {
+			continue
+		}
+		res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+			return reapScript.Exec(ctx, s.client,
+				[]string{s.k.load, s.k.gone, s.k.alive(id), s.k.inst(id), s.k.insts}, []string{id})
+		})
+		if n, err := res.AsInt64(); err == nil && n > 0 {
+			s.c.reclaimed.Add(uint64(n))
+		}
+	}
+}
+
+// startProbe runs, once per outage, the half-open step: every
+// BreakerBackoff, PING; when Redis answers, replay the member set if Redis
+// came back empty, renew the liveness key, close the breaker and send the
+// pending releases.
+func (s *Store) startProbe() {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.closed.Load() || !s.probing.CompareAndSwap(false, true) {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.probing.Store(false)
+		ctx := context.Background()
+		for backoffSleep(s.done, s.cfg.BreakerBackoff) {
+			cctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
+			err := s.client.Do(cctx, s.client.B().Ping().Build()).Error()
+			cancel()
+			if err != nil {
+				s.c.errors.Add(1)
+				continue
+			}
+			s.br.close()
+			s.resync(ctx)
+			if s.renew(ctx) == nil {
+				s.flush(ctx)
+			}
+			return
+		}
+	}()
+}
+

@@ -1,0 +1,134 @@
+package redisleast
+
+import "github.com/redis/rueidis"
+
+// The scripts run atomically inside Redis and are called by hash
+// (EVALSHA; rueidis falls back to EVAL on NOSCRIPT, which did not run the
+// script, so nothing is applied twice). Every key a script touches is
+// passed in KEYS (Cluster routing).
+
+// decr takes one request off a replica: from load while it is a member,
+// else from gone (dropped there at zero). Never below zero.
+const decr = `
+local function decr(load, gone, rep)
+  local s = redis.call('ZSCORE', load, rep)
+  if s then
+    if tonumber(s) > 0 then redis.call('ZINCRBY', load, -1, rep) end
+    return
+  end
+  s = redis.call('ZSCORE', gone, rep)
+  if s then
+    if tonumber(s) <= 1 then redis.call('ZREM', gone, rep) else redis.call('ZINCRBY', gone, -1, rep) end
+  end
+end
+`
+
+// selectScript picks the least-loaded candidate that is a member, scanning
+// from a caller-chosen offset so ties go to a random one, increments it and
+// records the request under the instance.
+//
+// KEYS: load, alive:<id>, inst:<id>, insts
+// ARGV: maxInflight (0 = none), leaseTTL ms, request id, instance id, offset, candidates...
+// Reply: {1, replica} selected; {0, ""} no candidate is a member;
+// {2, replica} saturated (least-loaded candidate is at maxInflight).
+// Idempotent: a request id already recorded returns its replica unchanged.
+var selectScript = rueidis.NewLuaScript(`
+local prev = redis.call('HGET', KEYS[3], ARGV[3])
+if prev then return {1, prev} end
+local maxIn = tonumber(ARGV[1])
+local n = #ARGV - 5
+local off = tonumber(ARGV[5])
+local best, bestScore
+for i = 0, n - 1 do
+  local c = ARGV[6 + (i + off) % n]
+  local s = redis.call('ZSCORE', KEYS[1], c)
+  if s then
+    s = tonumber(s)
+    if best == nil or s < bestScore then best, bestScore = c, s end
+  end
+end
+if best == nil then return {0, ''} end
+if maxIn > 0 and bestScore >= maxIn then return {2, best} end
+redis.call('ZINCRBY', KEYS[1], 1, best)
+redis.call('HSET', KEYS[3], ARGV[3], best)
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+end
+redis.call('SADD', KEYS[4], ARGV[4])
+return {1, best}
+`)
+
+// releaseScript ends requests: for each id still recorded, drop the record
+// and decrement its replica. Ids without a record (released already, or
+// reclaimed by a reaper, or lost with a Redis restart) change nothing, so a
+// repeated release is a no-op and counts never go negative.
+//
+// KEYS: load, gone, inst:<id>
+// ARGV: request ids...
+// Reply: how many records existed.
+var releaseScript = rueidis.NewLuaScript(decr + `
+local n = 0
+for i = 1, #ARGV do
+  local rep = redis.call('HGET', KEYS[3], ARGV[i])
+  if rep then
+    redis.call('HDEL', KEYS[3], ARGV[i])
+    decr(KEYS[1], KEYS[2], rep)
+    n = n + 1
+  end
+end
+return n
+`)
+
+// reapScript reclaims a dead instance: if its liveness key has expired,
+// every request it recorded is decremented and its records are dropped.
+// Safe to run concurrently from any instance: the first run empties the
+// hash, the others find nothing.
+//
+// KEYS: load, gone, alive:<id>, inst:<id>, insts
+// ARGV: instance id
+// Reply: -1 alive; else the number of requests reclaimed.
+var reapScript = rueidis.NewLuaScript(decr + `
+if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
+local reps = redis.call('HVALS', KEYS[4])
+for _, rep in ipairs(reps) do decr(KEYS[1], KEYS[2], rep) end
+redis.call('DEL', KEYS[4])
+redis.call('SREM', KEYS[5], ARGV[1])
+return #reps
+`)
+
+// syncScript makes ARGV the member set. Staying members keep their counts;
+// new ones join at 0, or with the count they still had in gone if they were
+// removed while busy; removed busy ones move to gone, so the releases of
+// their last requests stay exact.
+//
+// KEYS: load, gone
+// ARGV: replicas...
+// Reply: the number of members.
+var syncScript = rueidis.NewLuaScript(`
+local want = {}
+for i = 1, #ARGV do want[ARGV[i]] = true end
+local cur = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #cur, 2 do
+  local m, s = cur[i], tonumber(cur[i + 1])
+  if want[m] then
+    want[m] = false
+  else
+    redis.call('ZREM', KEYS[1], m)
+    if s > 0 then redis.call('ZINCRBY', KEYS[2], s, m) end
+  end
+end
+for i = 1, #ARGV do
+  local m = ARGV[i]
+  if want[m] then
+    want[m] = false
+    local g = redis.call('ZSCORE', KEYS[2], m)
+    if g then
+      redis.call('ZREM', KEYS[2], m)
+      redis.call('ZADD', KEYS[1], g, m)
+    else
+      redis.call('ZADD', KEYS[1], 0, m)
+    end
+  end
+end
+return redis.call('ZCARD', KEYS[1])
+`)

@@ -1,0 +1,229 @@
+// Package redisleast is the global least-request policy's shared state:
+// per pool, a Redis sorted set of replica → in-flight count that every
+// Sluice instance reads and updates with atomic scripts (Photoroom's
+// distributed least-request), plus what makes it safe to depend on: load
+// shedding, reclaiming the requests of crashed instances, and a circuit
+// breaker with a local fallback while Redis is unavailable.
+package redisleast
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Errors Select returns instead of a lease.
+var (
+	// ErrSaturated: even the least-loaded candidate has MaxInflight
+	// requests in flight; answer 503 with Retry-After.
+	ErrSaturated = errors.New("pool saturated: every candidate is at max_inflight")
+	// ErrNoCandidates: no candidate given, or none is a member of the pool.
+	ErrNoCandidates = errors.New("no candidate replica is a member of the pool")
+)
+
+// Store is one pool's shared state as seen by one instance. Safe for
+// concurrent use.
+type Store struct {
+	cfg    Config
+	pool   string
+	k      keys
+	client rueidis.Client
+
+	ident atomic.Pointer[identity]
+	seq   atomic.Uint64
+	br    breaker
+	pend  pending
+	local localCounts
+	c     counters
+
+	mu         sync.Mutex
+	last       []string         // replicas of the last Sync, replayed after a Redis restart
+	lastCounts map[string]int64 // global view of the last Counts or Sync
+
+	life    sync.Mutex // orders starting a probe against Close
+	probing atomic.Bool
+	closed  atomic.Bool
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// New connects to Redis and starts the instance's background loop (lease
+// renewal, reaping dead instances, flushing pending releases). It fails if
+// Redis cannot be reached at all, so a bad address is reported at load.
+func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	opt, err := cfg.clientOption()
+	if err != nil {
+		return nil, err
+	}
+	client, err := rueidis.NewClient(opt)
+	if err != nil {
+		return nil, fmt.Errorf("redis %v: %w", cfg.Addrs, err)
+	}
+	s := &Store{cfg: cfg, pool: pool, k: newKeys(cfg.KeyPrefix, pool), client: client, done: make(chan struct{})}
+	s.br = breaker{limit: cfg.BreakerFailures, onOpen: s.startProbe}
+	s.pend.max = cfg.PendingMax
+	s.ident.Store(s.newIdentity())
+	if err := s.renew(ctx); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("redis %v: %w", cfg.Addrs, err)
+	}
+	s.wg.Add(1)
+	go s.loop()
+	return s, nil
+}
+
+func (s *Store) newIdentity() *identity {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	id := s.cfg.InstanceID + "-" + hex.EncodeToString(b[:])
+	return &identity{id: id, alive: s.k.alive(id), inst: s.k.inst(id)}
+}
+
+// InstanceID is the name this instance currently records requests under.
+func (s *Store) InstanceID() string { return s.ident.Load().id }
+
+// Pool is the pool's name.
+func (s *Store) Pool() string { return s.pool }
+
+// call bounds one Redis call by ReadTimeout, times it and feeds the breaker.
+func (s *Store) call(ctx context.Context, fn func(context.Context) rueidis.RedisResult) rueidis.RedisResult {
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
+	start := time.Now()
+	res := fn(cctx)
+	s.c.observe(time.Since(start))
+	cancel()
+	err := res.Error()
+	if err != nil && ctx.Err() != nil {
+		return res // the caller gave up: says nothing about Redis
+	}
+	if err != nil && !rueidis.IsRedisNil(err) {
+		if _, isReply := rueidis.IsRedisErr(err); !isReply {
+			s.c.errors.Add(1)
+		}
+	}
+	s.br.record(err)
+	return res
+}
+
+// transportErr is true when err leaves unknown whether a command ran.
+func transportErr(err error) bool {
+	if err == nil || rueidis.IsRedisNil(err) {
+		return false
+	}
+	_, isReply := rueidis.IsRedisErr(err)
+	return !isReply
+}
+
+// Sync makes replicas the pool's member set in Redis: new replicas join at
+// 0, removed ones leave, staying ones keep their counts. The list is also
+// remembered and replayed if Redis comes back empty (restart).
+func (s *Store) Sync(ctx context.Context, replicas []string) error {
+	replicas = slices.Clone(replicas)
+	s.mu.Lock()
+	s.last = replicas
+	s.mu.Unlock()
+	s.local.retain(replicas)
+	if s.br.isOpen() {
+		return fmt.Errorf("redis %v: circuit breaker open; will sync when it closes", s.cfg.Addrs)
+	}
+	return s.sync(ctx, replicas)
+}
+
+func (s *Store) sync(ctx context.Context, replicas []string) error {
+	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return syncScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone}, replicas)
+	})
+	if err := res.Error(); err != nil {
+		return fmt.Errorf("redis sync: %w", err)
+	}
+	_, err := s.Counts(ctx)
+	return err
+}
+
+// resync replays the last Sync when Redis holds no member (it restarted
+// without persistence, or the key was deleted). True if it synced.
+func (s *Store) resync(ctx context.Context) bool {
+	s.mu.Lock()
+	last := s.last
+	s.mu.Unlock()
+	if len(last) == 0 {
+		return false
+	}
+	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return s.client.Do(ctx, s.client.B().Zcard().Key(s.k.load).Build())
+	})
+	if n, err := res.AsInt64(); err != nil || n > 0 {
+		return false
+	}
+	return s.sync(ctx, last) == nil
+}
+
+// Counts reads the global in-flight count of every member replica.
+func (s *Store) Counts(ctx context.Context) (map[string]int64, error) {
+	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return s.client.Do(ctx, s.client.B().Zrange().Key(s.k.load).Min("0").Max("-1").Withscores().Build())
+	})
+	zs, err := res.AsZScores()
+	if err != nil {
+		return nil, fmt.Errorf("redis counts: %w", err)
+	}
+	out := make(map[string]int64, len(zs))
+	for _, z := range zs {
+		out[z.Member] = int64(z.Score)
+	}
+	s.mu.Lock()
+	s.lastCounts = out
+	s.mu.Unlock()
+	return out, nil
+}
+
+// Stats snapshots the counters and state.
+func (s *Store) Stats() Stats {
+	cum, count, sum := s.c.histogram()
+	s.mu.Lock()
+	inflight := s.lastCounts
+	s.mu.Unlock()
+	return Stats{
+		Selections: s.c.selections.Load(), Releases: s.c.releases.Load(),
+		Fallbacks: s.c.fallbacks.Load(), Shed: s.c.shed.Load(), Errors: s.c.errors.Load(),
+		Reclaimed: s.c.reclaimed.Load(), Pending: s.pend.len(), Breaker: s.br.state(),
+		Buckets: scriptBuckets, BucketCounts: cum, ScriptCount: count, ScriptSum: sum,
+		InFlight: inflight,
+	}
+}
+
+// Close stops the background loop, sends the releases still pending and
+// deletes the liveness key, so whatever this instance still has recorded
+// is reclaimed by the next reaper instead of after LeaseTTL. Leases
+// released after Close only update the local counts.
+func (s *Store) Close() {
+	s.life.Lock()
+	if !s.closed.CompareAndSwap(false, true) {
+		s.life.Unlock()
+		return
+	}
+	s.life.Unlock()
+	close(s.done)
+	s.wg.Wait()
+	ctx := context.Background()
+	if !s.br.isOpen() {
+		s.flush(ctx)
+		id := s.ident.Load()
+		s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+			return s.client.Do(ctx, s.client.B().Del().Key(id.alive).Build())
+		})
+	}
+	s.client.Close()
+}
