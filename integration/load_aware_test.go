@@ -137,3 +137,34 @@ func TestLoadAwareAvoidsAReplicaWhoseMetricsSayItIsQueued(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadAwareRetriesOnTheFallbackEndpoint(t *testing.T) {
+	startCaddy(t, globals+`
+:9630 {
+	custom_router la-retry
+	reverse_proxy {
+		dynamic custom_router la-retry
+		lb_retries 1
+		lb_policy load_aware {
+			pool la-retry
+			max_num_endpoints 2
+			fail_duration 1m
+		}
+	}
+}
+`+sims(9631))
+	url := "http://127.0.0.1:9630"
+	// 9639 refuses connections; picks are random among equal scores, so
+	// some first picks hit it and must be retried on the fallback.
+	setBackends(t, url, "http://127.0.0.1:9639", "http://127.0.0.1:9631")
+	for i := 0; i < 8; i++ {
+		if o := complete(url); o.status != 200 || o.replica != "sim-9631" {
+			t.Fatalf("request %d: %+v", i, o)
+		}
+	}
+	h := getHealth(t, url)
+	if h.Backends[0].Failures > 1 || (h.Backends[0].Failures == 1 && !h.Backends[0].Down) {
+		t.Fatalf("dead replica %+v: at most one failure, then down", h.Backends[0])
+	}
+	drained(t, url)
+}
