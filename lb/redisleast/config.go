@@ -155,7 +155,11 @@ func (c Config) clientOption() (rueidis.ClientOption, error) {
 		TLSConfig:    tc,
 		Dialer:       net.Dialer{Timeout: c.DialTimeout, KeepAlive: 30 * time.Second},
 		DisableRetry: true,
-		DisableCache: true, // no client-side caching: every read must be the global truth
+		// One auto-pipelined connection: Redis runs scripts on one thread
+		// anyway, a release then never overtakes its select, and after a
+		// Redis restart only one stale connection has to fail.
+		PipelineMultiplex: -1,
+		DisableCache:      true, // no client-side caching: every read must be the global truth
 		// Connection-level deadline (also for rueidis's keep-alive PINGs):
 		// generous, since each call carries its own ReadTimeout context.
 		ConnWriteTimeout: max(4*c.ReadTimeout, time.Second),

@@ -2,9 +2,11 @@ package redisleast
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/rueidis"
 	"github.com/sluice-router/sluice/lb"
@@ -35,14 +37,17 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 	if s.closed.Load() || s.br.isOpen() {
 		return s.fallback(candidates)
 	}
-	for attempt := 0; ; attempt++ {
+	// One deadline for the whole call: a retry never extends the wait.
+	deadline := time.Now().Add(s.cfg.ReadTimeout)
+	resynced, retried := false, false
+	for {
 		ident := s.ident.Load()
 		req := strconv.FormatUint(s.seq.Add(1), 36)
 		args := make([]string, 0, 5+len(candidates))
 		args = append(args, strconv.Itoa(s.cfg.MaxInflight), strconv.FormatInt(s.cfg.LeaseTTL.Milliseconds(), 10),
 			req, ident.id, strconv.Itoa(rand.IntN(len(candidates))))
 		args = append(args, candidates...)
-		res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		res := s.callUntil(ctx, deadline, func(ctx context.Context) rueidis.RedisResult {
 			return selectScript.Exec(ctx, s.client, []string{s.k.load, ident.alive, ident.inst, s.k.insts}, args)
 		})
 		arr, err := res.ToArray()
@@ -51,11 +56,18 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 		}
 		if err != nil {
 			if transportErr(err) {
-				// It may have run: release it when Redis answers again.
-				s.queueRelease(ident, req)
+				// It may have run, or may still run: release it (or
+				// bar it) when Redis answers again.
+				s.queueRelease(ident, "?"+req)
 			}
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			// A connection broken by a Redis restart fails once (EOF)
+			// and is redialled: try again within the same deadline.
+			if !retried && transportErr(err) && !errors.Is(err, context.DeadlineExceeded) && !s.br.isOpen() {
+				retried = true
+				continue
 			}
 			return s.fallback(candidates)
 		}
@@ -69,11 +81,15 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 		case 2:
 			s.c.shed.Add(1)
 			return nil, ErrSaturated
+		case 0:
+		default: // 3 (barred) cannot happen for a fresh request id
+			return s.fallback(candidates)
 		}
 		// No candidate is a member: Redis may have restarted empty.
-		if attempt > 0 || !s.resync(ctx) {
+		if resynced || !s.resync(ctx) {
 			return nil, ErrNoCandidates
 		}
+		resynced = true
 	}
 }
 

@@ -8,7 +8,8 @@ import (
 )
 
 // loop runs every LeaseTTL/3 while the breaker is closed: renew this
-// instance's liveness key, send pending releases, reap dead instances.
+// instance's liveness key, send pending releases, reap dead instances and
+// refresh the global counts the metrics report.
 //
 // Reclaim bound: an instance that dies renewed its key at most LeaseTTL/3
 // before; the key expires LeaseTTL after that renewal, and some live
@@ -33,6 +34,7 @@ func (s *Store) loop() {
 		}
 		s.flush(ctx)
 		s.reap(ctx)
+		_, _ = s.Counts(ctx)
 	}
 }
 
@@ -120,4 +122,3 @@ func (s *Store) startProbe() {
 		}
 	}()
 }
-

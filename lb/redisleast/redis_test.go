@@ -204,8 +204,11 @@ func drained(t testing.TB, s *Store, c rueidis.Client) bool {
 	}
 	keys, _ := c.Do(ctx, c.B().Keys().Pattern(s.k.tag+":inst:*").Build()).AsStrSlice()
 	for _, k := range keys {
-		if n, _ := c.Do(ctx, c.B().Hlen().Key(k).Build()).AsInt64(); n != 0 {
-			return false
+		vals, _ := c.Do(ctx, c.B().Hvals().Key(k).Build()).AsStrSlice()
+		for _, v := range vals {
+			if v != "" { // "" is a tombstone, not a request
+				return false
+			}
 		}
 	}
 	return true

@@ -31,9 +31,12 @@ end
 // ARGV: maxInflight (0 = none), leaseTTL ms, request id, instance id, offset, candidates...
 // Reply: {1, replica} selected; {0, ""} no candidate is a member;
 // {2, replica} saturated (least-loaded candidate is at maxInflight).
-// Idempotent: a request id already recorded returns its replica unchanged.
+// Idempotent: a request id already recorded returns its replica unchanged;
+// one the release script marked as never-to-run (empty value, see below)
+// returns {3, ""} and changes nothing.
 var selectScript = rueidis.NewLuaScript(`
 local prev = redis.call('HGET', KEYS[3], ARGV[3])
+if prev == '' then return {3, ''} end
 if prev then return {1, prev} end
 local maxIn = tonumber(ARGV[1])
 local n = #ARGV - 5
@@ -63,17 +66,27 @@ return {1, best}
 // reclaimed by a reaper, or lost with a Redis restart) change nothing, so a
 // repeated release is a no-op and counts never go negative.
 //
+// An id prefixed with "?" is a select whose reply was lost (timeout): it
+// may have run, or may still be on its way over another connection. If it
+// has no record, the release leaves an empty-valued record (a tombstone) so
+// that the late select, when it arrives, does nothing. Tombstones are only
+// written for lost selects (outages) and go with the instance's hash.
+//
 // KEYS: load, gone, inst:<id>
 // ARGV: request ids...
 // Reply: how many records existed.
 var releaseScript = rueidis.NewLuaScript(decr + `
 local n = 0
 for i = 1, #ARGV do
-  local rep = redis.call('HGET', KEYS[3], ARGV[i])
-  if rep then
-    redis.call('HDEL', KEYS[3], ARGV[i])
+  local id, lost = ARGV[i], false
+  if string.sub(id, 1, 1) == '?' then id, lost = string.sub(id, 2), true end
+  local rep = redis.call('HGET', KEYS[3], id)
+  if rep and rep ~= '' then
+    redis.call('HDEL', KEYS[3], id)
     decr(KEYS[1], KEYS[2], rep)
     n = n + 1
+  elseif lost and not rep then
+    redis.call('HSET', KEYS[3], id, '')
   end
 end
 return n
@@ -90,10 +103,16 @@ return n
 var reapScript = rueidis.NewLuaScript(decr + `
 if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
 local reps = redis.call('HVALS', KEYS[4])
-for _, rep in ipairs(reps) do decr(KEYS[1], KEYS[2], rep) end
+local n = 0
+for _, rep in ipairs(reps) do
+  if rep ~= '' then
+    decr(KEYS[1], KEYS[2], rep)
+    n = n + 1
+  end
+end
 redis.call('DEL', KEYS[4])
 redis.call('SREM', KEYS[5], ARGV[1])
-return #reps
+return n
 `)
 
 // syncScript makes ARGV the member set. Staying members keep their counts;

@@ -99,7 +99,13 @@ func (s *Store) Pool() string { return s.pool }
 
 // call bounds one Redis call by ReadTimeout, times it and feeds the breaker.
 func (s *Store) call(ctx context.Context, fn func(context.Context) rueidis.RedisResult) rueidis.RedisResult {
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
+	return s.callUntil(ctx, time.Now().Add(s.cfg.ReadTimeout), fn)
+}
+
+// callUntil is call with an explicit deadline, for several tries sharing
+// one ReadTimeout.
+func (s *Store) callUntil(ctx context.Context, deadline time.Time, fn func(context.Context) rueidis.RedisResult) rueidis.RedisResult {
+	cctx, cancel := context.WithDeadline(ctx, deadline)
 	start := time.Now()
 	res := fn(cctx)
 	s.c.observe(time.Since(start))

@@ -79,6 +79,21 @@ func TestSelectPicksLeastAndReleaseIsExactlyOnce(t *testing.T) {
 	}
 	wantCounts(t, s, map[string]int64{"a": 1, "b": 1, "c": 1})
 
+	// A select whose reply was lost is released as "?id" before it runs
+	// (it travels on another connection): the late select is barred.
+	if _, err := releaseScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone, a2.ident.inst}, []string{"?late"}).AsInt64(); err != nil {
+		t.Fatal(err)
+	}
+	arr, err = selectScript.Exec(ctx, s.client, []string{s.k.load, a2.ident.alive, a2.ident.inst, s.k.insts},
+		[]string{"0", "1000", "late", a2.ident.id, "0", "b"}).ToArray()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := arr[0].AsInt64(); code != 3 {
+		t.Fatalf("late select after its release: code %d, want 3 (barred)", code)
+	}
+	wantCounts(t, s, map[string]int64{"a": 1, "b": 1, "c": 1})
+
 	for _, l := range []*Lease{a2, b1, c1} {
 		l.Release(ok)
 	}

@@ -1,0 +1,49 @@
+package redisleast
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigValidateNamesTheField(t *testing.T) {
+	base := Config{Addrs: []string{"127.0.0.1:6379"}}.WithDefaults()
+	if err := base.Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	if base.LeaseTTL != 10*time.Second || base.ReadTimeout != 250*time.Millisecond || base.InstanceID == "" {
+		t.Fatalf("defaults not filled: %+v", base)
+	}
+	for field, mut := range map[string]func(*Config){
+		"addrs":            func(c *Config) { c.Addrs = nil },
+		"addrs:":           func(c *Config) { c.Addrs = []string{"no-port"} },
+		"db":               func(c *Config) { c.DB = -1 },
+		"ca_file":          func(c *Config) { c.CAFile = "/x.pem" },
+		"max_inflight":     func(c *Config) { c.MaxInflight = -1 },
+		"lease_ttl":        func(c *Config) { c.LeaseTTL = time.Millisecond },
+		"breaker_failures": func(c *Config) { c.BreakerFailures = -1 },
+		"queue_timeout":    func(c *Config) { c.QueueTimeout = time.Second },
+		"read_timeout":     func(c *Config) { c.ReadTimeout = -time.Second },
+	} {
+		c := base
+		mut(&c)
+		err := c.Validate()
+		if err == nil || !strings.HasPrefix(err.Error(), strings.TrimSuffix(field, ":")) {
+			t.Errorf("%s: err = %v, want one naming the field", field, err)
+		}
+	}
+	c := base
+	c.TLS, c.CAFile = true, "/nonexistent/ca.pem"
+	if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "ca_file") {
+		t.Errorf("missing CA file: err = %v", err)
+	}
+}
+
+func TestKeysShareOneHashTag(t *testing.T) {
+	k := newKeys("prod", "llama")
+	for _, key := range []string{k.load, k.gone, k.insts, k.alive("i1"), k.inst("i1")} {
+		if !strings.HasPrefix(key, "{sluice:prod:llama}:") {
+			t.Errorf("%q lacks the pool's hash tag", key)
+		}
+	}
+}
