@@ -385,6 +385,14 @@ func goldenValidateSluice(t *testing.T, cfgJSON []byte, provision bool) error {
 			if err := p.Validate(); err != nil {
 				return err
 			}
+		case o["policy"] == "global_redis_least":
+			var p GlobalRedisLeast
+			if err := goldenStrictUnmarshal(raw, &p, "policy"); err != nil {
+				return err
+			}
+			if err := p.Validate(); err != nil {
+				return err
+			}
 		case o["policy"] == "load_aware":
 			var p LoadAware
 			if err := goldenStrictUnmarshal(raw, &p, "policy"); err != nil {
@@ -545,6 +553,10 @@ func goldenLoadAware(opts string) string {
 	return goldenSite("reverse_proxy 127.0.0.1:9001 {\n\tlb_policy load_aware {\n" + opts + "\n\t}\n}")
 }
 
+func goldenRedis(opts string) string {
+	return goldenSite("reverse_proxy 127.0.0.1:9001 {\n\tlb_policy global_redis_least {\n" + opts + "\n\t}\n}")
+}
+
 func goldenCustomRouter(block string) string {
 	return goldenSite("custom_router {\n" + block + "\n}\nreverse_proxy {\n\tdynamic custom_router golden-err\n}")
 }
@@ -563,6 +575,15 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"qll/unknown option", goldenQLL("bogus_option 1"), []string{"queued_least_latency", "bogus_option"}},
 		{"cache_aware/unknown option", goldenCacheAware("bogus 1"), []string{"cache_aware", "bogus"}},
 		{"load_aware/unknown option", goldenLoadAware("bogus 1"), []string{"load_aware", "bogus"}},
+		{"global_redis_least/unknown option", goldenRedis("bogus 1"), []string{"global_redis_least", "bogus"}},
+		{"global_redis_least/no address", goldenRedis("redis"), []string{"redis"}},
+		{"global_redis_least/db -1", goldenRedis("db -1"), []string{"db"}},
+		{"global_redis_least/tls maybe", goldenRedis("tls maybe"), []string{"tls"}},
+		{"global_redis_least/max_inflight x", goldenRedis("max_inflight lots"), []string{"max_inflight"}},
+		{"global_redis_least/lease_ttl soon", goldenRedis("lease_ttl soon"), []string{"lease_ttl"}},
+		{"global_redis_least/breaker_failures 0", goldenRedis("breaker_failures 0"), []string{"breaker_failures"}},
+		{"global_redis_least/two values", goldenRedis("key_prefix a b"), []string{"key_prefix"}},
+		{"global_redis_least/missing ca_file", goldenRedis("tls on\nca_file /nonexistent/ca.pem"), []string{"ca_file"}},
 		{"load_aware/unknown scorer", goldenLoadAware("scorer prefix_magic"), []string{"prefix_magic"}},
 		{"load_aware/bad weight", goldenLoadAware("scorer queue heavy"), []string{"queue", "heavy"}},
 		{"load_aware/negative weight", goldenLoadAware("scorer queue -1"), []string{"queue"}},

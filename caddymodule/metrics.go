@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-router/sluice/lb/cacheaware"
 	"github.com/sluice-router/sluice/lb/modelmetrics"
 	"github.com/sluice-router/sluice/lb/qll"
+	"github.com/sluice-router/sluice/lb/redisleast"
 )
 
 // One collector per process reads every live pool state at scrape time.
@@ -22,7 +23,8 @@ var (
 	qllCollector        = qll.NewCollector(qllStatesByPool)
 	cacheAwareCollector = cacheaware.NewCollector(cacheAwareRouters)
 	scraperCollector    = modelmetrics.NewCollector(loadAwareScrapers)
-	sluiceCollectors    = []prometheus.Collector{qllCollector, cacheAwareCollector, scraperCollector}
+	redisCollector      = redisleast.NewCollector(redisStoresByPool)
+	sluiceCollectors    = []prometheus.Collector{qllCollector, cacheAwareCollector, scraperCollector, redisCollector}
 	sluiceMetrics       = func() *prometheus.Registry {
 		r := prometheus.NewRegistry()
 		r.MustRegister(sluiceCollectors...)

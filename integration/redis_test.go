@@ -1,0 +1,163 @@
+package integration
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/caddymodule"
+)
+
+var (
+	redisOnce sync.Once
+	redisAddr string
+	redisErr  string
+)
+
+// testRedis returns the address of a real Redis: SLUICE_TEST_REDIS_ADDR
+// (scripts/test.sh and CI start one), else a private redis-server started
+// for this test binary (stopped by the OS when the binary exits: it runs
+// with --daemonize no as our child). In CI, no Redis is a failure.
+func testRedis(t testing.TB) string {
+	redisOnce.Do(func() {
+		if a := os.Getenv("SLUICE_TEST_REDIS_ADDR"); a != "" {
+			redisAddr = a
+			return
+		}
+		bin, err := exec.LookPath("redis-server")
+		if err != nil {
+			redisErr = "no SLUICE_TEST_REDIS_ADDR and no redis-server on PATH (run bash scripts/test.sh)"
+			return
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			redisErr = err.Error()
+			return
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+		if err := cmd.Start(); err != nil {
+			redisErr = err.Error()
+			return
+		}
+		redisAddr = fmt.Sprintf("127.0.0.1:%d", port)
+		for i := 0; i < 100; i++ {
+			if c, err := net.Dial("tcp", redisAddr); err == nil {
+				c.Close()
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		redisErr = "redis-server did not start"
+	})
+	if redisAddr == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Redis is required in CI: %s", redisErr)
+		}
+		t.Skipf("Redis unavailable: %s", redisErr)
+	}
+	return redisAddr
+}
+
+// Two Sluice "instances" (two sites, each its own store and identity in
+// Redis, no shared process state for the counts) in front of one pool of
+// one-at-a-time replicas: the global view spreads a concurrent burst
+// exactly, where each instance alone would see only half of the load.
+func TestTwoInstancesShareOneGlobalLeastRequestView(t *testing.T) {
+	addr := testRedis(t)
+	prefix := fmt.Sprintf("itest-%d", time.Now().UnixNano()%1e9) // both instances share it
+	policy := func(instance string) string {
+		return fmt.Sprintf("lb_policy global_redis_least {\n\t\t\tpool grl\n\t\t\tredis %s\n\t\t\tkey_prefix %s\n\t\t\tinstance_id %s\n\t\t}", addr, prefix, instance)
+	}
+	var sites strings.Builder
+	for p := 9911; p <= 9914; p++ {
+		fmt.Fprintf(&sites, "\n:%d {\n\tbind 127.0.0.1\n\tinference_sim {\n\t\tname grl-%d\n\t\tconcurrency 1\n\t\tlatency fixed 1s\n\t}\n}\n", p, p)
+	}
+	startCaddy(t, globals+fmt.Sprintf(`
+:9901 {
+	custom_router grl
+	reverse_proxy {
+		dynamic custom_router grl
+		%s
+	}
+}
+:9902 {
+	reverse_proxy {
+		dynamic custom_router grl
+		%s
+	}
+}
+`, policy("a"), policy("b"))+sites.String())
+	setBackends(t, "http://127.0.0.1:9901", "http://127.0.0.1:9911", "http://127.0.0.1:9912", "http://127.0.0.1:9913", "http://127.0.0.1:9914")
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	for i := 0; i < 8; i++ {
+		url := []string{"http://127.0.0.1:9901", "http://127.0.0.1:9902"}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := complete(url)
+			mu.Lock()
+			statuses[o.status]++
+			mu.Unlock()
+		}()
+		time.Sleep(20 * time.Millisecond) // all 8 in flight long before the first ends (1 s)
+	}
+	wg.Wait()
+	if statuses[200] != 8 {
+		t.Fatalf("statuses %v", statuses)
+	}
+	for p := 9911; p <= 9914; p++ {
+		st := caddymodule.InferenceSimReplica(fmt.Sprintf("grl-%d", p)).Stats()
+		if st.Requests != 2 || st.MaxWaiting > 1 {
+			t.Fatalf("replica %d got %d requests (max waiting %d): the global view must spread 8 over 4 as 2 each", p, st.Requests, st.MaxWaiting)
+		}
+	}
+	eventually(t, "global counts back to 0", func() bool {
+		m := metricsText(t, "http://127.0.0.1:9901")
+		return strings.Contains(m, `sluice_redis_inflight{addr="127.0.0.1:9911",pool="grl"} 0`) &&
+			!strings.Contains(m, `sluice_redis_inflight{addr="127.0.0.1:9912",pool="grl"} 1`)
+	})
+}
+
+func TestSaturatedPoolIsShedWith503(t *testing.T) {
+	addr := testRedis(t)
+	startCaddy(t, globals+fmt.Sprintf(`
+:9920 {
+	custom_router grl-shed
+	reverse_proxy {
+		dynamic custom_router grl-shed
+		lb_policy global_redis_least {
+			pool grl-shed
+			redis %s
+			key_prefix shed-%d
+			max_inflight 1
+		}
+	}
+}
+`, addr, time.Now().UnixNano()%1e9)+strings.ReplaceAll(sims(9921, 9922), "150ms", "1s"))
+	url := "http://127.0.0.1:9920"
+	setBackends(t, url, "http://127.0.0.1:9921", "http://127.0.0.1:9922")
+	ok, shed := 0, 0
+	for o := range burst(url, 5) {
+		switch {
+		case o.status == 200:
+			ok++
+		case o.status == 503 && o.errType == "pool_saturated" && o.retryAfter != "":
+			shed++
+		default:
+			t.Fatalf("unexpected %+v", o)
+		}
+	}
+	if ok != 2 || shed != 3 {
+		t.Fatalf("ok %d shed %d: max_inflight 1 over 2 replicas serves 2 and sheds the rest at once", ok, shed)
+	}
+}
