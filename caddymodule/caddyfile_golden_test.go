@@ -409,6 +409,14 @@ func goldenValidateSluice(t *testing.T, cfgJSON []byte, provision bool) error {
 			if err := p.Validate(); err != nil {
 				return err
 			}
+		case o["handler"] == "flow_control":
+			var h FlowControl
+			if err := goldenStrictUnmarshal(raw, &h, "handler"); err != nil {
+				return err
+			}
+			if err := h.Validate(); err != nil {
+				return err
+			}
 		case o["handler"] == "inference_sim":
 			var s InferenceSim
 			if err := goldenStrictUnmarshal(raw, &s, "handler"); err != nil {
@@ -557,6 +565,10 @@ func goldenRedis(opts string) string {
 	return goldenSite("reverse_proxy 127.0.0.1:9001 {\n\tlb_policy global_redis_least {\n" + opts + "\n\t}\n}")
 }
 
+func goldenFlow(opts string) string {
+	return goldenSite("flow_control {\n" + opts + "\n}\nreverse_proxy 127.0.0.1:9001")
+}
+
 func goldenCustomRouter(block string) string {
 	return goldenSite("custom_router {\n" + block + "\n}\nreverse_proxy {\n\tdynamic custom_router golden-err\n}")
 }
@@ -576,6 +588,20 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"cache_aware/unknown option", goldenCacheAware("bogus 1"), []string{"cache_aware", "bogus"}},
 		{"load_aware/unknown option", goldenLoadAware("bogus 1"), []string{"load_aware", "bogus"}},
 		{"global_redis_least/unknown option", goldenRedis("bogus 1"), []string{"global_redis_least", "bogus"}},
+		{"flow_control/unknown option", goldenFlow("bogus 1"), []string{"flow_control", "bogus"}},
+		{"flow_control/bad cidr", goldenFlow("trusted_sources 10.0.0.0/33"), []string{"trusted_sources"}},
+		{"flow_control/objective arity", goldenFlow("objective premium"), []string{"objective"}},
+		{"flow_control/objective priority", goldenFlow("objective premium high"), []string{"premium"}},
+		{"flow_control/max_bytes", goldenFlow("max_bytes 10Qi"), []string{"max_bytes"}},
+		{"flow_control/band priority", goldenFlow("band high {\n}"), []string{"band"}},
+		{"flow_control/band unknown option", goldenFlow("band 5 {\n\tcolour red\n}"), []string{"band 5", "colour"}},
+		{"flow_control/band fairness", goldenFlow("band 5 {\n\tfairness lottery\n}"), []string{"fairness"}},
+		{"flow_control/band ordering", goldenFlow("band 5 {\n\tordering random\n}"), []string{"ordering"}},
+		{"flow_control/band max_bytes", goldenFlow("band 5 {\n\tmax_bytes -1\n}"), []string{"max_bytes"}},
+		{"flow_control/detector", goldenFlow("detector magic"), []string{"detector"}},
+		{"flow_control/headroom", goldenFlow("headroom 2"), []string{"headroom"}},
+		{"flow_control/kv_cache_threshold", goldenFlow("kv_cache_threshold 1.5"), []string{"kv_cache_threshold"}},
+		{"flow_control/concurrency_mode", goldenFlow("concurrency_mode bytes"), []string{"concurrency_mode"}},
 		{"global_redis_least/no address", goldenRedis("redis"), []string{"redis"}},
 		{"global_redis_least/db -1", goldenRedis("db -1"), []string{"db"}},
 		{"global_redis_least/tls maybe", goldenRedis("tls maybe"), []string{"tls"}},

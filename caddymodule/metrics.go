@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/sluice-router/sluice/flow"
 	"github.com/sluice-router/sluice/lb/cacheaware"
 	"github.com/sluice-router/sluice/lb/modelmetrics"
 	"github.com/sluice-router/sluice/lb/qll"
@@ -24,7 +25,8 @@ var (
 	cacheAwareCollector = cacheaware.NewCollector(cacheAwareRouters)
 	scraperCollector    = modelmetrics.NewCollector(loadAwareScrapers)
 	redisCollector      = redisleast.NewCollector(redisStoresByPool)
-	sluiceCollectors    = []prometheus.Collector{qllCollector, cacheAwareCollector, scraperCollector, redisCollector}
+	flowCollector       = flow.NewCollector(flowControllers)
+	sluiceCollectors    = []prometheus.Collector{qllCollector, cacheAwareCollector, scraperCollector, redisCollector, flowCollector}
 	sluiceMetrics       = func() *prometheus.Registry {
 		r := prometheus.NewRegistry()
 		r.MustRegister(sluiceCollectors...)

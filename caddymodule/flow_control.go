@@ -1,0 +1,545 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sluice-router/sluice/flow"
+	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/modelmetrics"
+)
+
+func init() {
+	caddy.RegisterModule(FlowControl{})
+	httpcaddyfile.RegisterHandlerDirective("flow_control", parseFlowControlCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("flow_control", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// The request headers flow control reads (the Gateway API Inference
+// Extension's names). They are honoured only from trusted sources.
+const (
+	headerFairnessID = "X-Gateway-Inference-Fairness-Id"
+	headerObjective  = "X-Gateway-Inference-Objective"
+	headerSLOTTFT    = "X-Slo-Ttft-Ms"
+)
+
+// FlowControl holds requests at the edge while the pool is saturated and
+// releases them by priority band, then tenant fairness, then order, so
+// the replica is chosen at the last moment. When the pool has capacity,
+// requests pass straight through.
+type FlowControl struct {
+	// Pool whose replicas the detector watches (default "default").
+	Pool string `json:"pool,omitempty"`
+	// TrustedSources are client IP ranges (CIDR) whose fairness,
+	// objective and SLO headers are honoured; from anyone else they are
+	// removed before proxying and ignored. Empty: trust nobody.
+	TrustedSources []string `json:"trusted_sources,omitempty"`
+	// Objectives maps x-gateway-inference-objective values to priorities.
+	Objectives map[string]int `json:"objectives,omitempty"`
+	// Global limits on what is queued, and the default TTL in the queue.
+	MaxRequests int64          `json:"max_requests,omitempty"`
+	MaxBytes    string         `json:"max_bytes,omitempty"` // quantity: 10Gi, 1k, 512Mi or an integer
+	DefaultTTL  caddy.Duration `json:"default_ttl,omitempty"`
+	// Bands configure priority levels; unconfigured priorities get defaults.
+	Bands []FlowBand `json:"bands,omitempty"`
+	// Detector: "concurrency" (default here: needs no replica metrics) or
+	// "utilization" (scrapes the replicas' metrics).
+	Detector            string         `json:"detector,omitempty"`
+	MaxConcurrency      int64          `json:"max_concurrency,omitempty"` // per replica
+	ConcurrencyMode     string         `json:"concurrency_mode,omitempty"`
+	MaxTokenConcurrency int64          `json:"max_token_concurrency,omitempty"`
+	Headroom            float64        `json:"headroom,omitempty"`
+	QueueDepthThreshold float64        `json:"queue_depth_threshold,omitempty"`
+	KVCacheThreshold    float64        `json:"kv_cache_threshold,omitempty"`
+	MetricsStaleness    caddy.Duration `json:"metrics_staleness,omitempty"`
+	MetricsInterval     caddy.Duration `json:"metrics_interval,omitempty"`
+	// Bytes of body read to estimate tokens (tokens mode; default 4 MiB).
+	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
+
+	trusted []netip.Prefix
+	state   *flowState
+	name    string
+	log     *zap.Logger
+}
+
+// FlowBand is one priority band.
+type FlowBand struct {
+	Priority    int            `json:"priority"`
+	Name        string         `json:"name,omitempty"`
+	MaxRequests int64          `json:"max_requests,omitempty"`
+	MaxBytes    string         `json:"max_bytes,omitempty"`
+	Fairness    string         `json:"fairness,omitempty"`
+	Ordering    string         `json:"ordering,omitempty"`
+	TTL         caddy.Duration `json:"ttl,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (FlowControl) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.flow_control",
+		New: func() caddy.Module { return new(FlowControl) },
+	}
+}
+
+func (h *FlowControl) flowConfig() (flow.Config, error) {
+	cfg := flow.Config{
+		MaxRequests: h.MaxRequests,
+		DefaultTTL:  time.Duration(h.DefaultTTL),
+		Objectives:  flow.Objectives(h.Objectives),
+		Detector: flow.DetectorConfig{
+			Type: h.Detector, MaxConcurrency: h.MaxConcurrency, ConcurrencyMode: h.ConcurrencyMode,
+			MaxTokenConcurrency: h.MaxTokenConcurrency, Headroom: h.Headroom,
+			QueueDepthThreshold: h.QueueDepthThreshold, KVCacheThreshold: h.KVCacheThreshold,
+			MetricsStaleness: time.Duration(h.MetricsStaleness),
+		},
+	}
+	if cfg.Detector.Type == "" {
+		cfg.Detector.Type = flow.DetectorConcurrency
+	}
+	if h.MaxBytes != "" {
+		n, err := flow.ParseQuantity(h.MaxBytes)
+		if err != nil {
+			return cfg, fmt.Errorf("max_bytes: %v", err)
+		}
+		cfg.MaxBytes = n
+	}
+	for i, b := range h.Bands {
+		bc := flow.BandConfig{Priority: b.Priority, Name: b.Name, MaxRequests: b.MaxRequests,
+			Fairness: b.Fairness, Ordering: b.Ordering, TTL: time.Duration(b.TTL)}
+		if bc.Fairness == "" {
+			bc.Fairness = "round_robin" // a noisy tenant must not starve the others
+		}
+		if b.MaxBytes != "" {
+			n, err := flow.ParseQuantity(b.MaxBytes)
+			if err != nil {
+				return cfg, fmt.Errorf("bands[%d].max_bytes: %v", i, err)
+			}
+			bc.MaxBytes = n
+		}
+		cfg.Bands = append(cfg.Bands, bc)
+	}
+	return cfg, cfg.WithDefaults().Validate()
+}
+
+// Validate implements caddy.Validator.
+func (h *FlowControl) Validate() error {
+	if err := validatePoolName(poolName(h.Pool)); err != nil {
+		return fmt.Errorf("flow_control: %v", err)
+	}
+	if _, err := h.flowConfig(); err != nil {
+		return fmt.Errorf("flow_control: %v", err)
+	}
+	for _, s := range h.TrustedSources {
+		if _, err := parsePrefix(s); err != nil {
+			return fmt.Errorf("flow_control: trusted_sources: %v", err)
+		}
+	}
+	if h.MaxBodyBytes < 0 || h.MetricsInterval < 0 {
+		return fmt.Errorf("flow_control: max_body_bytes and metrics_interval must be positive")
+	}
+	return nil
+}
+
+func parsePrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		return netip.ParsePrefix(s)
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// Provision implements caddy.Provisioner. The controller belongs to the
+// pool and survives reloads; a reload reconfigures it in place, keeping
+// every queued request (with its original deadline).
+func (h *FlowControl) Provision(ctx caddy.Context) error {
+	h.log = ctx.Logger()
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	for _, s := range h.TrustedSources {
+		p, _ := parsePrefix(s)
+		h.trusted = append(h.trusted, p.Masked())
+	}
+	if h.MaxBodyBytes == 0 {
+		h.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	h.name = poolName(h.Pool)
+	restorePool(h.name, h.log)
+	cfg, _ := h.flowConfig()
+	val, _, err := flowStates.LoadOrNew(h.name, func() (caddy.Destructor, error) {
+		return newFlowState(h.name, time.Duration(h.MetricsInterval))
+	})
+	if err != nil {
+		return err
+	}
+	h.state = val.(*flowState)
+	if err := h.state.configure(cfg); err != nil {
+		return fmt.Errorf("flow_control: %v", err)
+	}
+	registerMetrics(ctx, h.log)
+	return nil
+}
+
+// Cleanup implements caddy.CleanerUpper.
+func (h *FlowControl) Cleanup() error {
+	_, err := flowStates.Delete(h.name)
+	return err
+}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler.
+func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	req := flow.Request{}
+	if h.isTrusted(r) {
+		req.FlowID = r.Header.Get(headerFairnessID)
+		req.Priority = h.state.config().Objectives.Priority(r.Header.Get(headerObjective))
+		if ms, err := strconv.ParseFloat(r.Header.Get(headerSLOTTFT), 64); err == nil && ms > 0 {
+			req.SLOTTFT = time.Duration(ms * float64(time.Millisecond))
+		}
+	} else {
+		// Untrusted: a client must not assert its own tenant or priority,
+		// nor pass these headers on to the model servers.
+		r.Header.Del(headerFairnessID)
+		r.Header.Del(headerObjective)
+		r.Header.Del(headerSLOTTFT)
+	}
+	req.Bytes = r.ContentLength
+	if cfg := h.state.config(); cfg.Detector.ConcurrencyMode == flow.ModeTokens || req.Bytes < 0 {
+		ri := requestInfoFor(r, h.MaxBodyBytes)
+		req.Model = ri.Model
+		if req.Bytes < 0 {
+			req.Bytes = int64(len(ri.Text)) // bounded estimate when no Content-Length
+		}
+		req.Tokens = int64(len(ri.Text)/4 + ri.MaxTokens + 1)
+	}
+	ticket, err := h.state.ctl().Enqueue(r.Context(), req)
+	if err != nil {
+		var rf refusal
+		switch err {
+		case flow.ErrCapacity:
+			rf = refusal{http.StatusTooManyRequests, "flow_capacity", "the queue for this priority is full", time.Second}
+		case flow.ErrTTL:
+			rf = refusal{http.StatusServiceUnavailable, "queue_ttl", "the pool stayed saturated for the request's whole time in the queue", time.Second}
+		case flow.ErrShutdown:
+			rf = refusal{http.StatusInternalServerError, "shutdown", "flow control is shutting down", 0}
+		default:
+			return nil // the client left while queued
+		}
+		caddyhttp.SetVar(r.Context(), refusedVar, rf.Type)
+		rf.write(w)
+		return nil
+	}
+	defer ticket.Release()
+	return next.ServeHTTP(w, r)
+}
+
+// isTrusted reports whether the request comes from a trusted source: the
+// client IP Caddy determined (honouring its trusted_proxies) in one of
+// TrustedSources.
+func (h *FlowControl) isTrusted(r *http.Request) bool {
+	if len(h.trusted) == 0 {
+		return false
+	}
+	ipStr, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
+	if ipStr == "" {
+		ipStr, _, _ = net.SplitHostPort(r.RemoteAddr)
+	}
+	ip, err := netip.ParseAddr(ipStr)
+	if err != nil {
+		return false
+	}
+	ip = ip.Unmap()
+	for _, p := range h.trusted {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+var flowStates = caddy.NewUsagePool()
+
+// flowState is one pool's controller, its detector inputs and a metrics
+// scraper (used by the utilization detector).
+type flowState struct {
+	mu       sync.Mutex
+	c        *flow.Controller
+	cfg      atomic.Pointer[flow.Config]
+	scraper  *modelmetrics.Scraper
+	replicas atomic.Pointer[[]string]
+	unwatch  func()
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
+	name     string
+}
+
+func newFlowState(name string, interval time.Duration) (*flowState, error) {
+	st := &flowState{name: name, scraper: modelmetrics.New(modelmetrics.Config{Interval: interval})}
+	empty := []string{}
+	st.replicas.Store(&empty)
+	ctx, cancel := context.WithCancel(context.Background())
+	st.stop = cancel
+	st.wg.Add(1)
+	go func() { defer st.wg.Done(); st.scraper.Run(ctx) }()
+	st.unwatch = lb.GetPool(name).Watch(func(set []lb.Backend, managed bool) {
+		addrs := lb.Dials(set)
+		targets := make(map[string]string, len(set))
+		for _, b := range set {
+			targets[b.Dial] = b.URL
+		}
+		st.replicas.Store(&addrs)
+		st.scraper.SetTargets(targets)
+		if c := st.ctl(); c != nil {
+			c.Kick() // capacity may have changed
+		}
+	})
+	return st, nil
+}
+
+func (st *flowState) ctl() *flow.Controller {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.c
+}
+
+func (st *flowState) config() flow.Config { return *st.cfg.Load() }
+
+// detector builds the saturation detector cfg asks for. The replica count
+// is the pool's backend set; a pool with no managed set counts as one
+// replica, so max_concurrency then bounds the whole pool.
+func (st *flowState) detector(cfg flow.Config) flow.SaturationDetector {
+	replicas := func() []string { return *st.replicas.Load() }
+	if cfg.Detector.Type == flow.DetectorUtilization {
+		return flow.NewUtilizationDetector(cfg.Detector, flow.ScraperLoads(st.scraper, replicas), nil)
+	}
+	return flow.NewConcurrencyDetector(cfg.Detector, func() int {
+		if n := len(replicas()); n > 0 {
+			return n
+		}
+		return 1
+	})
+}
+
+func (st *flowState) configure(cfg flow.Config) error {
+	cfg = cfg.WithDefaults()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.cfg.Store(&cfg)
+	if st.c == nil {
+		c, err := flow.New(cfg, st.detector(cfg))
+		if err != nil {
+			return err
+		}
+		c.SetObserver(flowCollector.Observer(st.name))
+		st.c = c
+		return nil
+	}
+	return st.c.Reconfigure(cfg, st.detector(cfg))
+}
+
+// Destruct implements caddy.Destructor: queued requests get 500 shutdown.
+func (st *flowState) Destruct() error {
+	st.unwatch()
+	if c := st.ctl(); c != nil {
+		c.Close()
+	}
+	st.stop()
+	st.wg.Wait()
+	return nil
+}
+
+func flowControllers() map[string]*flow.Controller {
+	out := map[string]*flow.Controller{}
+	flowStates.Range(func(k, v any) bool {
+		if c := v.(*flowState).ctl(); c != nil {
+			out[k.(string)] = c
+		}
+		return true
+	})
+	return out
+}
+
+func parseFlowControlCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	fc := new(FlowControl)
+	err := fc.UnmarshalCaddyfile(h.Dispenser)
+	return fc, err
+}
+
+// UnmarshalCaddyfile sets up the handler from:
+//
+//	flow_control [<pool>] {
+//	    pool                  <name>
+//	    trusted_sources       <cidr|ip>...
+//	    objective             <name> <priority>      # repeatable
+//	    max_requests          <n>
+//	    max_bytes             <quantity>             # 10Gi, 512Mi, 1k, 1000
+//	    default_ttl           <duration>
+//	    band <priority> {                            # repeatable
+//	        name         <name>
+//	        max_requests <n>
+//	        max_bytes    <quantity>
+//	        fairness     round_robin|global_strict
+//	        ordering     fcfs|edf|slo_deadline
+//	        ttl          <duration>
+//	    }
+//	    detector              concurrency|utilization
+//	    max_concurrency       <n per replica>
+//	    concurrency_mode      requests|tokens
+//	    max_token_concurrency <n per replica>
+//	    headroom              <0..1>
+//	    queue_depth_threshold <n>
+//	    kv_cache_threshold    <0..1>
+//	    metrics_staleness     <duration>
+//	    metrics_interval      <duration>
+//	    max_body_bytes        <bytes>
+//	}
+func (h *FlowControl) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		h.Pool = d.Val()
+		if d.NextArg() {
+			return d.Errf("flow_control: takes at most one argument, the pool name; got extra %q", d.Val())
+		}
+	}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		switch opt {
+		case "trusted_sources":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.Errf("flow_control: trusted_sources needs at least one CIDR or IP")
+			}
+			for _, a := range args {
+				if _, err := parsePrefix(a); err != nil {
+					return d.Errf("flow_control: trusted_sources: bad %q: %v", a, err)
+				}
+			}
+			h.TrustedSources = append(h.TrustedSources, args...)
+			continue
+		case "objective":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Errf("flow_control: objective takes a name and a priority")
+			}
+			p, err := strconv.Atoi(args[1])
+			if err != nil {
+				return d.Errf("flow_control: objective %s: bad priority %q", args[0], args[1])
+			}
+			if h.Objectives == nil {
+				h.Objectives = map[string]int{}
+			}
+			h.Objectives[args[0]] = p
+			continue
+		case "band":
+			args := d.RemainingArgs()
+			if len(args) != 1 {
+				return d.Errf("flow_control: band takes its priority, then a block")
+			}
+			p, err := strconv.Atoi(args[0])
+			if err != nil {
+				return d.Errf("flow_control: band: bad priority %q", args[0])
+			}
+			b := FlowBand{Priority: p}
+			for nest := d.Nesting(); d.NextBlock(nest); {
+				bopt := d.Val()
+				bargs := d.RemainingArgs()
+				if len(bargs) != 1 {
+					return d.Errf("flow_control: band %d: %s takes one value", p, bopt)
+				}
+				v := bargs[0]
+				var err error
+				switch bopt {
+				case "name":
+					b.Name = v
+				case "max_requests":
+					b.MaxRequests, err = strconv.ParseInt(v, 10, 64)
+				case "max_bytes":
+					_, err = flow.ParseQuantity(v)
+					b.MaxBytes = v
+				case "fairness":
+					b.Fairness = v
+				case "ordering":
+					b.Ordering = v
+				case "ttl":
+					b.TTL, err = parseSecondsOrDuration(v)
+				default:
+					return d.Errf("flow_control: band %d: unknown option %q", p, bopt)
+				}
+				if err != nil {
+					return d.Errf("flow_control: band %d: bad %s %q: %v", p, bopt, v, err)
+				}
+			}
+			h.Bands = append(h.Bands, b)
+			continue
+		}
+		args := d.RemainingArgs()
+		if len(args) != 1 {
+			return d.Errf("flow_control: %s takes one value", opt)
+		}
+		val := args[0]
+		var err error
+		switch opt {
+		case "pool":
+			h.Pool = val
+		case "max_requests":
+			h.MaxRequests, err = strconv.ParseInt(val, 10, 64)
+		case "max_bytes":
+			_, err = flow.ParseQuantity(val)
+			h.MaxBytes = val
+		case "default_ttl":
+			h.DefaultTTL, err = parseSecondsOrDuration(val)
+		case "detector":
+			h.Detector = val
+		case "max_concurrency":
+			h.MaxConcurrency, err = strconv.ParseInt(val, 10, 64)
+		case "concurrency_mode":
+			h.ConcurrencyMode = val
+		case "max_token_concurrency":
+			h.MaxTokenConcurrency, err = strconv.ParseInt(val, 10, 64)
+		case "headroom":
+			h.Headroom, err = parseUnitFloat(val)
+		case "queue_depth_threshold":
+			h.QueueDepthThreshold, err = strconv.ParseFloat(val, 64)
+		case "kv_cache_threshold":
+			h.KVCacheThreshold, err = parseUnitFloat(val)
+		case "metrics_staleness":
+			h.MetricsStaleness, err = parseSecondsOrDuration(val)
+		case "metrics_interval":
+			h.MetricsInterval, err = parseSecondsOrDuration(val)
+		case "max_body_bytes":
+			h.MaxBodyBytes, err = strconv.ParseInt(val, 10, 64)
+		default:
+			return d.Errf("flow_control: unknown option %q", opt)
+		}
+		if err != nil {
+			return d.Errf("flow_control: bad %s %q: %v", opt, val, err)
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*FlowControl)(nil)
+	_ caddy.Validator             = (*FlowControl)(nil)
+	_ caddy.CleanerUpper          = (*FlowControl)(nil)
+	_ caddyhttp.MiddlewareHandler = (*FlowControl)(nil)
+	_ caddyfile.Unmarshaler       = (*FlowControl)(nil)
+	_ caddy.Destructor            = (*flowState)(nil)
+)

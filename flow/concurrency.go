@@ -1,0 +1,55 @@
+package flow
+
+// ConcurrencyDetector is the seed's concurrency-detector: open-loop, from
+// the controller's own in-flight accounting. Capacity is MaxConcurrency
+// requests (or MaxTokenConcurrency tokens, in tokens mode) per replica, so
+//
+//	saturation = in-flight / (per-replica limit × replicas)
+//
+// and the gate closes when in-flight reaches the pool's aggregate limit.
+// It reacts at once to dispatches and releases but cannot see the replicas'
+// real memory pressure; it also counts only what this controller
+// dispatched, so with several Sluice instances each needs its share of
+// the capacity.
+type ConcurrencyDetector struct {
+	perReplica float64
+	tokens     bool
+	limit      float64 // per-replica limit with headroom, for filters
+	replicas   func() int
+}
+
+// NewConcurrencyDetector builds the detector from cfg (defaults applied).
+// replicas returns the current number of replicas; nil means the limits
+// are for the whole pool (one "replica"). With no replica the pool has no
+// capacity and is saturated.
+func NewConcurrencyDetector(cfg DetectorConfig, replicas func() int) *ConcurrencyDetector {
+	cfg = Config{Detector: cfg}.WithDefaults().Detector
+	d := &ConcurrencyDetector{perReplica: float64(cfg.MaxConcurrency), replicas: replicas}
+	if cfg.ConcurrencyMode == ModeTokens {
+		d.tokens, d.perReplica = true, float64(cfg.MaxTokenConcurrency)
+	}
+	d.limit = d.perReplica * (1 + cfg.Headroom)
+	return d
+}
+
+// Saturation implements SaturationDetector.
+func (d *ConcurrencyDetector) Saturation(in InFlight) float64 {
+	n := 1
+	if d.replicas != nil {
+		n = d.replicas()
+	}
+	if n <= 0 {
+		return 1
+	}
+	used := float64(in.Requests)
+	if d.tokens {
+		used = float64(in.Tokens)
+	}
+	return used / (d.perReplica * float64(n))
+}
+
+// ReplicaLimit is the most one replica should hold, in requests or tokens:
+// the per-replica limit × (1 + headroom). As in the seed, headroom lets a
+// per-replica filter burst above the target for affinity; it does not move
+// the pool gate.
+func (d *ConcurrencyDetector) ReplicaLimit() float64 { return d.limit }

@@ -1,0 +1,428 @@
+package flow
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluice-router/sluice/flow/policies"
+)
+
+// Controller is one pool's flow control: its bands and queues, in-flight
+// accounting and dispatch. It outlives config reloads (see Reconfigure).
+//
+// Dispatch is event-driven under the one mutex, as in lb/qll: every event
+// that can open the gate or add work (an enqueue, a release, a reload)
+// runs the dispatch loop before it unlocks, so no request waits for a
+// dispatcher goroutine to be scheduled and there is no second place where
+// state changes. The only goroutine is a poller that re-runs the loop every
+// PollInterval while requests wait, because the utilization detector's
+// signal changes without any event the controller sees.
+type Controller struct {
+	mu       sync.Mutex
+	cfg      Config
+	det      SaturationDetector
+	clock    Clock
+	bands    []*band // highest priority first
+	byPrio   map[int]*band
+	queued   int   // requests waiting, all bands
+	bytes    int64 // their bytes
+	inFlight InFlight
+	seq      uint64
+	closed   bool
+	counters Counters
+	observer Observer
+
+	stop   chan struct{} // closed by Close: ends the poller
+	polled chan struct{} // closed when the poller has returned
+}
+
+// band is one priority level: its flows, each a queue, and its totals.
+type band struct {
+	cfg      BandConfig
+	ordering policies.OrderingPolicy
+	fairness policies.FairnessPolicy
+	flows    map[string]*policies.Queue // only backlogged flows
+	queued   int
+	bytes    int64
+}
+
+// Counters are totals since the controller was created. Every request
+// counts once in Received and once in exactly one outcome, so Received is
+// the sum of the six outcome counters once nothing is queued.
+type Counters struct {
+	Received uint64
+
+	Dispatched              uint64
+	RejectedCapacity        uint64
+	RejectedOther           uint64 // arrived after Close
+	EvictedTTL              uint64
+	EvictedContextCancelled uint64 // includes requests whose ctx was done on arrival
+	EvictedOther            uint64 // queued at Close
+
+	// Released counts Ticket.Release calls; Dispatched-Released is in flight.
+	Released uint64
+}
+
+func (n *Counters) count(o Outcome) {
+	switch o {
+	case Dispatched:
+		n.Dispatched++
+	case RejectedCapacity:
+		n.RejectedCapacity++
+	case RejectedOther:
+		n.RejectedOther++
+	case EvictedTTL:
+		n.EvictedTTL++
+	case EvictedContextCancelled:
+		n.EvictedContextCancelled++
+	case EvictedOther:
+		n.EvictedOther++
+	}
+}
+
+// Option adjusts a new controller.
+type Option func(*Controller)
+
+// WithClock replaces the real clock (tests).
+func WithClock(c Clock) Option { return func(ctl *Controller) { ctl.clock = c } }
+
+// New returns a controller gated by det. cfg is validated and defaulted.
+func New(cfg Config, det SaturationDetector, opts ...Option) (*Controller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if det == nil {
+		return nil, fmt.Errorf("flow: a saturation detector is required")
+	}
+	c := &Controller{
+		cfg:      cfg.WithDefaults(),
+		det:      det,
+		clock:    realClock{},
+		byPrio:   map[int]*band{},
+		observer: nopObserver{},
+		stop:     make(chan struct{}),
+		polled:   make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	for _, b := range c.cfg.Bands {
+		c.addBandLocked(b)
+	}
+	go c.poll()
+	return c, nil
+}
+
+// SetObserver installs the metrics hooks (nil removes them).
+func (c *Controller) SetObserver(o Observer) {
+	if o == nil {
+		o = nopObserver{}
+	}
+	c.mu.Lock()
+	c.observer = o
+	c.mu.Unlock()
+}
+
+// Enqueue blocks until the request may proceed or is refused. With a
+// ticket the caller proxies the request and must call Release once it
+// ends; the ticket is returned even if ctx ended in the instant it was
+// dispatched. Otherwise the error is ErrCapacity, ErrTTL, ErrShutdown, or
+// ctx.Err() if the client went away while queued.
+func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) {
+	start := time.Now()
+	req.Bytes, req.Tokens = max(req.Bytes, 0), max(req.Tokens, 0)
+	c.mu.Lock()
+	arrival := c.clock.Now()
+	c.counters.Received++
+	obs := c.observer
+	refuse := func(o Outcome, err error) (*Ticket, error) {
+		c.counters.count(o)
+		c.mu.Unlock()
+		obs.Enqueued(&req, o.String(), time.Since(start))
+		obs.Finished(&req, o, 0)
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return refuse(EvictedContextCancelled, err)
+	}
+	if c.closed {
+		return refuse(RejectedOther, ErrShutdown)
+	}
+	// Work-conserving: nobody waits and the pool has room, so go at once.
+	if c.queued == 0 && !saturated(c.det.Saturation(c.inFlight)) {
+		t := c.admitLocked(req.Tokens, 0)
+		c.counters.count(Dispatched)
+		c.mu.Unlock()
+		obs.Enqueued(&req, Dispatched.String(), time.Since(start))
+		obs.Finished(&req, Dispatched, 0)
+		return t, nil
+	}
+	b := c.bandLocked(req.Priority)
+	if !c.fitsLocked(b, req.Bytes) {
+		return refuse(RejectedCapacity, ErrCapacity)
+	}
+	w := c.pushLocked(b, req, arrival)
+	c.dispatchLocked() // the gate may have opened since the last event
+	if !w.resolved {
+		w.timer = c.clock.AfterFunc(w.item.Deadline.Sub(arrival), func() { c.evict(w, EvictedTTL, nil) })
+	}
+	c.mu.Unlock()
+	obs.Enqueued(&req, "Queued", time.Since(start))
+
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		c.evict(w, EvictedContextCancelled, ctx.Err())
+		<-w.done // resolved now, by us or by whoever came first
+	}
+	waited := c.clock.Now().Sub(arrival)
+	if w.ticket != nil {
+		waited = w.ticket.Waited
+	}
+	obs.Finished(&req, w.outcome, waited)
+	if w.outcome == Dispatched {
+		return w.ticket, nil
+	}
+	return nil, w.err
+}
+
+// evict takes w out of its queue with outcome o unless something else
+// resolved it first: whichever transition takes the lock first wins.
+func (c *Controller) evict(w *waiter, o Outcome, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !w.resolved {
+		w.err = err
+		c.resolveLocked(w, o)
+	}
+}
+
+// fitsLocked checks the global and band limits for one more request of n
+// bytes.
+func (c *Controller) fitsLocked(b *band, n int64) bool {
+	g := &c.cfg
+	switch {
+	case g.MaxRequests > 0 && int64(c.queued) >= g.MaxRequests,
+		g.MaxBytes > 0 && c.bytes+n > g.MaxBytes,
+		int64(b.queued) >= b.cfg.MaxRequests,
+		b.bytes+n > b.cfg.MaxBytes:
+		return false
+	}
+	return true
+}
+
+func (c *Controller) pushLocked(b *band, req Request, arrival time.Time) *waiter {
+	c.seq++
+	ttl := b.cfg.TTL
+	if req.TTL > 0 {
+		ttl = req.TTL
+	}
+	w := &waiter{req: req, done: make(chan struct{})}
+	w.item = policies.Item{Seq: c.seq, Arrival: arrival, Deadline: arrival.Add(ttl), Value: w}
+	if req.SLOTTFT > 0 {
+		w.item.SLODeadline = arrival.Add(req.SLOTTFT)
+	}
+	c.insertLocked(b, w)
+	return w
+}
+
+// insertLocked puts an unqueued waiter into band b.
+func (c *Controller) insertLocked(b *band, w *waiter) {
+	q := b.flows[w.req.FlowID]
+	if q == nil {
+		q = policies.NewQueue(w.req.FlowID, b.ordering)
+		b.flows[w.req.FlowID] = q
+	}
+	w.band, w.queue = b, q
+	q.Push(&w.item)
+	b.fairness.Update(q, false)
+	b.queued++
+	b.bytes += w.req.Bytes
+	c.queued++
+	c.bytes += w.req.Bytes
+}
+
+// removeLocked takes a queued waiter out of its band.
+func (c *Controller) removeLocked(w *waiter, served bool) {
+	b, q := w.band, w.queue
+	q.Remove(&w.item)
+	b.fairness.Update(q, served)
+	if q.Len() == 0 {
+		delete(b.flows, q.ID) // idle tenants cost nothing
+	}
+	b.queued--
+	b.bytes -= w.req.Bytes
+	c.queued--
+	c.bytes -= w.req.Bytes
+}
+
+// resolveLocked ends a queued request with outcome o. It is the only place
+// a waiter leaves the queue, and it does so exactly once.
+func (c *Controller) resolveLocked(w *waiter, o Outcome) {
+	if w.resolved {
+		return
+	}
+	w.resolved, w.outcome = true, o
+	c.removeLocked(w, o == Dispatched)
+	if w.timer != nil {
+		w.timer.Stop() // if it already fired, its evict finds w resolved
+	}
+	if o == Dispatched {
+		w.ticket = c.admitLocked(w.req.Tokens, c.clock.Now().Sub(w.item.Arrival))
+	} else if w.err == nil {
+		w.err = o.err()
+	}
+	c.counters.count(o)
+	close(w.done)
+}
+
+// admitLocked counts a dispatched request in flight.
+func (c *Controller) admitLocked(tokens int64, waited time.Duration) *Ticket {
+	c.inFlight.Requests++
+	c.inFlight.Tokens += tokens
+	return &Ticket{c: c, tokens: tokens, Waited: waited}
+}
+
+// dispatchLocked releases waiting requests, highest band first, the band's
+// fairness policy choosing the flow and the flow's ordering the request,
+// until the queues are empty or the pool is saturated. When saturated it
+// stops outright (head-of-line blocking): a lower band never goes ahead of
+// a higher one that is waiting.
+func (c *Controller) dispatchLocked() {
+	if c.queued == 0 {
+		return
+	}
+	start := time.Now()
+	for c.queued > 0 && !saturated(c.det.Saturation(c.inFlight)) {
+		b := c.topBandLocked()
+		q := b.fairness.Next()
+		c.resolveLocked(q.Head().Value.(*waiter), Dispatched)
+	}
+	c.observer.DispatchCycle(time.Since(start))
+}
+
+func (c *Controller) topBandLocked() *band {
+	for _, b := range c.bands {
+		if b.queued > 0 {
+			return b
+		}
+	}
+	panic("flow: requests counted as queued but no band holds any")
+}
+
+// bandLocked returns priority p's band, creating a default one for a
+// priority the config does not list.
+func (c *Controller) bandLocked(p int) *band {
+	if b := c.byPrio[p]; b != nil {
+		return b
+	}
+	return c.addBandLocked(c.cfg.band(p))
+}
+
+func (c *Controller) addBandLocked(cfg BandConfig) *band {
+	ord, err := policies.NewOrdering(cfg.Ordering)
+	if err != nil {
+		panic("flow: " + err.Error()) // Validate accepted it
+	}
+	fair, err := policies.NewFairness(cfg.Fairness, ord)
+	if err != nil {
+		panic("flow: " + err.Error())
+	}
+	b := &band{cfg: cfg, ordering: ord, fairness: fair, flows: map[string]*policies.Queue{}}
+	c.byPrio[cfg.Priority] = b
+	i, _ := slices.BinarySearchFunc(c.bands, cfg.Priority, func(x *band, p int) int { return p - x.cfg.Priority })
+	c.bands = slices.Insert(c.bands, i, b)
+	return b
+}
+
+// Kick re-asks the detector and dispatches what it allows. The poller
+// calls it; the adapter may call it when fresh replica metrics arrive.
+func (c *Controller) Kick() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dispatchLocked()
+}
+
+// poll re-reads the interval each round, so a reload can change it.
+func (c *Controller) poll() {
+	defer close(c.polled)
+	t := time.NewTimer(c.pollInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			c.Kick()
+			t.Reset(c.pollInterval())
+		}
+	}
+}
+
+func (c *Controller) pollInterval() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cfg.PollInterval
+}
+
+// Reconfigure applies a reloaded config and detector (nil keeps the
+// current one), keeping every waiting request: bands are rebuilt with the
+// new limits and policies and the waiters re-queued in arrival order, with
+// their original deadlines. Limits apply to new arrivals only; nobody
+// already queued is dropped. In-flight tickets stay valid.
+func (c *Controller) Reconfigure(cfg Config, det SaturationDetector) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var waiting []*waiter
+	for _, b := range c.bands {
+		for _, q := range b.flows {
+			for q.Len() > 0 {
+				waiting = append(waiting, q.Pop().Value.(*waiter))
+			}
+		}
+	}
+	slices.SortFunc(waiting, func(a, b *waiter) int { return cmp.Compare(a.item.Seq, b.item.Seq) })
+	c.cfg = cfg.WithDefaults()
+	if det != nil {
+		c.det = det
+	}
+	c.bands, c.byPrio = nil, map[int]*band{}
+	c.queued, c.bytes = 0, 0
+	for _, b := range c.cfg.Bands {
+		c.addBandLocked(b)
+	}
+	for _, w := range waiting {
+		c.insertLocked(c.bandLocked(w.req.Priority), w)
+	}
+	c.dispatchLocked()
+	return nil
+}
+
+// Close resolves every waiting request with ErrShutdown (none is dropped
+// silently) and refuses new ones. In-flight tickets can still be released.
+// It is idempotent.
+func (c *Controller) Close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	for _, b := range c.bands {
+		for _, q := range b.flows {
+			for q.Len() > 0 {
+				c.resolveLocked(q.Head().Value.(*waiter), EvictedOther)
+			}
+		}
+	}
+	close(c.stop)
+	c.mu.Unlock()
+	<-c.polled
+}

@@ -1,0 +1,24 @@
+package flow
+
+// SaturationDetector is the gate of flow control: while the pool is
+// saturated nothing is dispatched. Implementations must be safe for
+// concurrent use; the controller calls them under its lock, so they should
+// be quick and must not call back into the controller.
+type SaturationDetector interface {
+	// Saturation returns the pool's load as a fraction of its capacity:
+	// 0 is idle, 1 or more is saturated. inFlight is what this controller
+	// has dispatched and not yet had released.
+	Saturation(inFlight InFlight) float64
+}
+
+// InFlight is what a controller has dispatched and not yet had released.
+type InFlight struct {
+	Requests int64
+	// Tokens sums the dispatched requests' estimated token costs.
+	Tokens int64
+}
+
+// saturated is the gate rule shared by every detector: closed at a
+// saturation of 1 or more, and closed on NaN (a broken detector must not
+// open the floodgates).
+func saturated(s float64) bool { return !(s < 1) }

@@ -1,0 +1,73 @@
+package flow
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-router/sluice/flow/policies"
+)
+
+// Request is what the controller needs to know about one request.
+type Request struct {
+	// FlowID is the fairness id (x-gateway-inference-fairness-id). Requests
+	// without one share one flow per priority, as in the seed.
+	FlowID string
+	// Priority picks the band (see Objectives.Priority).
+	Priority int
+	// Bytes is the body size, counted against max_bytes while queued.
+	Bytes int64
+	// Tokens is the estimated token cost, counted by the concurrency
+	// detector in tokens mode while in flight.
+	Tokens int64
+	// SLOTTFT is the time-to-first-token objective (x-slo-ttft-ms); 0 means
+	// none. The slo_deadline ordering serves by arrival + SLOTTFT.
+	SLOTTFT time.Duration
+	// TTL, if positive, replaces the band's TTL for this request.
+	TTL time.Duration
+	// Model and TargetModel only label metrics (model_name, target_model_name).
+	Model, TargetModel string
+}
+
+// waiter is a queued request. Its fields after item are guarded by the
+// controller's mutex; resolved turns true exactly once.
+type waiter struct {
+	item  policies.Item // item.Value points back to the waiter
+	req   Request
+	band  *band
+	queue *policies.Queue
+	timer Timer // TTL expiry, nil until armed
+	done  chan struct{}
+
+	resolved bool
+	outcome  Outcome
+	err      error
+	ticket   *Ticket
+}
+
+// Ticket is a dispatched request's slot. The caller must Release it
+// exactly once when the proxied request ends, whatever the ending
+// (success, error, client gone, panic), so the in-flight counts stay exact.
+type Ticket struct {
+	c        *Controller
+	tokens   int64
+	released atomic.Bool
+	// Waited is how long the request waited in the queue (0 when it passed
+	// straight through).
+	Waited time.Duration
+}
+
+// Release frees the slot and lets waiting requests in. It returns false
+// (and does nothing) if the ticket was already released.
+func (t *Ticket) Release() bool {
+	if !t.released.CompareAndSwap(false, true) {
+		return false
+	}
+	c := t.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inFlight.Requests--
+	c.inFlight.Tokens -= t.tokens
+	c.counters.Released++
+	c.dispatchLocked()
+	return true
+}
