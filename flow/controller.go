@@ -163,7 +163,14 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 	}
 	b := c.bandLocked(req.Priority)
 	if !c.fitsLocked(b, req.Bytes) {
-		return refuse(RejectedCapacity, ErrCapacity)
+		// Push out one request of a flooding flow, only if that makes room:
+		// never refuse someone without admitting the newcomer.
+		victim := c.pushOutVictimLocked(b, req.FlowID)
+		if victim == nil || !c.fitsWithoutLocked(b, req.Bytes, victim) {
+			return refuse(RejectedCapacity, ErrCapacity)
+		}
+		victim.err = ErrCapacity
+		c.resolveLocked(victim, RejectedCapacity)
 	}
 	w := c.pushLocked(b, req, arrival)
 	c.dispatchLocked() // the gate may have opened since the last event
@@ -199,6 +206,48 @@ func (c *Controller) evict(w *waiter, o Outcome, err error) {
 		w.err = err
 		c.resolveLocked(w, o)
 	}
+}
+
+// pushOutVictimLocked picks whom a full band refuses instead of a newcomer
+// from flow id: the newest request of the band's largest flow, if that flow
+// holds at least two more requests than the newcomer's would. Capacity
+// limits are per band, so without this a flooding tenant that fills the
+// band would have every other tenant's arrivals refused: fairness must hold
+// at admission too, not only at dispatch. nil: refuse the newcomer.
+func (c *Controller) pushOutVictimLocked(b *band, id string) *waiter {
+	mine := 0
+	if q := b.flows[id]; q != nil {
+		mine = q.Len()
+	}
+	var largest *policies.Queue
+	for fid, q := range b.flows {
+		if fid != id && (largest == nil || q.Len() > largest.Len()) {
+			largest = q
+		}
+	}
+	if largest == nil || largest.Len() < mine+2 {
+		return nil
+	}
+	var newest *policies.Item
+	largest.Each(func(it *policies.Item) {
+		if newest == nil || it.Seq > newest.Seq {
+			newest = it
+		}
+	})
+	return newest.Value.(*waiter)
+}
+
+// fitsWithoutLocked is fitsLocked as if v (queued in band b) were gone.
+func (c *Controller) fitsWithoutLocked(b *band, n int64, v *waiter) bool {
+	g := &c.cfg
+	switch {
+	case g.MaxRequests > 0 && int64(c.queued-1) >= g.MaxRequests,
+		g.MaxBytes > 0 && c.bytes-v.req.Bytes+n > g.MaxBytes,
+		int64(b.queued-1) >= b.cfg.MaxRequests,
+		b.bytes-v.req.Bytes+n > b.cfg.MaxBytes:
+		return false
+	}
+	return true
 }
 
 // fitsLocked checks the global and band limits for one more request of n

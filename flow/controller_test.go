@@ -355,6 +355,8 @@ func TestReconfigureKeepsWaiters(t *testing.T) {
 	if s.Queued != 3 || s.Bands[0].Name != "only" {
 		t.Fatalf("after reload: %+v", s)
 	}
+	// (Another flow's arrival could push one of "a"'s out only if that made
+	// room; with 3 queued over a limit of 1 it does not: refused, nothing evicted.)
 	if _, err := c.Enqueue(context.Background(), Request{}); !errors.Is(err, ErrCapacity) {
 		t.Fatalf("new limit not applied: %v", err)
 	}
@@ -380,5 +382,38 @@ func TestNewRejectsBadInput(t *testing.T) {
 	}
 	if _, err := New(Config{}, nil); err == nil {
 		t.Fatal("nil detector accepted")
+	}
+}
+
+func TestFullBandPushesOutTheFloodingTenantNotTheNewcomer(t *testing.T) {
+	c := newController(t, Config{Bands: []BandConfig{{Priority: 0, MaxRequests: 4}}}, closedGate())
+	flood := make(chan result, 10)
+	for i := 0; i < 4; i++ {
+		enqueueAsync(context.Background(), c, Request{FlowID: "B"}, flood)
+		waitQueued(t, c, i+1)
+	}
+	// The band is full of B's requests: a B arrival is refused at once...
+	if _, err := c.Enqueue(context.Background(), Request{FlowID: "B"}); !errors.Is(err, ErrCapacity) {
+		t.Fatalf("flooder's own arrival: %v, want ErrCapacity", err)
+	}
+	// ...but A's arrival takes the place of B's newest request.
+	quiet := make(chan result, 1)
+	enqueueAsync(context.Background(), c, Request{FlowID: "A"}, quiet)
+	r := <-flood
+	if !errors.Is(r.err, ErrCapacity) {
+		t.Fatalf("pushed-out request: %v, want ErrCapacity", r.err)
+	}
+	waitQueued(t, c, 4)
+	s := c.Snapshot()
+	if s.Counters.RejectedCapacity != 2 {
+		t.Fatalf("rejected %d, want 2 (B's arrival and B's newest queued request)", s.Counters.RejectedCapacity)
+	}
+	// A fair band holds 2 and 2: neither tenant can push the other out now.
+	enqueueAsync(context.Background(), c, Request{FlowID: "A"}, quiet)
+	if r := <-flood; !errors.Is(r.err, ErrCapacity) {
+		t.Fatalf("second push-out: %v", r.err)
+	}
+	if _, err := c.Enqueue(context.Background(), Request{FlowID: "A"}); !errors.Is(err, ErrCapacity) {
+		t.Fatalf("with 2 and 2 queued, A's third must be refused: %v", err)
 	}
 }
