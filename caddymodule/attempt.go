@@ -84,6 +84,22 @@ func attemptFor(r *http.Request, key string, measure latencyMeasure) *attempt {
 	return a
 }
 
+// startAttempt is the preamble of every Sluice policy's Select: the
+// request's attempt record, with the previous attempt (if any) released as
+// a failure; nil when Sluice already answered this request or the client
+// is gone, and Select should return nil.
+func startAttempt(r *http.Request, key string, measure latencyMeasure) *attempt {
+	a := attemptFor(r, key, measure)
+	if a.wasRefused() {
+		return nil
+	}
+	a.retry()
+	if r.Context().Err() != nil {
+		return nil
+	}
+	return a
+}
+
 // retry releases the previous attempt, if any, as a failure: reverse_proxy
 // only calls Select again after an attempt failed.
 func (a *attempt) retry() {

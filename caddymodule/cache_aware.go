@@ -132,12 +132,8 @@ func (p *CacheAware) Cleanup() error {
 
 // Select implements reverseproxy.Selector.
 func (p *CacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	a := attemptFor(r, p.varKey, measureAuto)
-	if a.wasRefused() {
-		return nil
-	}
-	a.retry()
-	if err := r.Context().Err(); err != nil {
+	a := startAttempt(r, p.varKey, measureAuto)
+	if a == nil {
 		return nil
 	}
 	if !p.pool.Managed() {

@@ -152,12 +152,8 @@ const fallbackVar = "sluice.load_aware.fallback"
 
 // Select implements reverseproxy.Selector.
 func (p *LoadAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	a := attemptFor(r, p.varKey, measureFirstByte)
-	if a.wasRefused() {
-		return nil
-	}
-	a.retry()
-	if r.Context().Err() != nil {
+	a := startAttempt(r, p.varKey, measureFirstByte)
+	if a == nil {
 		return nil
 	}
 	st := p.state

@@ -173,11 +173,10 @@ func (p *QueuedLeastLatency) logState(every time.Duration, pool string) {
 // queue. It returns nil after answering the request itself (JSON error,
 // Retry-After) when the request cannot be dispatched.
 func (p *QueuedLeastLatency) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	a := attemptFor(r, p.varKey, p.measure)
-	if a.wasRefused() {
+	a := startAttempt(r, p.varKey, p.measure)
+	if a == nil {
 		return nil
 	}
-	a.retry()
 	if !p.pool.Managed() {
 		syncStaticUpstreams(p.state, pool)
 	}
