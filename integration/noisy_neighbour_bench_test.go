@@ -36,6 +36,8 @@ func BenchmarkNoisyNeighbour(b *testing.B) {
 :9732 {
 	flow_control nn {
 		trusted_sources 127.0.0.0/8
+		objective premium 100
+		objective batch -10
 		max_concurrency 1
 		default_ttl 5s
 		band 0 {
@@ -54,12 +56,18 @@ func BenchmarkNoisyNeighbour(b *testing.B) {
 	setBackendsAdmin(b, "nn", "http://"+strings.Join(ups, " http://"))
 
 	d := benchDuration(15 * time.Second)
-	tenant := func(url, id string, rate float64, seed uint64) ([]time.Duration, int) {
+	tenantWith := func(url, id, objective string, rate float64, seed uint64) ([]time.Duration, int) {
 		return openLoop(rate, d, seed, func(int, *rand.Rand) *http.Request {
 			req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(`{"prompt":"hello"}`))
 			req.Header.Set("X-Gateway-Inference-Fairness-Id", id)
+			if objective != "" {
+				req.Header.Set("X-Gateway-Inference-Objective", objective)
+			}
 			return req
 		})
+	}
+	tenant := func(url, id string, rate float64, seed uint64) ([]time.Duration, int) {
+		return tenantWith(url, id, "", rate, seed)
 	}
 	p99 := func(lat []time.Duration) float64 {
 		slices.Sort(lat)
@@ -73,6 +81,7 @@ func BenchmarkNoisyNeighbour(b *testing.B) {
 		b.ReportMetric(p99(lat), "A_p99_ms")
 		b.ReportMetric(float64(failed), "A_failed")
 	})
+	b.Run("premium_vs_batch_flood_flow_control", func(b *testing.B) { benchPriority(b, tenantWith, p99) })
 	for _, sys := range []struct{ name, url string }{
 		{"with_flood_caddy_least_conn", "http://127.0.0.1:9731"},
 		{"with_flood_flow_control", "http://127.0.0.1:9732"},
@@ -95,6 +104,25 @@ func BenchmarkNoisyNeighbour(b *testing.B) {
 			b.ReportMetric(p99(bLat), "B_p99_ms")
 		})
 	}
+}
+
+// (see BenchmarkNoisyNeighbour) The priority-inversion case: premium
+// traffic at 4 req/s while a batch band floods at 60 req/s.
+func benchPriority(b *testing.B, tenantWith func(url, id, objective string, rate float64, seed uint64) ([]time.Duration, int), p99 func([]time.Duration) float64) {
+	var wg sync.WaitGroup
+	var batchLat []time.Duration
+	var batchFailed int
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		batchLat, batchFailed = tenantWith("http://127.0.0.1:9732", "batch-jobs", "batch", 60, 2)
+	}()
+	lat, failed := tenantWith("http://127.0.0.1:9732", "premium-app", "premium", 4, 1)
+	wg.Wait()
+	b.ReportMetric(p99(lat), "premium_p99_ms")
+	b.ReportMetric(float64(failed), "premium_failed")
+	b.ReportMetric(float64(len(batchLat)), "batch_served")
+	b.ReportMetric(float64(batchFailed), "batch_refused")
 }
 
 // setBackendsAdmin sets a pool's backend set through the admin API.
