@@ -162,3 +162,31 @@ func TestFlowControlHeadersAreOnlyTrustedFromTrustedSources(t *testing.T) {
 		t.Fatalf("trusted client's headers: %q", got)
 	}
 }
+
+func TestFlowControlHotReloadKeepsQueuedRequests(t *testing.T) {
+	cfg := flowConfig(9880, "fc-reload", `max_concurrency 1
+		default_ttl 30s`, 9881, "300ms")
+	startCaddy(t, cfg)
+	url := "http://127.0.0.1:9880"
+	setBackends(t, url, "http://127.0.0.1:9881")
+	results := burst(url, 5)
+	eventually(t, "requests to queue at the edge", func() bool {
+		for _, l := range strings.Split(grepLines(metricsText(t, url), "inference_extension_flow_control_queue_size{"), "\n") {
+			if strings.HasSuffix(l, " 4") {
+				return true
+			}
+		}
+		return false
+	})
+	reload(t, strings.Replace(cfg, "default_ttl 30s", "default_ttl 20s", 1))
+	n := 0
+	for o := range results {
+		if o.err != nil || o.status != 200 {
+			t.Fatalf("a request queued across the reload failed: %+v", o)
+		}
+		n++
+	}
+	if n != 5 {
+		t.Fatalf("%d answers, want 5", n)
+	}
+}
