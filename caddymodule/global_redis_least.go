@@ -43,6 +43,11 @@ type GlobalRedisLeast struct {
 	// MaxInflight: when even the least-loaded replica has this many
 	// requests (globally), the pool is saturated: 503 at once. 0: no limit.
 	MaxInflight int `json:"max_inflight,omitempty"`
+	// QueueTimeout turns on the global queueing mode (needs MaxInflight):
+	// instead of a 503 at max_inflight, a request waits up to this long in
+	// one FIFO queue shared by every instance, and gets the next replica
+	// slot freed anywhere; 503 queue_timeout after waiting this long.
+	QueueTimeout caddy.Duration `json:"queue_timeout,omitempty"`
 	// LeaseTTL: a crashed instance's requests stop counting within about
 	// 4/3 of this (default 10s).
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
@@ -78,7 +83,7 @@ func (p *GlobalRedisLeast) storeConfig() redisleast.Config {
 	return redisleast.Config{
 		Addrs: addrs, Username: p.Username, Password: repl.ReplaceKnown(p.Password, ""), DB: p.DB,
 		TLS: p.TLS, CAFile: p.CAFile, DialTimeout: time.Duration(p.DialTimeout), ReadTimeout: time.Duration(p.ReadTimeout),
-		KeyPrefix: p.KeyPrefix, MaxInflight: p.MaxInflight, LeaseTTL: time.Duration(p.LeaseTTL),
+		KeyPrefix: p.KeyPrefix, MaxInflight: p.MaxInflight, QueueTimeout: time.Duration(p.QueueTimeout), LeaseTTL: time.Duration(p.LeaseTTL),
 		BreakerFailures: p.BreakerFailures, BreakerBackoff: time.Duration(p.BreakerBackoff), InstanceID: p.InstanceID,
 	}
 }
@@ -169,6 +174,8 @@ func (p *GlobalRedisLeast) Select(pool reverseproxy.UpstreamPool, r *http.Reques
 		switch {
 		case err == redisleast.ErrSaturated:
 			rf = refusal{http.StatusServiceUnavailable, "pool_saturated", "every replica is at max_inflight", time.Second}
+		case err == redisleast.ErrQueueTimeout:
+			rf = refusal{http.StatusServiceUnavailable, "queue_timeout", "timed out waiting in the global queue", time.Second}
 		case err == redisleast.ErrNoCandidates || len(cands) == 0:
 			rf, _ = refusalFor(lb.ErrNoBackends, time.Second)
 		default:
@@ -237,6 +244,7 @@ func redisStoresByPool() map[string]*redisleast.Store {
 //	    read_timeout     <duration>
 //	    key_prefix       <prefix>
 //	    max_inflight     <n>
+//	    queue_timeout    <duration|seconds> # global queueing mode; needs max_inflight
 //	    lease_ttl        <duration>
 //	    breaker_failures <n>
 //	    breaker_backoff  <duration>
@@ -283,6 +291,8 @@ func (p *GlobalRedisLeast) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			p.KeyPrefix = val
 		case "max_inflight":
 			p.MaxInflight, err = atLeast(val, 0)
+		case "queue_timeout":
+			p.QueueTimeout, err = parseSecondsOrDuration(val)
 		case "lease_ttl":
 			p.LeaseTTL, err = parseSecondsOrDuration(val)
 		case "breaker_failures":

@@ -30,7 +30,8 @@ type Config struct {
 	// pool carries the hash tag {sluice:<KeyPrefix>:<pool>}.
 	KeyPrefix string
 	// MaxInflight sheds (ErrSaturated) when even the least-loaded
-	// candidate has this many requests in flight; 0 = never shed.
+	// candidate has this many requests in flight; 0 = never shed. In
+	// queueing mode it is the number of slots per replica instead.
 	MaxInflight int
 	// LeaseTTL is how long an instance's records outlive its last sign of
 	// life (default 10s); renewed every LeaseTTL/3.
@@ -40,8 +41,12 @@ type Config struct {
 	// background probe decides whether to close it.
 	BreakerFailures int
 	BreakerBackoff  time.Duration
-	// QueueTimeout is reserved for the queueing mode, not implemented:
-	// Validate rejects a non-zero value so nobody relies on it silently.
+	// QueueTimeout > 0 turns on the queueing mode (needs MaxInflight > 0):
+	// instead of shedding, a request waits up to QueueTimeout in one FIFO
+	// queue shared by every instance of the pool, and the oldest waiter
+	// anywhere gets the next free slot (ErrQueueTimeout when it waited
+	// too long). Every instance of a pool must use the same mode and
+	// MaxInflight. See queue.go.
 	QueueTimeout time.Duration
 	// InstanceID names this instance in Redis (default: the host name); a
 	// random suffix is always appended, so a restarted instance never
@@ -108,8 +113,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("breaker_failures: must be >= 1, got %d", c.BreakerFailures)
 	case c.BreakerBackoff <= 0:
 		return fmt.Errorf("breaker_backoff: must be > 0, got %v", c.BreakerBackoff)
-	case c.QueueTimeout != 0:
-		return errors.New("queue_timeout: the queueing mode is not implemented; use max_inflight shedding")
+	case c.QueueTimeout < 0:
+		return fmt.Errorf("queue_timeout: must be >= 0, got %v", c.QueueTimeout)
+	case c.QueueTimeout > 0 && c.MaxInflight == 0:
+		return errors.New("queue_timeout: the queueing mode needs max_inflight > 0 (the slots per replica)")
 	case c.PendingMax < 1:
 		return fmt.Errorf("pending_max: must be >= 1, got %d", c.PendingMax)
 	}

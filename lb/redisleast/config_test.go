@@ -41,7 +41,8 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 
 func TestKeysShareOneHashTag(t *testing.T) {
 	k := newKeys("prod", "llama")
-	for _, key := range []string{k.load, k.gone, k.insts, k.alive("i1"), k.inst("i1")} {
+	for _, key := range []string{k.load, k.gone, k.insts, k.alive("i1"), k.inst("i1"),
+		k.queue, k.waiters, k.assigned, k.notify("i1")} {
 		if !strings.HasPrefix(key, "{sluice:prod:llama}:") {
 			t.Errorf("%q lacks the pool's hash tag", key)
 		}

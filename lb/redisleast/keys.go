@@ -9,15 +9,27 @@ package redisleast
 //	{tag}:insts         SET  ids of instances that may hold records
 //	{tag}:alive:<id>    STRING with a TTL: the instance is alive while it exists
 //	{tag}:inst:<id>     HASH request id → replica, one field per request in flight
+//
+// Queueing mode (QueueTimeout > 0) adds one global FIFO per pool. A queued
+// request is named by its token "<instance id>:<request id>" (request ids
+// are base 36, so the last ':' splits a token).
+//
+//	{tag}:queue         LIST tokens, oldest first (may hold tokens already cancelled)
+//	{tag}:waiters       HASH token → instance id: the requests still waiting
+//	{tag}:assigned      HASH token → replica: requests the queue handed a slot, until released
+//	{tag}:notify:<id>   pub/sub channel of instance <id>: "<request id> <replica>" per hand-over
 type keys struct {
-	load, gone, insts string
-	tag               string
+	load, gone, insts        string
+	queue, waiters, assigned string
+	tag                      string
 }
 
 func newKeys(prefix, pool string) keys {
 	tag := "{sluice:" + prefix + ":" + pool + "}"
-	return keys{load: tag + ":load", gone: tag + ":gone", insts: tag + ":insts", tag: tag}
+	return keys{load: tag + ":load", gone: tag + ":gone", insts: tag + ":insts",
+		queue: tag + ":queue", waiters: tag + ":waiters", assigned: tag + ":assigned", tag: tag}
 }
 
-func (k keys) alive(id string) string { return k.tag + ":alive:" + id }
-func (k keys) inst(id string) string  { return k.tag + ":inst:" + id }
+func (k keys) alive(id string) string  { return k.tag + ":alive:" + id }
+func (k keys) inst(id string) string   { return k.tag + ":inst:" + id }
+func (k keys) notify(id string) string { return k.tag + ":notify:" + id }

@@ -30,6 +30,11 @@ type Lease struct {
 // Ties go to a random one of the least loaded. While the breaker is open
 // (or the call fails) it picks from this instance's own counts instead, so
 // it never waits on Redis longer than ReadTimeout.
+//
+// In queueing mode (QueueTimeout > 0) a request that finds no free slot,
+// or finds others already queued, waits in the pool's global queue until
+// a slot is handed to it, ctx is done (ctx.Err()) or QueueTimeout passes
+// (ErrQueueTimeout); see queue.go.
 func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error) {
 	if len(candidates) == 0 {
 		return nil, ErrNoCandidates
@@ -46,15 +51,36 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 		args := make([]string, 0, 5+len(candidates))
 		args = append(args, strconv.Itoa(s.cfg.MaxInflight), strconv.FormatInt(s.cfg.LeaseTTL.Milliseconds(), 10),
 			req, ident.id, strconv.Itoa(rand.IntN(len(candidates))))
-		args = append(args, candidates...)
-		res := s.callUntil(ctx, deadline, func(ctx context.Context) rueidis.RedisResult {
-			return selectScript.Exec(ctx, s.client, []string{s.k.load, ident.alive, ident.inst, s.k.insts}, args)
-		})
+		var res rueidis.RedisResult
+		var wait chan string
+		if s.queueing() {
+			// Listen before asking: the hand-over may be published
+			// before the script's reply arrives.
+			wait = s.waiters.add(token(ident, req))
+			args = append(args, s.k.tag)
+			args = append(args, candidates...)
+			// Not cut short by the client: a reply lost to a
+			// cancellation would leave the request queued (or holding a
+			// slot) until the pending release is flushed; with the
+			// reply, await sees ctx done and leaves the queue at once.
+			res = s.callUntil(context.WithoutCancel(ctx), deadline, func(ctx context.Context) rueidis.RedisResult {
+				return selectQueueScript.Exec(ctx, s.client,
+					[]string{s.k.load, ident.alive, ident.inst, s.k.insts, s.k.queue, s.k.waiters, s.k.assigned}, args)
+			})
+		} else {
+			args = append(args, candidates...)
+			res = s.callUntil(ctx, deadline, func(ctx context.Context) rueidis.RedisResult {
+				return selectScript.Exec(ctx, s.client, []string{s.k.load, ident.alive, ident.inst, s.k.insts}, args)
+			})
+		}
 		arr, err := res.ToArray()
 		if err == nil && len(arr) != 2 {
 			err = errBadReply
 		}
 		if err != nil {
+			if wait != nil {
+				s.waiters.drop(token(ident, req))
+			}
 			if transportErr(err) {
 				// It may have run, or may still run: release it (or
 				// bar it) when Redis answers again.
@@ -73,6 +99,12 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 		}
 		code, _ := arr[0].AsInt64()
 		addr, _ := arr[1].ToString()
+		if wait != nil && code == 4 {
+			return s.await(ctx, ident, req, wait, candidates)
+		}
+		if wait != nil {
+			s.waiters.drop(token(ident, req))
+		}
 		switch code {
 		case 1:
 			s.local.get(addr).Add(1)
@@ -132,9 +164,7 @@ func (l *Lease) Release(lb.Outcome) bool {
 		s.queueRelease(l.ident, l.req)
 		return true
 	}
-	res := s.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return releaseScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone, l.ident.inst}, []string{l.req})
-	})
+	res := s.execRelease(context.Background(), l.ident, []string{l.req})
 	if transportErr(res.Error()) {
 		s.queueRelease(l.ident, l.req)
 	}
@@ -154,5 +184,11 @@ func (s *Store) queueRelease(ident *identity, req string) {
 func (s *Store) rotate(old *identity) {
 	if s.ident.CompareAndSwap(old, s.newIdentity()) {
 		s.pend.clear()
+		if s.rotated != nil {
+			select { // resubscribe under the new identity
+			case s.rotated <- struct{}{}:
+			default:
+			}
+		}
 	}
 }

@@ -2,6 +2,7 @@ package redisleast
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -34,6 +35,9 @@ func (s *Store) loop() {
 		}
 		s.flush(ctx)
 		s.reap(ctx)
+		if s.queueing() {
+			s.kick(ctx)
+		}
 		_, _ = s.Counts(ctx)
 	}
 }
@@ -54,9 +58,7 @@ func (s *Store) flush(ctx context.Context) {
 	for _, b := range s.pend.take() {
 		for i := 0; i < len(b.ids); i += batch {
 			ids := b.ids[i:min(i+batch, len(b.ids))]
-			res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-				return releaseScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone, b.ident.inst}, ids)
-			})
+			res := s.execRelease(ctx, b.ident, ids)
 			if transportErr(res.Error()) {
 				s.pend.putBack(pendingBatch{b.ident, b.ids[i:]})
 				break
@@ -81,6 +83,11 @@ func (s *Store) reap(ctx context.Context) {
 			continue
 		}
 		res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+			if s.queueing() {
+				return reapQueueScript.Exec(ctx, s.client,
+					[]string{s.k.load, s.k.gone, s.k.alive(id), s.k.inst(id), s.k.insts, s.k.assigned},
+					[]string{id, strconv.Itoa(s.cfg.MaxInflight), s.k.tag})
+			}
 			return reapScript.Exec(ctx, s.client,
 				[]string{s.k.load, s.k.gone, s.k.alive(id), s.k.inst(id), s.k.insts}, []string{id})
 		})
@@ -117,6 +124,9 @@ func (s *Store) startProbe() {
 			s.resync(ctx)
 			if s.renew(ctx) == nil {
 				s.flush(ctx)
+				if s.queueing() {
+					s.kick(ctx) // slots freed during the outage go to the waiters
+				}
 			}
 			return
 		}

@@ -11,6 +11,8 @@ type Collector struct {
 
 	selections, releases, fallbacks, shed, errs, reclaimed *prometheus.Desc
 	pending, breakerOpen, inflight, script                 *prometheus.Desc
+	// queueing mode only
+	queued, waiting, queueTimeouts, queueCancels, handovers, queueWait *prometheus.Desc
 }
 
 // NewCollector reports the stores returned by stores (pool name → store).
@@ -28,13 +30,21 @@ func NewCollector(stores func() map[string]*Store) *Collector {
 		breakerOpen: prometheus.NewDesc("sluice_redis_breaker_open", "1 while the Redis circuit breaker is open.", pool, nil),
 		inflight:    prometheus.NewDesc("sluice_redis_inflight", "Global in-flight requests per replica, as last read from Redis.", []string{"pool", "addr"}, nil),
 		script:      prometheus.NewDesc("sluice_redis_script_seconds", "Latency of Redis calls made by global_redis_least.", pool, nil),
+
+		queued:        prometheus.NewDesc("sluice_redis_queue_length", "Requests waiting in the pool's global queue (all instances), as last read from Redis.", pool, nil),
+		waiting:       prometheus.NewDesc("sluice_redis_queue_waiting", "This instance's requests waiting in the global queue now.", pool, nil),
+		queueTimeouts: prometheus.NewDesc("sluice_redis_queue_timeouts_total", "Requests refused after waiting queue_timeout in the global queue.", pool, nil),
+		queueCancels:  prometheus.NewDesc("sluice_redis_queue_cancels_total", "Queued requests whose client gave up.", pool, nil),
+		handovers:     prometheus.NewDesc("sluice_redis_queue_handovers_total", "Queued requests handed a slot by the global queue.", pool, nil),
+		queueWait:     prometheus.NewDesc("sluice_redis_queue_wait_seconds", "Time queued requests waited for their slot.", pool, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.selections, c.releases, c.fallbacks, c.shed, c.errs,
-		c.reclaimed, c.pending, c.breakerOpen, c.inflight, c.script} {
+		c.reclaimed, c.pending, c.breakerOpen, c.inflight, c.script,
+		c.queued, c.waiting, c.queueTimeouts, c.queueCancels, c.handovers, c.queueWait} {
 		ch <- d
 	}
 }
@@ -66,5 +76,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			buckets[ub] = st.BucketCounts[i]
 		}
 		ch <- prometheus.MustNewConstHistogram(c.script, st.ScriptCount, st.ScriptSum, buckets, pool)
+		if !st.Queueing {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(st.Queued), pool)
+		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(st.Waiting), pool)
+		counter(c.queueTimeouts, st.QueueTimeouts)
+		counter(c.queueCancels, st.QueueCancels)
+		counter(c.handovers, st.Handovers)
+		wb := make(map[float64]uint64, len(st.WaitBuckets))
+		for i, ub := range st.WaitBuckets {
+			wb[ub] = st.WaitBucketCounts[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(c.queueWait, st.WaitCount, st.WaitSum, wb, pool)
 	}
 }

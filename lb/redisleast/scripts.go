@@ -123,31 +123,38 @@ return n
 // KEYS: load, gone
 // ARGV: replicas...
 // Reply: the number of members.
-var syncScript = rueidis.NewLuaScript(`
-local want = {}
-for i = 1, #ARGV do want[ARGV[i]] = true end
-local cur = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-for i = 1, #cur, 2 do
-  local m, s = cur[i], tonumber(cur[i + 1])
-  if want[m] then
-    want[m] = false
-  else
-    redis.call('ZREM', KEYS[1], m)
-    if s > 0 then redis.call('ZINCRBY', KEYS[2], s, m) end
-  end
-end
-for i = 1, #ARGV do
-  local m = ARGV[i]
-  if want[m] then
-    want[m] = false
-    local g = redis.call('ZSCORE', KEYS[2], m)
-    if g then
-      redis.call('ZREM', KEYS[2], m)
-      redis.call('ZADD', KEYS[1], g, m)
+var syncScript = rueidis.NewLuaScript(syncFn + `
+return sync(KEYS[1], KEYS[2], ARGV)
+`)
+
+// syncFn is the body of syncScript, shared with syncQueueScript.
+const syncFn = `
+local function sync(load, gone, reps)
+  local want = {}
+  for i = 1, #reps do want[reps[i]] = true end
+  local cur = redis.call('ZRANGE', load, 0, -1, 'WITHSCORES')
+  for i = 1, #cur, 2 do
+    local m, s = cur[i], tonumber(cur[i + 1])
+    if want[m] then
+      want[m] = false
     else
-      redis.call('ZADD', KEYS[1], 0, m)
+      redis.call('ZREM', load, m)
+      if s > 0 then redis.call('ZINCRBY', gone, s, m) end
     end
   end
+  for i = 1, #reps do
+    local m = reps[i]
+    if want[m] then
+      want[m] = false
+      local g = redis.call('ZSCORE', gone, m)
+      if g then
+        redis.call('ZREM', gone, m)
+        redis.call('ZADD', load, g, m)
+      else
+        redis.call('ZADD', load, 0, m)
+      end
+    end
+  end
+  return redis.call('ZCARD', load)
 end
-return redis.call('ZCARD', KEYS[1])
-`)
+`

@@ -3,7 +3,9 @@
 // Sluice instance reads and updates with atomic scripts (Photoroom's
 // distributed least-request), plus what makes it safe to depend on: load
 // shedding, reclaiming the requests of crashed instances, and a circuit
-// breaker with a local fallback while Redis is unavailable.
+// breaker with a local fallback while Redis is unavailable. Optionally
+// (QueueTimeout) requests that find no free slot wait in one global FIFO
+// queue shared by every instance instead of being shed (queue.go).
 package redisleast
 
 import (
@@ -13,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +47,14 @@ type Store struct {
 	local localCounts
 	c     counters
 
+	// Queueing mode: the subscriber's own client, the waiting Selects.
+	sub      rueidis.Client
+	waiters  waiterSet
+	rotated  chan struct{} // identity changed: resubscribe
+	subReady chan struct{} // closed at the first subscription
+	subOnce  sync.Once
+	qwg      sync.WaitGroup // waiting Selects, for Close
+
 	mu         sync.Mutex
 	last       []string         // replicas of the last Sync, replayed after a Redis restart
 	lastCounts map[string]int64 // global view of the last Counts or Sync
@@ -72,6 +83,7 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 		return nil, fmt.Errorf("redis %v: %w", cfg.Addrs, err)
 	}
 	s := &Store{cfg: cfg, pool: pool, k: newKeys(cfg.KeyPrefix, pool), client: client, done: make(chan struct{})}
+	s.c.wait.bounds = waitBuckets
 	s.br = breaker{limit: cfg.BreakerFailures, onOpen: s.startProbe}
 	s.pend.max = cfg.PendingMax
 	s.ident.Store(s.newIdentity())
@@ -79,8 +91,29 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 		client.Close()
 		return nil, fmt.Errorf("redis %v: %w", cfg.Addrs, err)
 	}
+	if s.queueing() {
+		sub, err := rueidis.NewClient(opt)
+		if err != nil {
+			client.Close()
+			return nil, fmt.Errorf("redis %v: %w", cfg.Addrs, err)
+		}
+		s.sub, s.rotated, s.subReady = sub, make(chan struct{}, 1), make(chan struct{})
+	}
 	s.wg.Add(1)
 	go s.loop()
+	if s.queueing() {
+		s.wg.Add(1)
+		go s.subscribe()
+		// Not fatal: a waiter told nothing still finds its slot (recheck at
+		// subscription, cancel script at its deadline).
+		t := time.NewTimer(cfg.DialTimeout)
+		select {
+		case <-s.subReady:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	return s, nil
 }
 
@@ -149,6 +182,10 @@ func (s *Store) Sync(ctx context.Context, replicas []string) error {
 
 func (s *Store) sync(ctx context.Context, replicas []string) error {
 	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		if s.queueing() {
+			args := append([]string{strconv.Itoa(s.cfg.MaxInflight), s.k.tag}, replicas...)
+			return syncQueueScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone, s.k.queue}, args)
+		}
 		return syncScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone}, replicas)
 	})
 	if err := res.Error(); err != nil {
@@ -198,6 +235,7 @@ func (s *Store) Counts(ctx context.Context) (map[string]int64, error) {
 // Stats snapshots the counters and state.
 func (s *Store) Stats() Stats {
 	cum, count, sum := s.c.histogram()
+	wcum, wcount, wsum := s.c.wait.snapshot()
 	s.mu.Lock()
 	inflight := s.lastCounts
 	s.mu.Unlock()
@@ -207,6 +245,10 @@ func (s *Store) Stats() Stats {
 		Reclaimed: s.c.reclaimed.Load(), Pending: s.pend.len(), Breaker: s.br.state(),
 		Buckets: scriptBuckets, BucketCounts: cum, ScriptCount: count, ScriptSum: sum,
 		InFlight: inflight,
+		Queueing: s.queueing(), Queued: s.c.queueLen.Load(), Waiting: s.waiters.len(),
+		QueuedTotal: s.c.queuedTotal.Load(), Handovers: s.c.handovers.Load(),
+		QueueTimeouts: s.c.queueTimeouts.Load(), QueueCancels: s.c.queueCancels.Load(),
+		WaitBuckets: waitBuckets, WaitBucketCounts: wcum, WaitCount: wcount, WaitSum: wsum,
 	}
 }
 
@@ -222,6 +264,7 @@ func (s *Store) Close() {
 	}
 	s.life.Unlock()
 	close(s.done)
+	s.qwg.Wait() // waiting Selects leave the queue (or keep their slot)
 	s.wg.Wait()
 	ctx := context.Background()
 	if !s.br.isOpen() {

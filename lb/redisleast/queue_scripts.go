@@ -1,0 +1,201 @@
+package redisleast
+
+import "github.com/redis/rueidis"
+
+// Queueing mode scripts (see keys.go for the queue's keys). Every one of
+// them ends by dispatching, so whatever frees a slot (a release, a reaped
+// instance, a Sync adding replicas, the background kick) hands it to the
+// oldest waiter at once.
+//
+// Cluster note: dispatch records a handed-over request under the WAITER's
+// instance hash and publishes on its channel; those names are only known
+// inside the script, so they are built from the hash tag (ARGV) instead of
+// being passed in KEYS. They share the pool's hash tag, hence its slot.
+
+// dispatchFn hands free slots to the oldest waiters: while the queue is
+// non-empty, drop a cancelled head (no longer in waiters); else, if the
+// least-loaded member is under maxIn, pop the head and, unless its
+// instance is dead (liveness key gone) or the request was barred (a
+// tombstone: its select was given up as lost), count the request on that
+// member, record it under the waiter's instance (so the reaper reclaims it
+// if that instance dies), note the assignment and PUBLISH "<request id>
+// <replica>" on the waiter instance's channel. Returns how many it handed.
+//
+// Queued requests may be given any member: their candidate list is not
+// kept (see Select).
+const dispatchFn = `
+local function dispatch(tag, maxIn)
+  local load, queue, waiters, assigned = tag .. ':load', tag .. ':queue', tag .. ':waiters', tag .. ':assigned'
+  local n = 0
+  while true do
+    local head = redis.call('LINDEX', queue, 0)
+    if not head then break end
+    local inst = redis.call('HGET', waiters, head)
+    if not inst then
+      redis.call('LPOP', queue)
+    else
+      local top = redis.call('ZRANGE', load, 0, 0, 'WITHSCORES')
+      if #top == 0 or tonumber(top[2]) >= maxIn then break end
+      redis.call('LPOP', queue)
+      redis.call('HDEL', waiters, head)
+      local req = string.match(head, ':([^:]*)$')
+      local ikey = tag .. ':inst:' .. inst
+      if redis.call('EXISTS', tag .. ':alive:' .. inst) == 1 and redis.call('HEXISTS', ikey, req) == 0 then
+        local rep = top[1]
+        redis.call('ZINCRBY', load, 1, rep)
+        redis.call('HSET', ikey, req, rep)
+        redis.call('SADD', tag .. ':insts', inst)
+        redis.call('HSET', assigned, head, rep)
+        redis.call('PUBLISH', tag .. ':notify:' .. inst, req .. ' ' .. rep)
+        n = n + 1
+      end
+    end
+  end
+  return n
+end
+`
+
+// selectQueueScript is selectScript in queueing mode: the least-loaded
+// candidate is taken only if it is under maxIn AND nobody is queued (a new
+// request never overtakes a waiting one); otherwise the request joins the
+// global queue and the script dispatches (which hands it a slot at once if
+// one is free and it is first in line).
+//
+// KEYS: load, alive:<id>, inst:<id>, insts, queue, waiters, assigned
+// ARGV: maxInflight (> 0), leaseTTL ms, request id, instance id, offset, tag, candidates...
+// Reply: {1, replica} selected (directly or handed over at once);
+// {4, ""} queued: the replica comes by notification;
+// {0, ""} no candidate is a member; {3, ""} barred (as selectScript).
+var selectQueueScript = rueidis.NewLuaScript(dispatchFn + `
+local prev = redis.call('HGET', KEYS[3], ARGV[3])
+if prev == '' then return {3, ''} end
+if prev then return {1, prev} end
+local tok = ARGV[4] .. ':' .. ARGV[3]
+if redis.call('HEXISTS', KEYS[6], tok) == 1 then return {4, ''} end
+local maxIn = tonumber(ARGV[1])
+local n = #ARGV - 6
+local off = tonumber(ARGV[5])
+local best, bestScore
+for i = 0, n - 1 do
+  local c = ARGV[7 + (i + off) % n]
+  local s = redis.call('ZSCORE', KEYS[1], c)
+  if s then
+    s = tonumber(s)
+    if best == nil or s < bestScore then best, bestScore = c, s end
+  end
+end
+if best == nil then return {0, ''} end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+end
+redis.call('SADD', KEYS[4], ARGV[4])
+if bestScore < maxIn and redis.call('LLEN', KEYS[5]) == 0 then
+  redis.call('ZINCRBY', KEYS[1], 1, best)
+  redis.call('HSET', KEYS[3], ARGV[3], best)
+  return {1, best}
+end
+redis.call('RPUSH', KEYS[5], tok)
+redis.call('HSET', KEYS[6], tok, ARGV[4])
+dispatch(ARGV[6], maxIn)
+local got = redis.call('HGET', KEYS[3], ARGV[3])
+if got and got ~= '' then return {1, got} end
+if redis.call('HEXISTS', KEYS[6], tok) == 1 then return {4, ''} end
+return {3, ''}
+`)
+
+// releaseQueueScript is releaseScript in queueing mode: it also forgets
+// the requests' assignments, takes a lost select ("?id") out of the queue
+// if it is still waiting there, and dispatches the freed slots.
+//
+// KEYS: load, gone, inst:<id>, queue, waiters, assigned
+// ARGV: maxInflight, tag, instance id, request ids...
+// Reply: how many records existed.
+var releaseQueueScript = rueidis.NewLuaScript(decr + dispatchFn + `
+local me = ARGV[3]
+local n = 0
+for i = 4, #ARGV do
+  local id, lost = ARGV[i], false
+  if string.sub(id, 1, 1) == '?' then id, lost = string.sub(id, 2), true end
+  local tok = me .. ':' .. id
+  redis.call('HDEL', KEYS[6], tok)
+  if lost and redis.call('HDEL', KEYS[5], tok) == 1 then redis.call('LREM', KEYS[4], 1, tok) end
+  local rep = redis.call('HGET', KEYS[3], id)
+  if rep and rep ~= '' then
+    redis.call('HDEL', KEYS[3], id)
+    decr(KEYS[1], KEYS[2], rep)
+    n = n + 1
+  elseif lost and not rep then
+    redis.call('HSET', KEYS[3], id, '')
+  end
+end
+dispatch(ARGV[2], tonumber(ARGV[1]))
+return n
+`)
+
+// cancelQueueScript takes a waiter out of the queue (its client gave up,
+// or its QueueTimeout passed).
+//
+// KEYS: queue, waiters, assigned
+// ARGV: token
+// Reply: {0, ""} it was still queued and is removed; {1, replica} it was
+// handed a slot meanwhile (the caller owns that lease); {2, ""} neither
+// (dropped by dispatch: its instance looked dead, or it was barred).
+var cancelQueueScript = rueidis.NewLuaScript(`
+if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 then
+  redis.call('LREM', KEYS[1], 1, ARGV[1])
+  return {0, ''}
+end
+local a = redis.call('HGET', KEYS[3], ARGV[1])
+if a then return {1, a} end
+return {2, ''}
+`)
+
+// reapQueueScript is reapScript in queueing mode: it also forgets the dead
+// instance's assignments and dispatches the reclaimed slots. The dead
+// instance's waiters are dropped by dispatch when they reach the head.
+//
+// KEYS: load, gone, alive:<id>, inst:<id>, insts, assigned
+// ARGV: instance id, maxInflight, tag
+// Reply: -1 alive; else the number of requests reclaimed.
+var reapQueueScript = rueidis.NewLuaScript(decr + dispatchFn + `
+if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
+local kv = redis.call('HGETALL', KEYS[4])
+local n = 0
+for i = 1, #kv, 2 do
+  redis.call('HDEL', KEYS[6], ARGV[1] .. ':' .. kv[i])
+  if kv[i + 1] ~= '' then
+    decr(KEYS[1], KEYS[2], kv[i + 1])
+    n = n + 1
+  end
+end
+redis.call('DEL', KEYS[4])
+redis.call('SREM', KEYS[5], ARGV[1])
+dispatch(ARGV[3], tonumber(ARGV[2]))
+return n
+`)
+
+// syncQueueScript is syncScript in queueing mode: new members' free slots
+// go to the waiters at once.
+//
+// KEYS: load, gone, queue
+// ARGV: maxInflight, tag, replicas...
+// Reply: the number of members.
+var syncQueueScript = rueidis.NewLuaScript(syncFn + dispatchFn + `
+local reps = {}
+for i = 3, #ARGV do reps[#reps + 1] = ARGV[i] end
+local n = sync(KEYS[1], KEYS[2], reps)
+dispatch(ARGV[2], tonumber(ARGV[1]))
+return n
+`)
+
+// kickQueueScript dispatches whatever is free (a safety net run by the
+// background loop and when the breaker closes) and reports the queue.
+//
+// KEYS: queue, waiters, load
+// ARGV: maxInflight, tag
+// Reply: {handed over, queue length, waiting}: the list may still hold
+// cancelled tokens, waiting counts live waiters only.
+var kickQueueScript = rueidis.NewLuaScript(dispatchFn + `
+local n = dispatch(ARGV[2], tonumber(ARGV[1]))
+return {n, redis.call('LLEN', KEYS[1]), redis.call('HLEN', KEYS[2])}
+`)
