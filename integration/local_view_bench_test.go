@@ -42,6 +42,9 @@ func BenchmarkLocalView(b *testing.B) {
 		{"sluice_global_redis_least_4_proxies", 4, func(i int) string {
 			return fmt.Sprintf("lb_policy global_redis_least {\n\t\t\tpool lv-redis\n\t\t\tredis %s\n\t\t\tkey_prefix %s\n\t\t\tinstance_id p%d\n\t\t}", addr, prefix, i)
 		}},
+		{"sluice_global_redis_queue_4_proxies", 4, func(i int) string {
+			return fmt.Sprintf("lb_policy global_redis_least {\n\t\t\tpool lv-redisq\n\t\t\tredis %s\n\t\t\tkey_prefix %s-q\n\t\t\tinstance_id q%d\n\t\t\tmax_inflight 1\n\t\t\tqueue_timeout 30s\n\t\t}", addr, prefix, i)
+		}},
 		{"caddy_least_conn_4_proxies", 4, func(int) string { return "lb_policy least_conn" }},
 		{"caddy_random_choose_2_4_proxies", 4, func(int) string { return "lb_policy random_choose 2" }},
 		{"caddy_round_robin_4_proxies", 4, func(int) string { return "lb_policy round_robin" }},
