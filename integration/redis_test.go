@@ -161,3 +161,59 @@ func TestSaturatedPoolIsShedWith503(t *testing.T) {
 		t.Fatalf("ok %d shed %d: max_inflight 1 over 2 replicas serves 2 and sheds the rest at once", ok, shed)
 	}
 }
+
+func TestGlobalQueueAcrossTwoInstancesNeverOverloadsAReplica(t *testing.T) {
+	addr := testRedis(t)
+	prefix := fmt.Sprintf("q-%d", time.Now().UnixNano()%1e9)
+	policy := func(instance string) string {
+		return fmt.Sprintf("lb_policy global_redis_least {\n\t\t\tpool grlq\n\t\t\tredis %s\n\t\t\tkey_prefix %s\n\t\t\tinstance_id %s\n\t\t\tmax_inflight 1\n\t\t\tqueue_timeout 20s\n\t\t}", addr, prefix, instance)
+	}
+	startCaddy(t, globals+fmt.Sprintf(`
+:9930 {
+	custom_router grlq
+	reverse_proxy {
+		dynamic custom_router grlq
+		%s
+	}
+}
+:9929 {
+	reverse_proxy {
+		dynamic custom_router grlq
+		%s
+	}
+}
+`, policy("a"), policy("b"))+strings.ReplaceAll(sims(9927, 9928), "150ms", "300ms"))
+	setBackends(t, "http://127.0.0.1:9930", "http://127.0.0.1:9927", "http://127.0.0.1:9928")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ok := 0
+	for i := 0; i < 8; i++ {
+		url := []string{"http://127.0.0.1:9930", "http://127.0.0.1:9929"}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if o := complete(url); o.status == 200 {
+				mu.Lock()
+				ok++
+				mu.Unlock()
+			} else {
+				t.Errorf("request: %+v", o)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok != 8 {
+		t.Fatalf("%d of 8 served: queued requests must all be served, none shed", ok)
+	}
+	total := uint64(0)
+	for _, p := range []int{9927, 9928} {
+		st := caddymodule.InferenceSimReplica(fmt.Sprintf("sim-%d", p)).Stats()
+		if st.MaxRunning != 1 || st.MaxWaiting != 0 || st.Requests < 2 {
+			t.Fatalf("replica %d: %d requests, max running %d, max waiting %d: the global queue must keep one in flight per replica and use both", p, st.Requests, st.MaxRunning, st.MaxWaiting)
+		}
+		total += uint64(st.Requests)
+	}
+	if total != 8 {
+		t.Fatalf("replicas saw %d requests, want 8", total)
+	}
+}
