@@ -70,6 +70,9 @@ func reload(t *testing.T, caddyfile string) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("reload: %d %s", resp.StatusCode, body)
 	}
+	// A changed config replaces the servers: the old ones close their idle
+	// keep-alive connections, and reusing one would read EOF.
+	client.CloseIdleConnections()
 }
 
 type outcome struct {

@@ -10,6 +10,16 @@ tmp=$(mktemp -d)
 # Keep Caddy's autosave and the persisted backend sets out of $HOME.
 export XDG_DATA_HOME="$tmp/data" XDG_CONFIG_HOME="$tmp/config"
 
+# The benchmark harness's smoke test compares against HAProxy.
+if ! command -v haproxy >/dev/null 2>&1; then
+	if [ "$(id -u)" -eq 0 ]; then
+		echo "installing haproxy (Debian package) for the benchmark harness test" >&2
+		apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy >&2
+	else
+		echo "haproxy is missing and this is not root: the harness test will skip (or fail under CI=true)" >&2
+	fi
+fi
+
 eval "$(bash scripts/redis-test-server.sh)"
 trap 'kill "$SLUICE_TEST_REDIS_PID" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 echo "test redis at $SLUICE_TEST_REDIS_ADDR (pid $SLUICE_TEST_REDIS_PID)"
