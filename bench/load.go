@@ -1,0 +1,165 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptrace"
+	"sync"
+	"time"
+)
+
+// Record is one request as the load generator saw it.
+type Record struct {
+	System  string
+	Seq     int
+	Proxy   int           // index of the proxy instance it was sent to
+	Start   time.Duration // since the start of the system's run
+	Latency time.Duration // to the last byte of the body
+	TTFB    time.Duration // to the first byte of the response
+	Status  int           // 0: no answer (lost)
+	Replica string        // X-Sim-Replica
+	Class   string        // the workload's class of the request (tenant…), if any
+	Err     string
+}
+
+// Lost reports whether the request got no HTTP answer at all.
+func (r Record) Lost() bool { return r.Status == 0 }
+
+// workload describes an open-loop run: arrivals at the given offsets (a
+// Poisson process or a script), built by build, plus timed actions (e.g. a
+// scale-up) fired on the same clock.
+type workload struct {
+	arrivals []time.Duration
+	build    func(n int) (req *http.Request, proxy int)
+	// class, if set, names arrival n's class (e.g. its tenant).
+	class   func(n int) string
+	actions []action
+	// monitor, if set, runs from the start until every request has ended.
+	monitor func(ctx context.Context)
+}
+
+type action struct {
+	at time.Duration
+	do func(ctx context.Context) error
+}
+
+// poisson returns arrival offsets of a Poisson process at rate/s over d.
+func poisson(rate float64, d time.Duration, seed uint64) []time.Duration {
+	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	var out []time.Duration
+	t := time.Duration(0)
+	for {
+		t += time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
+		if t >= d {
+			return out
+		}
+		out = append(out, t)
+	}
+}
+
+// drive sends every arrival on its own goroutine at its time (open loop:
+// arrivals never wait for answers), runs the actions, and returns every
+// request's record once all have ended. Each request is bounded by
+// reqTimeout; a request without an HTTP answer is recorded as lost.
+func drive(ctx context.Context, system string, w workload, reqTimeout time.Duration) ([]Record, []error) {
+	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: 30 * time.Second}
+	client := &http.Client{Transport: tr, Timeout: reqTimeout}
+	defer tr.CloseIdleConnections()
+
+	recs := make([]Record, len(w.arrivals))
+	var (
+		wg      sync.WaitGroup
+		errMu   sync.Mutex
+		actErrs []error
+	)
+	start := time.Now()
+	if w.monitor != nil {
+		mctx, stop := context.WithCancel(ctx)
+		mdone := make(chan struct{})
+		go func() { defer close(mdone); w.monitor(mctx) }()
+		defer func() { stop(); <-mdone }()
+	}
+	for _, a := range w.actions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !sleepUntil(ctx, start.Add(a.at)) {
+				return
+			}
+			if err := a.do(ctx); err != nil {
+				errMu.Lock()
+				actErrs = append(actErrs, err)
+				errMu.Unlock()
+			}
+		}()
+	}
+	for n, at := range w.arrivals {
+		if !sleepUntil(ctx, start.Add(at)) {
+			// Cancelled: the rest are never sent (and recorded as lost).
+			for m := n; m < len(w.arrivals); m++ {
+				recs[m] = Record{System: system, Seq: m, Start: w.arrivals[m], Err: "not sent: run cancelled"}
+				if w.class != nil {
+					recs[m].Class = w.class(m)
+				}
+			}
+			break
+		}
+		req, proxy := w.build(n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			recs[n] = send(client, req.WithContext(ctx), system, n, proxy, start)
+			if w.class != nil {
+				recs[n].Class = w.class(n)
+			}
+		}()
+	}
+	wg.Wait()
+	return recs, actErrs
+}
+
+func send(client *http.Client, req *http.Request, system string, n, proxy int, runStart time.Time) Record {
+	r := Record{System: system, Seq: n, Proxy: proxy}
+	var first time.Time
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotFirstResponseByte: func() { first = time.Now() },
+	}))
+	t0 := time.Now()
+	r.Start = t0.Sub(runStart)
+	resp, err := client.Do(req)
+	if err != nil {
+		r.Err = err.Error()
+		r.Latency = time.Since(t0)
+		return r
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	r.Latency = time.Since(t0)
+	if !first.IsZero() {
+		r.TTFB = first.Sub(t0)
+	}
+	r.Status = resp.StatusCode
+	r.Replica = resp.Header.Get("X-Sim-Replica")
+	if err != nil {
+		// Headers came but the body was cut: answered, but not complete.
+		r.Err = "body: " + err.Error()
+	}
+	return r
+}
+
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

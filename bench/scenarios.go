@@ -1,0 +1,550 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-router/sluice/sim"
+)
+
+var scenarios = []scenario{
+	{
+		name:  "local-view",
+		title: "Photoroom local view: 4 proxies × 16 one-at-a-time replicas at 85% load",
+		about: "16 one-at-a-time replicas (~100 ms lognormal, σ 0.5; capacity ~160 req/s), " +
+			"Poisson arrivals at 136 req/s (85%) spread round-robin over the proxies. " +
+			"Per-proxy policies see only their own quarter of the traffic; global_redis_least shares one view " +
+			"through a private Redis; the references are one central queue (one HAProxy with maxconn 1 per server, " +
+			"one Sluice queued_least_latency with a 1 ms threshold).",
+		run: localView,
+	},
+	{
+		name:  "burst-scaleup",
+		title: "Hugging Face burst + scale-up: 2 replicas, burst 5× their capacity, 6 replicas added 2 s in",
+		about: "2 one-at-a-time replicas of ~200 ms (lognormal σ 0.5; capacity ~10 req/s), Poisson burst at 50 req/s " +
+			"for 6 s; 2 s into the burst 6 more replicas are added — to Sluice with POST /_custom_router/set-backends, " +
+			"to Caddy least_conn with a config reload (POST /load on its admin API). " +
+			"new_first/new_all: seconds from the scale-up call until the first / the last of the new replicas starts serving " +
+			"(replica-side, polled every 5 ms).",
+		extras: []extraCol{{"new_first_s", "new replica serves after", "%.3f s"}, {"new_all_s", "all 6 serve after", "%.3f s"}},
+		run:    burstScaleup,
+	},
+	{
+		name:  "shared-prefix",
+		title: "SGLang shared prefixes: 8 long system prompts over 4 prefix-caching replicas",
+		about: "8 system prompts of ~520 tokens shared by many chats; 4 replicas with a prefix cache of 30 blocks of 256 " +
+			"characters (about 3 prefixes), 0.4 ms prefill per uncached token, 5 ms per output token, 8 sequences at once; " +
+			"Poisson 40 req/s. The oracle hashes on the prefix's id (Caddy's header policy on X-Prefix-Id, which " +
+			"the others ignore). hit rate = Σ PrefixHits / Σ PrefixQueries over the replicas (prompt tokens).",
+		extras: []extraCol{{"hit_rate", "hit rate", "%.2f"}},
+		run:    sharedPrefix,
+	},
+	{
+		name:  "noisy-neighbour",
+		title: "GIE noisy neighbour: tenant A at 4 req/s, tenant B flooding at 60 req/s, 4 replicas (~40 req/s)",
+		about: "4 one-at-a-time replicas of ~100 ms (lognormal σ 0.3; capacity ~40 req/s) behind one proxy; tenant A " +
+			"(X-Gateway-Inference-Fairness-Id: A) sends 4 req/s, tenant B 60 req/s, Poisson, 10 s. First A alone, then A + B " +
+			"through each system. A_p50/A_p99 are tenant A's latencies; refused counts answers other than 200.",
+		extras: []extraCol{{"A_p50_s", "A p50", "%.3f s"}, {"A_p99_s", "A p99", "%.3f s"}, {"A_ok", "A ok", "%.0f"},
+			{"A_refused", "A refused", "%.0f"}, {"B_ok", "B ok", "%.0f"}, {"B_refused", "B refused", "%.0f"}, {"B_p99_s", "B p99", "%.3f s"}},
+		run: noisyNeighbour,
+	},
+	{
+		name:  "overhead",
+		title: "Proxy overhead: tiny requests at 1000 req/s (open loop) over 4 instant replicas",
+		about: "4 replicas answering at once (fixed 0 latency, 256 at a time, 1 output token); Poisson 1000 req/s for 6 s, " +
+			"against the replicas directly and through each proxy. The latency above `direct` is the proxy's cost " +
+			"(on the same 2 cores as the load generator and the replicas).",
+		run: overhead,
+	},
+}
+
+func (r *runner) dur(def, quick time.Duration) time.Duration {
+	if r.opt.Quick {
+		return quick
+	}
+	return def
+}
+
+func addrs(fleet []*sim.Server) []string {
+	out := make([]string, len(fleet))
+	for i, s := range fleet {
+		out[i] = s.Addr()
+	}
+	return out
+}
+
+func urls(fleet []*sim.Server) []string {
+	out := make([]string, len(fleet))
+	for i, s := range fleet {
+		out[i] = s.URL()
+	}
+	return out
+}
+
+// caddyProxies starts n Caddy instances, each with the site body site(i).
+func (r *runner) caddyProxies(name string, n int, site func(i int) string) ([]string, error) {
+	ports, err := freePorts(n)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for i := range n {
+		u, err := r.startCaddy(fmt.Sprintf("%s-%d", name, i), ports[i], "off", site(i))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+func (r *runner) haproxies(name string, n int, servers []string, maxconn int) ([]string, error) {
+	ports, err := freePorts(n)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for i := range n {
+		u, err := r.startHAProxy(fmt.Sprintf("%s-%d", name, i), ports[i], servers, maxconn)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+func staticProxy(ups []string, policy string) string {
+	return fmt.Sprintf("reverse_proxy %s {\n\t%s\n}", strings.Join(ups, " "), strings.ReplaceAll(policy, "\n", "\n\t"))
+}
+
+// ---- local-view ----------------------------------------------------------
+
+func localView(r *runner) {
+	const replicas, rate = 16, 136.0
+	arrivals := poisson(rate, r.dur(12*time.Second, 2*time.Second), 11)
+	fleet := make([]sim.Config, replicas)
+	for i := range fleet {
+		fleet[i] = sim.Config{Name: fmt.Sprintf("lv-%02d", i), Concurrency: 1,
+			Latency: sim.Latency{Kind: sim.LatencyLognormal, Duration: 100 * time.Millisecond, Sigma: 0.5},
+			Seed:    uint64(i + 1)}
+	}
+	load := func(_ []*sim.Server, proxies []string) workload {
+		return workload{arrivals: arrivals, build: func(n int) (*http.Request, int) {
+			p := n % len(proxies)
+			req, _ := http.NewRequest(http.MethodPost, proxies[p]+"/v1/completions",
+				strings.NewReader(`{"prompt":"remove the background","max_tokens":4}`))
+			req.Header.Set("Content-Type", "application/json")
+			return req, p
+		}}
+	}
+	caddyPolicy := func(name, desc, policy string) sysSpec {
+		return sysSpec{name: name, desc: desc, proxies: 4, fleet: fleet, load: load,
+			start: func(f []*sim.Server) ([]string, error) {
+				return r.caddyProxies(name, 4, func(int) string { return staticProxy(addrs(f), policy) })
+			}}
+	}
+	keyPrefix := fmt.Sprintf("bench-%d", time.Now().UnixNano()%1e9)
+	systems := []sysSpec{
+		caddyPolicy("caddy_round_robin_x4", "4 Caddy, lb_policy round_robin", "lb_policy round_robin"),
+		caddyPolicy("caddy_random_choose_2_x4", "4 Caddy, lb_policy random_choose 2", "lb_policy random_choose 2"),
+		caddyPolicy("caddy_least_conn_x4", "4 Caddy, lb_policy least_conn (local view)", "lb_policy least_conn"),
+		{name: "haproxy_leastconn_x4", desc: "4 HAProxy, balance leastconn (local view)", proxies: 4, fleet: fleet, load: load,
+			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-lc", 4, addrs(f), 0) }},
+		{name: "sluice_global_redis_least_x4", desc: "4 Sluice, global_redis_least, one shared Redis", proxies: 4, fleet: fleet, load: load,
+			start: func(f []*sim.Server) ([]string, error) {
+				addr, err := r.redisAddr()
+				if err != nil {
+					return nil, fmt.Errorf("%w: %v", errSkipped, err)
+				}
+				return r.caddyProxies("sluice-grl", 4, func(i int) string {
+					return staticProxy(addrs(f), fmt.Sprintf("lb_policy global_redis_least {\n\tpool lv\n\tredis %s\n\tkey_prefix %s\n\tinstance_id p%d\n}",
+						addr, keyPrefix, i))
+				})
+			}},
+		{name: "sluice_global_redis_queue_x4", desc: "4 Sluice, global_redis_least queueing mode (max_inflight 1, one global queue in Redis)", proxies: 4, fleet: fleet, load: load,
+			start: func(f []*sim.Server) ([]string, error) {
+				addr, err := r.redisAddr()
+				if err != nil {
+					return nil, fmt.Errorf("%w: %v", errSkipped, err)
+				}
+				return r.caddyProxies("sluice-grlq", 4, func(i int) string {
+					return staticProxy(addrs(f), fmt.Sprintf("lb_policy global_redis_least {\n\tpool lvq\n\tredis %s\n\tkey_prefix %s-q\n\tinstance_id q%d\n\tmax_inflight 1\n\tqueue_timeout 30s\n}",
+						addr, keyPrefix, i))
+				})
+			}},
+		{name: "central_haproxy_maxconn1", desc: "reference: ONE HAProxy, leastconn, maxconn 1 per server (queues in HAProxy)", proxies: 1, fleet: fleet, load: load,
+			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-central", 1, addrs(f), 1) }},
+		{name: "central_sluice_qll_1ms", desc: "reference: ONE Sluice, queued_least_latency, latency_threshold 1ms (queues at the edge)", proxies: 1, fleet: fleet, load: load,
+			start: func(f []*sim.Server) ([]string, error) {
+				return r.caddyProxies("sluice-qll", 1, func(int) string {
+					return staticProxy(addrs(f), "lb_policy queued_least_latency {\n\tpool lv-central\n\tlatency_threshold 1ms\n}")
+				})
+			}},
+	}
+	for _, s := range systems {
+		r.system(s)
+	}
+}
+
+// ---- burst-scaleup -------------------------------------------------------
+
+func burstScaleup(r *runner) {
+	const initial, added = 2, 6
+	burst := r.dur(6*time.Second, 3*time.Second)
+	scaleAt := r.dur(2*time.Second, 1*time.Second)
+	arrivals := poisson(50, burst, 42)
+	fleet := make([]sim.Config, initial+added)
+	for i := range fleet {
+		fleet[i] = sim.Config{Name: fmt.Sprintf("hf-%d", i), Concurrency: 1,
+			Latency: sim.Latency{Kind: sim.LatencyLognormal, Duration: 200 * time.Millisecond, Sigma: 0.5},
+			Seed:    uint64(i + 1)}
+	}
+
+	// scaleTimes measures, replica-side, when the new replicas start
+	// serving relative to the scale-up call.
+	type scaleTimes struct {
+		mu       sync.Mutex
+		called   time.Time
+		first    time.Time
+		firstOf  map[int]time.Time
+		callTook time.Duration
+	}
+	mk := func(name, desc string, start func(f []*sim.Server) ([]string, error),
+		scale func(ctx context.Context, f []*sim.Server, proxy string) error) sysSpec {
+		st := &scaleTimes{firstOf: map[int]time.Time{}}
+		return sysSpec{name: name, desc: desc, proxies: 1, fleet: fleet, start: start, reqTimeout: 60 * time.Second,
+			load: func(f []*sim.Server, proxies []string) workload {
+				return workload{
+					arrivals: arrivals,
+					build: func(n int) (*http.Request, int) {
+						req, _ := http.NewRequest(http.MethodPost, proxies[0]+"/v1/completions",
+							strings.NewReader(`{"prompt":"draw a cat","max_tokens":4}`))
+						req.Header.Set("Content-Type", "application/json")
+						return req, 0
+					},
+					actions: []action{{at: scaleAt, do: func(ctx context.Context) error {
+						st.mu.Lock()
+						st.called = time.Now()
+						st.mu.Unlock()
+						err := scale(ctx, f, proxies[0])
+						st.mu.Lock()
+						st.callTook = time.Since(st.called)
+						st.mu.Unlock()
+						return err
+					}}},
+					monitor: func(ctx context.Context) {
+						tk := time.NewTicker(5 * time.Millisecond)
+						defer tk.Stop()
+						for {
+							select {
+							case <-ctx.Done():
+								return
+							case now := <-tk.C:
+								st.mu.Lock()
+								for i := initial; i < len(f); i++ {
+									if _, ok := st.firstOf[i]; !ok && f[i].Replica().Stats().Started > 0 {
+										st.firstOf[i] = now
+										if st.first.IsZero() {
+											st.first = now
+										}
+									}
+								}
+								done := len(st.firstOf) == added
+								st.mu.Unlock()
+								if done {
+									return
+								}
+							}
+						}
+					},
+				}
+			},
+			after: func(f []*sim.Server, _ []Record, s *Summary) {
+				st.mu.Lock()
+				defer st.mu.Unlock()
+				if st.called.IsZero() {
+					return
+				}
+				s.Extra["scale_call_s"] = st.callTook.Seconds()
+				if !st.first.IsZero() {
+					s.Extra["new_first_s"] = max(0, st.first.Sub(st.called).Seconds())
+				} else {
+					s.Notes = append(s.Notes, "no new replica served")
+				}
+				if len(st.firstOf) == added {
+					var last time.Time
+					for _, t := range st.firstOf {
+						if t.After(last) {
+							last = t
+						}
+					}
+					s.Extra["new_all_s"] = max(0, last.Sub(st.called).Seconds())
+				} else {
+					s.Notes = append(s.Notes, fmt.Sprintf("only %d of %d new replicas served", len(st.firstOf), added))
+				}
+			}}
+	}
+
+	setBackends := func(ctx context.Context, f []*sim.Server, proxy string) error {
+		b, _ := json.Marshal(map[string][]string{"backends": urls(f)})
+		return post(ctx, proxy+"/_custom_router/set-backends", "application/json", string(b))
+	}
+	sluice := func(threshold string) func(f []*sim.Server) ([]string, error) {
+		return func(f []*sim.Server) ([]string, error) {
+			th := ""
+			if threshold != "" {
+				th = "\n\t\tlatency_threshold " + threshold
+			}
+			return r.caddyProxies("sluice-hf", 1, func(int) string {
+				return fmt.Sprintf("custom_router hf {\n\tbackends %s\n}\nreverse_proxy {\n\tdynamic custom_router hf\n\tlb_policy queued_least_latency {\n\t\tpool hf%s\n\t}\n}",
+					strings.Join(urls(f)[:initial], " "), th)
+			})
+		}
+	}
+	// Caddy least_conn: scale-up is a config reload through the admin API.
+	var adminAddr string
+	var lcPort int
+	lcSite := func(ups []string) string { return staticProxy(ups, "lb_policy least_conn") }
+	systems := []sysSpec{
+		mk("sluice_qll_50ms", "Sluice queued_least_latency, latency_threshold 50ms; scale-up: set-backends", sluice("50ms"), setBackends),
+		mk("sluice_qll_default", "Sluice queued_least_latency, defaults (3 s threshold); scale-up: set-backends", sluice(""), setBackends),
+		mk("caddy_least_conn_reload", "Caddy least_conn, static upstreams; scale-up: POST /load with 8 upstreams",
+			func(f []*sim.Server) ([]string, error) {
+				ports, err := freePorts(2)
+				if err != nil {
+					return nil, err
+				}
+				lcPort, adminAddr = ports[0], fmt.Sprintf("127.0.0.1:%d", ports[1])
+				u, err := r.startCaddy("caddy-lc", lcPort, adminAddr, lcSite(addrs(f)[:initial]))
+				if err != nil {
+					return nil, err
+				}
+				return []string{u}, nil
+			},
+			func(ctx context.Context, f []*sim.Server, _ string) error {
+				return post(ctx, "http://"+adminAddr+"/load", "text/caddyfile", caddyfile(lcPort, adminAddr, lcSite(addrs(f))))
+			}),
+	}
+	for _, s := range systems {
+		r.system(s)
+	}
+}
+
+// ---- shared-prefix -------------------------------------------------------
+
+func sharedPrefix(r *runner) {
+	const replicas, rate = 4, 40.0
+	arrivals := poisson(rate, r.dur(15*time.Second, 2*time.Second), 7)
+	fleet := make([]sim.Config, replicas)
+	for i := range fleet {
+		fleet[i] = sim.Config{Name: fmt.Sprintf("pfx-%d", i), Concurrency: 8, MaxTokens: 4,
+			Latency:     sim.Latency{Kind: sim.LatencyPerToken, Prefill: 400 * time.Microsecond, Decode: 5 * time.Millisecond},
+			PrefixCache: sim.PrefixCache{Blocks: 30, BlockChars: 256},
+			Seed:        uint64(i + 1)}
+	}
+	prefixes := make([]string, 8)
+	for i := range prefixes {
+		prefixes[i] = fmt.Sprintf("System prompt %d. ", i) + strings.Repeat(fmt.Sprintf("Rule %d of tenant %d: be precise and cite sources. ", i, i), 40)
+	}
+	// The same bodies, in the same order, for every system.
+	rng := rand.New(rand.NewPCG(7, 70))
+	type body struct {
+		id   int
+		json string
+	}
+	bodies := make([]body, len(arrivals))
+	for n := range bodies {
+		id := rng.IntN(len(prefixes))
+		b, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 4, "messages": []map[string]string{
+			{"role": "system", "content": prefixes[id]},
+			{"role": "user", "content": fmt.Sprintf("Question %d: what changed?", n)},
+		}})
+		bodies[n] = body{id, string(b)}
+	}
+	load := func(_ []*sim.Server, proxies []string) workload {
+		return workload{arrivals: arrivals, build: func(n int) (*http.Request, int) {
+			req, _ := http.NewRequest(http.MethodPost, proxies[0]+"/v1/chat/completions", strings.NewReader(bodies[n].json))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Prefix-Id", fmt.Sprint(bodies[n].id))
+			return req, 0
+		}}
+	}
+	hitRate := func(f []*sim.Server, _ []Record, s *Summary) {
+		var q, h uint64
+		for _, srv := range f {
+			st := srv.Replica().Stats()
+			q += st.PrefixQueries
+			h += st.PrefixHits
+		}
+		if q > 0 {
+			s.Extra["hit_rate"] = float64(h) / float64(q)
+		}
+	}
+	caddy := func(name, desc, policy string) sysSpec {
+		return sysSpec{name: name, desc: desc, proxies: 1, fleet: fleet, load: load, after: hitRate,
+			start: func(f []*sim.Server) ([]string, error) {
+				return r.caddyProxies(name, 1, func(int) string { return staticProxy(addrs(f), policy) })
+			}}
+	}
+	systems := []sysSpec{
+		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
+		caddy("caddy_least_conn", "Caddy lb_policy least_conn", "lb_policy least_conn"),
+		{name: "haproxy_leastconn", desc: "HAProxy balance leastconn", proxies: 1, fleet: fleet, load: load, after: hitRate,
+			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-lc", 1, addrs(f), 0) }},
+		caddy("oracle_header_hash", "oracle: Caddy lb_policy header X-Prefix-Id (knows the prefix id)", "lb_policy header X-Prefix-Id"),
+		caddy("sluice_cache_aware", "Sluice cache_aware, defaults (least_load on miss)", "lb_policy cache_aware {\n\tpool pfx\n}"),
+	}
+	for _, s := range systems {
+		r.system(s)
+	}
+}
+
+// ---- noisy-neighbour -----------------------------------------------------
+
+func noisyNeighbour(r *runner) {
+	d := r.dur(10*time.Second, 2*time.Second)
+	a := poisson(4, d, 1)
+	b := poisson(60, d, 2)
+	type arrival struct {
+		at     time.Duration
+		tenant string
+	}
+	var both []arrival
+	for i, j := 0, 0; i < len(a) || j < len(b); {
+		if j >= len(b) || (i < len(a) && a[i] <= b[j]) {
+			both = append(both, arrival{a[i], "A"})
+			i++
+		} else {
+			both = append(both, arrival{b[j], "B"})
+			j++
+		}
+	}
+	fleet := make([]sim.Config, 4)
+	for i := range fleet {
+		fleet[i] = sim.Config{Name: fmt.Sprintf("nn-%d", i), Concurrency: 1,
+			Latency: sim.Latency{Kind: sim.LatencyLognormal, Duration: 100 * time.Millisecond, Sigma: 0.3},
+			Seed:    uint64(i + 1)}
+	}
+	load := func(aOnly bool) func(_ []*sim.Server, proxies []string) workload {
+		list := both
+		if aOnly {
+			list = nil
+			for _, x := range a {
+				list = append(list, arrival{x, "A"})
+			}
+		}
+		at := make([]time.Duration, len(list))
+		for i, x := range list {
+			at[i] = x.at
+		}
+		return func(_ []*sim.Server, proxies []string) workload {
+			return workload{arrivals: at, class: func(n int) string { return list[n].tenant },
+				build: func(n int) (*http.Request, int) {
+					req, _ := http.NewRequest(http.MethodPost, proxies[0]+"/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":4}`))
+					req.Header.Set("Content-Type", "application/json")
+					req.Header.Set("X-Gateway-Inference-Fairness-Id", list[n].tenant)
+					return req, 0
+				}}
+		}
+	}
+	perTenant := func(_ []*sim.Server, recs []Record, s *Summary) {
+		for _, t := range []string{"A", "B"} {
+			var sub []Record
+			for _, rec := range recs {
+				if rec.Class == t {
+					sub = append(sub, rec)
+				}
+			}
+			if len(sub) == 0 {
+				continue
+			}
+			ts := summarize(t, "", 1, nil, sub)
+			s.Extra[t+"_ok"] = float64(ts.OK)
+			s.Extra[t+"_refused"] = float64(len(sub) - ts.OK - ts.Lost)
+			if ts.OK > 0 {
+				s.Extra[t+"_p50_s"] = ts.P50
+				s.Extra[t+"_p99_s"] = ts.P99
+			}
+		}
+	}
+	flow := func(f []*sim.Server) ([]string, error) {
+		return r.caddyProxies("sluice-fc", 1, func(int) string {
+			return fmt.Sprintf(`custom_router nn {
+	backends %s
+}
+flow_control nn {
+	trusted_sources 127.0.0.0/8
+	max_concurrency 1
+	default_ttl 5s
+	band 0 {
+		fairness round_robin
+		max_requests 40
+	}
+}
+reverse_proxy {
+	dynamic custom_router nn
+	lb_policy least_conn
+}`, strings.Join(urls(f), " "))
+		})
+	}
+	systems := []sysSpec{
+		{name: "A_alone_sluice_flow_control", desc: "tenant A alone (4 req/s), through Sluice flow_control", proxies: 1, fleet: fleet,
+			load: load(true), after: perTenant, start: flow},
+		{name: "caddy_least_conn", desc: "A + B flood, Caddy least_conn", proxies: 1, fleet: fleet, load: load(false), after: perTenant,
+			start: func(f []*sim.Server) ([]string, error) {
+				return r.caddyProxies("caddy-lc", 1, func(int) string { return staticProxy(addrs(f), "lb_policy least_conn") })
+			}},
+		{name: "haproxy_leastconn_maxconn1", desc: "A + B flood, HAProxy leastconn, maxconn 1 per server (FIFO queue in HAProxy)", proxies: 1,
+			fleet: fleet, load: load(false), after: perTenant,
+			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-nn", 1, addrs(f), 1) }},
+		{name: "sluice_flow_control", desc: "A + B flood, Sluice flow_control (round_robin fairness, max_concurrency 1, band queue 40, TTL 5 s) + least_conn",
+			proxies: 1, fleet: fleet, load: load(false), after: perTenant, start: flow},
+	}
+	for _, s := range systems {
+		r.system(s)
+	}
+}
+
+// ---- overhead ------------------------------------------------------------
+
+func overhead(r *runner) {
+	arrivals := poisson(1000, r.dur(6*time.Second, 1*time.Second), 5)
+	fleet := make([]sim.Config, 4)
+	for i := range fleet {
+		fleet[i] = sim.Config{Name: fmt.Sprintf("ov-%d", i), Concurrency: 256, MaxTokens: 1, Seed: uint64(i + 1)}
+	}
+	load := func(_ []*sim.Server, proxies []string) workload {
+		return workload{arrivals: arrivals, build: func(n int) (*http.Request, int) {
+			p := n % len(proxies)
+			req, _ := http.NewRequest(http.MethodPost, proxies[p]+"/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":1}`))
+			req.Header.Set("Content-Type", "application/json")
+			return req, p
+		}}
+	}
+	caddy := func(name, desc, policy string) sysSpec {
+		return sysSpec{name: name, desc: desc, proxies: 1, fleet: fleet, load: load,
+			start: func(f []*sim.Server) ([]string, error) {
+				return r.caddyProxies(name, 1, func(int) string { return staticProxy(addrs(f), policy) })
+			}}
+	}
+	systems := []sysSpec{
+		{name: "direct", desc: "no proxy: the client spreads requests round-robin over the replicas", proxies: 0, fleet: fleet, load: load,
+			start: func(f []*sim.Server) ([]string, error) { return urls(f), nil }},
+		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
+		{name: "haproxy_leastconn", desc: "HAProxy balance leastconn", proxies: 1, fleet: fleet, load: load,
+			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-ov", 1, addrs(f), 0) }},
+		caddy("sluice_qll", "Sluice queued_least_latency, defaults", "lb_policy queued_least_latency {\n\tpool ov-qll\n}"),
+		caddy("sluice_cache_aware", "Sluice cache_aware, defaults", "lb_policy cache_aware {\n\tpool ov-ca\n}"),
+	}
+	for _, s := range systems {
+		r.system(s)
+	}
+}
