@@ -35,6 +35,7 @@ func TestMain(m *testing.M) {
 	os.Setenv("XDG_DATA_HOME", dir+"/data")
 	os.Setenv("XDG_CONFIG_HOME", dir+"/config")
 	code := m.Run()
+	stopTestRedis()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

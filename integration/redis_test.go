@@ -17,12 +17,21 @@ var (
 	redisOnce sync.Once
 	redisAddr string
 	redisErr  string
+	redisCmd  *exec.Cmd // the private redis-server, if this binary started one
 )
+
+// stopTestRedis stops the private redis-server (TestMain calls it): a
+// child process outlives its parent unless it is stopped.
+func stopTestRedis() {
+	if redisCmd != nil && redisCmd.Process != nil {
+		_ = redisCmd.Process.Kill()
+		_ = redisCmd.Wait()
+	}
+}
 
 // testRedis returns the address of a real Redis: SLUICE_TEST_REDIS_ADDR
 // (scripts/test.sh and CI start one), else a private redis-server started
-// for this test binary (stopped by the OS when the binary exits: it runs
-// with --daemonize no as our child). In CI, no Redis is a failure.
+// for this test binary (stopped by TestMain). In CI, no Redis is a failure.
 func testRedis(t testing.TB) string {
 	redisOnce.Do(func() {
 		if a := os.Getenv("SLUICE_TEST_REDIS_ADDR"); a != "" {
@@ -46,6 +55,7 @@ func testRedis(t testing.TB) string {
 			redisErr = err.Error()
 			return
 		}
+		redisCmd = cmd
 		redisAddr = fmt.Sprintf("127.0.0.1:%d", port)
 		for i := 0; i < 100; i++ {
 			if c, err := net.Dial("tcp", redisAddr); err == nil {
