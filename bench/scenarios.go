@@ -56,6 +56,20 @@ var scenarios = []scenario{
 		run: noisyNeighbour,
 	},
 	{
+		name:  "heavy-short-mix",
+		title: "Heimdall heavy + short mix: 2 heavy seeds, then a burst every ~10 ms with a heavy request every 50, 4 batching replicas",
+		about: "4 batching replicas (4 sequences at once; per token: 50 µs prefill per prompt token, 3 ms per output token, " +
+			"each extra running sequence slowing decode by 10%). Scripted, deterministic workload (the shape of " +
+			"integration/heavy_mix_bench_test.go): 2 heavy requests 50 ms apart, then from 300 ms a request every 10 ms ± 3 ms, " +
+			"short (10–20 words in, 25–40 tokens out) or medium (120–180 words in, 60–90 out), with one heavy " +
+			"(1300/1500/2700/4000 words in, 320/350/780/1050 out, cycling) after every 50 and 60 ms of extra gap after it; " +
+			"400 requests (120 with -quick), /v1/completions with max_tokens = output tokens. " +
+			"makespan = wall time from the first send to the last answer; short/medium/heavy p99 are per request class.",
+		extras: []extraCol{{"makespan_s", "makespan", "%.2f s"}, {"short_p99_s", "short p99", "%.2f s"},
+			{"medium_p99_s", "medium p99", "%.2f s"}, {"heavy_max_s", "heavy max", "%.2f s"}},
+		run: heavyShortMix,
+	},
+	{
 		name:  "overhead",
 		title: "Proxy overhead: tiny requests at 1000 req/s (open loop) over 4 instant replicas",
 		about: "4 replicas answering at once (fixed 0 latency, 256 at a time, 1 output token); Poisson 1000 req/s for 6 s, " +

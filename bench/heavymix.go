@@ -1,0 +1,146 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluice-router/sluice/sim"
+)
+
+// ---- heavy-short-mix -----------------------------------------------------
+
+// mixRequest is one scripted request of the heavy-short-mix workload.
+type mixRequest struct {
+	at    time.Duration
+	class string // "heavy", "short" or "medium"
+	body  string
+}
+
+// heavyMixScript builds Heimdall's workload shape (seed 003), scaled and
+// deterministic: 2 heavy seeds 50 ms apart, then from 300 ms a request
+// every 10 ms ± 3 ms, short (10–20 words in, 25–40 tokens out) or medium
+// (120–180 words in, 60–90 out) at random, with one heavy (1300 / 1500 /
+// 2700 / 4000 words in, 320 / 350 / 780 / 1050 out, cycling) inlined after
+// every 50 and 60 ms of extra gap after it; total requests in all. Each
+// body is a /v1/completions request with max_tokens = its output tokens.
+// It is the shape of integration/heavy_mix_bench_test.go (same seed).
+func heavyMixScript(total int) []mixRequest {
+	rng := rand.New(rand.NewPCG(42, 42))
+	heavy := [][2]int{{1300, 320}, {1500, 350}, {2700, 780}, {4000, 1050}}
+	vocab := []string{"tensor ", "routing ", "kernel ", "cache ", "decode "}
+	body := func(in, out, tag int) string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "[%d] ", tag)
+		for range in {
+			b.WriteString(vocab[rng.IntN(len(vocab))])
+		}
+		j, _ := json.Marshal(map[string]any{"model": "m", "prompt": b.String(), "max_tokens": out})
+		return string(j)
+	}
+	var out []mixRequest
+	for i := 0; i < 2 && len(out) < total; i++ {
+		out = append(out, mixRequest{time.Duration(i) * 50 * time.Millisecond, "heavy", body(heavy[i][0], heavy[i][1], i)})
+	}
+	t := 300 * time.Millisecond
+	heavyIdx := 0
+	for n := 0; len(out) < total; n++ {
+		var in, osl int
+		class := "short"
+		inline := n > 0 && n%51 == 50
+		switch {
+		case inline:
+			in, osl = heavy[heavyIdx%4][0], heavy[heavyIdx%4][1]
+			heavyIdx++
+			class = "heavy"
+		case rng.IntN(2) == 0:
+			in, osl = 10+rng.IntN(11), 25+rng.IntN(16)
+		default:
+			in, osl = 120+rng.IntN(61), 60+rng.IntN(31)
+			class = "medium"
+		}
+		out = append(out, mixRequest{t, class, body(in, osl, 1000+n)})
+		t += 10*time.Millisecond + time.Duration(rng.IntN(7)-3)*time.Millisecond
+		if inline {
+			t += 60 * time.Millisecond
+		}
+	}
+	return out
+}
+
+func heavyShortMix(r *runner) {
+	total := 400
+	if r.opt.Quick {
+		total = 120
+	}
+	script := heavyMixScript(total)
+	arrivals := make([]time.Duration, len(script))
+	for i, m := range script {
+		arrivals[i] = m.at
+	}
+	fleet := make([]sim.Config, 4)
+	for i := range fleet {
+		fleet[i] = sim.Config{Name: fmt.Sprintf("mix-%d", i), Concurrency: 4,
+			Latency: sim.Latency{Kind: sim.LatencyPerToken, Prefill: 50 * time.Microsecond,
+				Decode: 3 * time.Millisecond, BatchSlowdown: 0.1},
+			Seed: uint64(i + 1)}
+	}
+	load := func(_ []*sim.Server, proxies []string) workload {
+		return workload{arrivals: arrivals, class: func(n int) string { return script[n].class },
+			build: func(n int) (*http.Request, int) {
+				req, _ := http.NewRequest(http.MethodPost, proxies[0]+"/v1/completions", strings.NewReader(script[n].body))
+				req.Header.Set("Content-Type", "application/json")
+				return req, 0
+			}}
+	}
+	measures := func(_ []*sim.Server, recs []Record, s *Summary) {
+		// Makespan: from the first send to the last answer.
+		first, last := time.Duration(-1), time.Duration(0)
+		for _, rec := range recs {
+			if first < 0 || rec.Start < first {
+				first = rec.Start
+			}
+			if !rec.Lost() {
+				last = max(last, rec.Start+rec.Latency)
+			}
+		}
+		if first >= 0 && last > first {
+			s.Extra["makespan_s"] = (last - first).Seconds()
+		}
+		for _, c := range []string{"short", "medium", "heavy"} {
+			var sub []Record
+			for _, rec := range recs {
+				if rec.Class == c {
+					sub = append(sub, rec)
+				}
+			}
+			if cs := summarize(c, "", 1, nil, sub); cs.OK > 0 {
+				s.Extra[c+"_p50_s"] = cs.P50
+				s.Extra[c+"_p99_s"] = cs.P99
+				s.Extra[c+"_max_s"] = cs.Max
+			}
+		}
+	}
+	caddy := func(name, desc, policy string) sysSpec {
+		return sysSpec{name: name, desc: desc, proxies: 1, fleet: fleet, load: load, after: measures,
+			start: func(f []*sim.Server) ([]string, error) {
+				return r.caddyProxies(name, 1, func(int) string { return staticProxy(addrs(f), policy) })
+			}}
+	}
+	systems := []sysSpec{
+		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
+		caddy("caddy_least_conn", "Caddy lb_policy least_conn", "lb_policy least_conn"),
+		{name: "haproxy_leastconn", desc: "HAProxy balance leastconn", proxies: 1, fleet: fleet, load: load, after: measures,
+			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-lc", 1, addrs(f), 0) }},
+		caddy("sluice_load_aware_default", "Sluice load_aware, default scorers (the five Heimdall scorers), metrics_interval 100ms",
+			"lb_policy load_aware {\n\tpool mix-default\n\tmetrics_interval 100ms\n}"),
+		caddy("sluice_load_aware_load_only", "Sluice load_aware, load scorers only (queue, load_aware, active_request), metrics_interval 100ms",
+			"lb_policy load_aware {\n\tpool mix-load\n\tmetrics_interval 100ms\n\tscorer queue\n\tscorer load_aware\n\tscorer active_request\n}"),
+	}
+	for _, s := range systems {
+		r.system(s)
+	}
+}
