@@ -29,6 +29,25 @@ type mixRequest struct {
 // body is a /v1/completions request with max_tokens = its output tokens.
 // It is the shape of integration/heavy_mix_bench_test.go (same seed).
 func heavyMixScript(total int) []mixRequest {
+	return mixScript(mixShape{total: total, heavySeeds: 2, seedInterval: 50 * time.Millisecond,
+		burstStart: 300 * time.Millisecond, burstInterval: 10 * time.Millisecond, jitter: 3 * time.Millisecond,
+		inlineEvery: 50, inlineGap: 60 * time.Millisecond})
+}
+
+// mixShape holds the knobs of Heimdall's workload generator (seed 003's
+// workload.py), already scaled to this machine's time.
+type mixShape struct {
+	total, heavySeeds, inlineEvery                  int
+	seedInterval, burstStart, burstInterval, jitter time.Duration
+	inlineGap                                       time.Duration
+}
+
+// mixScript builds the workload: heavySeeds heavy requests (specs cycling)
+// seedInterval apart, then from burstStart a burst every burstInterval ±
+// jitter of short or medium requests, one heavy inlined after every
+// inlineEvery, with inlineGap of extra gap after it.
+func mixScript(sh mixShape) []mixRequest {
+	total := sh.total
 	rng := rand.New(rand.NewPCG(42, 42))
 	heavy := [][2]int{{1300, 320}, {1500, 350}, {2700, 780}, {4000, 1050}}
 	vocab := []string{"tensor ", "routing ", "kernel ", "cache ", "decode "}
@@ -42,15 +61,16 @@ func heavyMixScript(total int) []mixRequest {
 		return string(j)
 	}
 	var out []mixRequest
-	for i := 0; i < 2 && len(out) < total; i++ {
-		out = append(out, mixRequest{time.Duration(i) * 50 * time.Millisecond, "heavy", body(heavy[i][0], heavy[i][1], i)})
+	for i := 0; i < sh.heavySeeds && len(out) < total; i++ {
+		h := heavy[i%len(heavy)]
+		out = append(out, mixRequest{time.Duration(i) * sh.seedInterval, "heavy", body(h[0], h[1], i)})
 	}
-	t := 300 * time.Millisecond
+	t := sh.burstStart
 	heavyIdx := 0
 	for n := 0; len(out) < total; n++ {
 		var in, osl int
 		class := "short"
-		inline := n > 0 && n%51 == 50
+		inline := n > 0 && n%(sh.inlineEvery+1) == sh.inlineEvery
 		switch {
 		case inline:
 			in, osl = heavy[heavyIdx%4][0], heavy[heavyIdx%4][1]
@@ -63,9 +83,12 @@ func heavyMixScript(total int) []mixRequest {
 			class = "medium"
 		}
 		out = append(out, mixRequest{t, class, body(in, osl, 1000+n)})
-		t += 10*time.Millisecond + time.Duration(rng.IntN(7)-3)*time.Millisecond
+		t += sh.burstInterval
+		if sh.jitter > 0 {
+			t += time.Duration(rng.Int64N(int64(2*sh.jitter)+1)) - sh.jitter
+		}
 		if inline {
-			t += 60 * time.Millisecond
+			t += sh.inlineGap
 		}
 	}
 	return out
@@ -76,16 +99,38 @@ func heavyShortMix(r *runner) {
 	if r.opt.Quick {
 		total = 120
 	}
-	script := heavyMixScript(total)
+	runMix(r, heavyMixScript(total), 4, 0.1)
+}
+
+// heimdallPublished is the invocation behind Heimdall's −18% (seed 003:
+// `--heavy-seeds 400 --seed-interval 0 --total 800 --burst-start 5
+// --burst-interval 0.5 --jitter 0.5 --inline-extra-gap 0.5 --inline-every
+// 24`), with time scaled 1/10: 400 heavy requests at once (the four specs
+// cycling, so round robin over 4 replicas gives each replica one spec),
+// then 400 short/medium requests every 50 ms ± 50 ms with a heavy one
+// after every 24. Replicas batch up to 64 sequences, decode slowing 1% per
+// extra sequence.
+func heimdallPublished(r *runner) {
+	sh := mixShape{total: 800, heavySeeds: 400, burstStart: 500 * time.Millisecond,
+		burstInterval: 50 * time.Millisecond, jitter: 50 * time.Millisecond, inlineEvery: 24, inlineGap: 50 * time.Millisecond}
+	if r.opt.Quick {
+		sh.total, sh.heavySeeds = 160, 80
+	}
+	runMix(r, mixScript(sh), 64, 0.01)
+}
+
+// runMix runs a scripted heavy/short workload over 4 batching replicas
+// serving up to seqs sequences each.
+func runMix(r *runner, script []mixRequest, seqs int, slowdown float64) {
 	arrivals := make([]time.Duration, len(script))
 	for i, m := range script {
 		arrivals[i] = m.at
 	}
 	fleet := make([]sim.Config, 4)
 	for i := range fleet {
-		fleet[i] = sim.Config{Name: fmt.Sprintf("mix-%d", i), Concurrency: 4,
+		fleet[i] = sim.Config{Name: fmt.Sprintf("mix-%d", i), Concurrency: seqs,
 			Latency: sim.Latency{Kind: sim.LatencyPerToken, Prefill: 50 * time.Microsecond,
-				Decode: 3 * time.Millisecond, BatchSlowdown: 0.1},
+				Decode: 3 * time.Millisecond, BatchSlowdown: slowdown},
 			Seed: uint64(i + 1)}
 	}
 	load := func(_ []*sim.Server, proxies []string) workload {
