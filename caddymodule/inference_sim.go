@@ -47,6 +47,17 @@ type InferenceSim struct {
 	PrefixCache *InferenceSimPrefixCache `json:"prefix_cache,omitempty"`
 	// Latency is the service-time model. Default: fixed 0.
 	Latency *InferenceSimLatency `json:"latency,omitempty"`
+	// PrefillBlocksDecode (per_token latency only) runs one prefill at a
+	// time on the replica and pauses the decode of the other running
+	// requests while it runs, as an engine without chunked prefill does
+	// (see sim.Config.PrefillBlocksDecode). Default false.
+	PrefillBlocksDecode bool `json:"prefill_blocks_decode,omitempty"`
+	// KVCapacityTokens, when > 0, is the replica's KV cache in tokens: a
+	// request starts only when its prompt tokens fit next to the prompt and
+	// generated tokens of the running requests (a prompt larger than the
+	// capacity starts alone), and the KV usage metrics report held tokens /
+	// capacity (see sim.Config.KVCapacityTokens). Default 0: off.
+	KVCapacityTokens int `json:"kv_capacity_tokens,omitempty"`
 	// MaxTokens is the output length when a request does not say. Default 16.
 	MaxTokens int `json:"max_tokens,omitempty"`
 	// StreamChunkTokens is the number of tokens per streamed chunk. Default 1.
@@ -110,12 +121,14 @@ func (InferenceSim) CaddyModule() caddy.ModuleInfo {
 // simConfig converts the module's fields to a sim.Config.
 func (s *InferenceSim) simConfig() sim.Config {
 	cfg := sim.Config{
-		Name:              s.Name,
-		Model:             s.Model,
-		Concurrency:       s.Concurrency,
-		MaxTokens:         s.MaxTokens,
-		StreamChunkTokens: s.StreamChunkTokens,
-		MaxBodyBytes:      s.MaxBodyBytes,
+		Name:                s.Name,
+		Model:               s.Model,
+		Concurrency:         s.Concurrency,
+		MaxTokens:           s.MaxTokens,
+		StreamChunkTokens:   s.StreamChunkTokens,
+		MaxBodyBytes:        s.MaxBodyBytes,
+		PrefillBlocksDecode: s.PrefillBlocksDecode,
+		KVCapacityTokens:    s.KVCapacityTokens,
 		Faults: sim.Faults{
 			ErrorRate:   s.ErrorRate,
 			ErrorStatus: s.ErrorStatus,
@@ -229,6 +242,8 @@ func parseInferenceSimCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHan
 //	    latency      per_token <prefill per token> <decode per token> [batch_slowdown <factor>]
 //	    prefill_per_token <duration>          (fixed and lognormal only)
 //	    prefix_cache <blocks> [<block chars>]
+//	    prefill_blocks_decode on|off          (per_token only)
+//	    kv_capacity_tokens <tokens>
 //	    max_tokens   <n>
 //	    stream_chunk <tokens per chunk>
 //	    max_body     <bytes>
@@ -237,6 +252,21 @@ func parseInferenceSimCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHan
 //	    stall        <duration> <rate 0..1>
 //	    seed         <n>
 //	}
+//
+// prefill_blocks_decode on (latency per_token only; default off) makes the
+// replica run one prefill at a time, FIFO, and pause the decode steps of its
+// other running requests while a prefill runs, so that a long prompt delays
+// the tokens of every request batched with it by its whole prefill (an
+// engine without chunked prefill).
+//
+// kv_capacity_tokens <n> (1 or more; default off) gives the replica a KV
+// cache of n tokens. A running request holds its prompt tokens plus the
+// tokens generated so far; a queued request starts only when a slot is free
+// (concurrency still applies) and its prompt tokens fit in what the running
+// requests leave, in strict FIFO order (it waits, counted in
+// num_requests_waiting, meanwhile). A prompt larger than n is not rejected:
+// it starts alone once nothing else runs. vllm:kv_cache_usage_perc and
+// vllm:gpu_cache_usage_perc then report held tokens / n, clamped to 1.
 func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
 	if d.NextArg() {
@@ -369,6 +399,25 @@ func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if d.NextArg() {
 				return d.ArgErr()
 			}
+		case "prefill_blocks_decode":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.Errf("inference_sim: usage: prefill_blocks_decode on|off")
+			}
+			switch v {
+			case "on":
+				s.PrefillBlocksDecode = true
+			case "off":
+				s.PrefillBlocksDecode = false
+			default:
+				return d.Errf("inference_sim: prefill_blocks_decode %q must be on or off", v)
+			}
+		case "kv_capacity_tokens":
+			n, err := inferenceSimInt(d, sub, 1, sim.MaxKVCapacityTokens)
+			if err != nil {
+				return err
+			}
+			s.KVCapacityTokens = n
 		case "latency":
 			l, err := parseInferenceSimLatency(d)
 			if err != nil {
@@ -388,6 +437,9 @@ func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				"latency per_token takes the prefill per token as its first value")
 		}
 		s.Latency.PrefillPerToken = prefillPerToken
+	}
+	if s.PrefillBlocksDecode && (s.Latency == nil || sim.LatencyKind(s.Latency.Kind) != sim.LatencyPerToken) {
+		return d.Errf("inference_sim: prefill_blocks_decode on needs latency per_token")
 	}
 	return nil
 }

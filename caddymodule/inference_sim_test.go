@@ -406,3 +406,116 @@ func TestInferenceSimPrefixCacheOptions(t *testing.T) {
 		}
 	}
 }
+
+func TestInferenceSimContentionOptions(t *testing.T) {
+	handlers, raw, err := adaptInferenceSimCaddyfile(t, `
+:8080 {
+	inference_sim ct-1 {
+		prefill_blocks_decode on
+		latency               per_token 1ms 20ms
+		kv_capacity_tokens    4096
+	}
+}
+
+:8081 {
+	inference_sim ct-2 {
+		kv_capacity_tokens    100
+		prefill_blocks_decode off
+	}
+}
+`)
+	if err != nil {
+		t.Fatalf("adapt: %v", err)
+	}
+	byName := map[string]map[string]any{}
+	for _, h := range handlers {
+		name, _ := h["name"].(string)
+		byName[name] = h
+	}
+	assertInferenceSimJSON(t, byName["ct-1"], map[string]any{
+		"handler":               "inference_sim",
+		"name":                  "ct-1",
+		"latency":               map[string]any{"kind": "per_token", "prefill": float64(time.Millisecond), "decode": float64(20 * time.Millisecond)},
+		"prefill_blocks_decode": true,
+		"kv_capacity_tokens":    float64(4096),
+	})
+	// prefill_blocks_decode off is the default and needs no per_token.
+	assertInferenceSimJSON(t, byName["ct-2"], map[string]any{
+		"handler":            "inference_sim",
+		"name":               "ct-2",
+		"kv_capacity_tokens": float64(100),
+	})
+	if t.Failed() {
+		t.Logf("adapted:\n%s", raw)
+	}
+
+	body, _ := json.Marshal(byName["ct-1"])
+	mod := new(InferenceSim)
+	if err := json.Unmarshal(body, mod); err != nil {
+		t.Fatal(err)
+	}
+	if err := mod.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if err := mod.Provision(caddy.Context{}); err != nil {
+		t.Fatalf("Provision: %v", err)
+	}
+	defer mod.Cleanup()
+	if cfg := mod.replica.Config(); !cfg.PrefillBlocksDecode || cfg.KVCapacityTokens != 4096 {
+		t.Errorf("sim config %+v", cfg)
+	}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":1}`))
+	if err := mod.ServeHTTP(rec, req, nil); err != nil || rec.Code != http.StatusOK {
+		t.Fatalf("status %d err %v body %s", rec.Code, err, rec.Body)
+	}
+	if st := mod.replica.Stats(); st.KVCapacityTokens != 4096 || st.KVTokens != 0 || st.Prefills != 1 || st.MaxPrefilling != 1 {
+		t.Errorf("stats %+v", st)
+	}
+	if m := mod.replica.MetricsText(); !strings.Contains(m, `sim_kv_capacity_tokens{replica="ct-1"} 4096`) {
+		t.Errorf("metrics lack the KV capacity:\n%s", m)
+	}
+
+	// Bad Caddyfile values fail naming the option.
+	for _, c := range []struct {
+		block, want string
+	}{
+		{"prefill_blocks_decode", "prefill_blocks_decode"},
+		{"prefill_blocks_decode yes", "prefill_blocks_decode"},
+		{"prefill_blocks_decode on off", "prefill_blocks_decode"},
+		{"prefill_blocks_decode on", "prefill_blocks_decode on needs latency per_token"},
+		{"prefill_blocks_decode on\n\t\tlatency fixed 10ms", "prefill_blocks_decode on needs latency per_token"},
+		{"latency lognormal 10ms 0.5\n\t\tprefill_blocks_decode on", "prefill_blocks_decode on needs latency per_token"},
+		{"prefill_blocks_decode on\n\t\tprefill_blocks_decode on", "prefill_blocks_decode specified more than once"},
+		{"kv_capacity_tokens", "wrong argument count"},
+		{"kv_capacity_tokens 0", "kv_capacity_tokens"},
+		{"kv_capacity_tokens -5", "kv_capacity_tokens"},
+		{"kv_capacity_tokens lots", "kv_capacity_tokens"},
+		{"kv_capacity_tokens 99999999999", "kv_capacity_tokens"},
+		{"kv_capacity_tokens 10 20", "wrong argument count"},
+		{"kv_capacity_tokens 10\n\t\tkv_capacity_tokens 20", "kv_capacity_tokens specified more than once"},
+	} {
+		src := ":8080 {\n\tinference_sim {\n\t\t" + c.block + "\n\t}\n}\n"
+		_, _, err := adaptInferenceSimCaddyfile(t, src)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "inference_sim") {
+			t.Errorf("%q: error %v, want one mentioning %q and inference_sim", c.block, err, c.want)
+		}
+	}
+
+	// Bad JSON values are rejected by Validate, naming the field.
+	for _, c := range []struct {
+		json, want string
+	}{
+		{`{"prefill_blocks_decode":true}`, "PrefillBlocksDecode"},
+		{`{"prefill_blocks_decode":true,"latency":{"kind":"fixed","duration":1000}}`, "PrefillBlocksDecode"},
+		{`{"kv_capacity_tokens":-1}`, "KVCapacityTokens"},
+	} {
+		var mod InferenceSim
+		if err := json.Unmarshal([]byte(c.json), &mod); err != nil {
+			t.Fatal(err)
+		}
+		if err := mod.Validate(); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "inference_sim") {
+			t.Errorf("%s: Validate() = %v, want an error naming %s", c.json, err, c.want)
+		}
+	}
+}

@@ -239,6 +239,12 @@ type generation struct {
 	cached  int           // prompt tokens found in the prefix cache
 
 	prefilled bool // the prefill is done (and the prompt's blocks are stored)
+
+	// kvHeld, when the KV capacity is on, points to the KV tokens the
+	// request holds in the slot queue; run adds the generated tokens.
+	kvHeld *int
+	// dc is the request's decode clock on the prefill line (PrefillBlocksDecode).
+	dc decodeClock
 }
 
 func (g *generation) id() string {
@@ -255,7 +261,12 @@ func (g *generation) id() string {
 // The prefill (prefillTime of the uncached prompt tokens) comes first. With
 // the prefix cache off and no PrefillPerToken, it is folded into the first
 // chunk's wait as it always was; otherwise it is waited for on its own and
-// then the prompt's blocks are stored in the cache.
+// then the prompt's blocks are stored in the cache. With PrefillBlocksDecode
+// the prefill waits for its turn on the replica's prefill line, and the
+// decode waits pause while other requests prefill.
+//
+// With a KV capacity, the tokens of each chunk are added to the KV tokens
+// the request holds once the chunk's wait is over (before emit).
 func (g *generation) run(sl *sleeper, chunk int, emit func(from, to int) error) error {
 	l := g.rp.cfg.Latency
 	n := g.req.OutputTokens
@@ -263,7 +274,24 @@ func (g *generation) run(sl *sleeper, chunk int, emit func(from, to int) error) 
 		g.total = g.rp.serviceTime()
 	}
 	prefill := g.prefill()
-	if g.rp.cache != nil || (l.Kind != LatencyPerToken && prefill > 0) {
+	pl := g.rp.pl
+	if pl != nil && l.Kind == LatencyPerToken {
+		if prefill > 0 {
+			if err := pl.acquire(sl.ctx, sl.done); err != nil {
+				return err
+			}
+			err := sl.sleep(prefill, nil)
+			pl.release()
+			if err != nil {
+				return err
+			}
+		}
+		prefill = 0
+		g.prefilled = true
+		if g.rp.cache != nil {
+			g.rp.cache.store(g.req.Prefix)
+		}
+	} else if g.rp.cache != nil || (l.Kind != LatencyPerToken && prefill > 0) {
 		if err := sl.sleep(prefill, nil); err != nil {
 			return err
 		}
@@ -276,10 +304,10 @@ func (g *generation) run(sl *sleeper, chunk int, emit func(from, to int) error) 
 	for from := 0; from < n; {
 		to := min(from+chunk, n)
 		var d time.Duration
+		steps := to - from
 		if l.Kind == LatencyPerToken {
 			// The first token comes right after prefill; the others are
 			// spaced by the (batch-dependent) decode step.
-			steps := to - from
 			if from == 0 {
 				d = prefill
 				steps--
@@ -290,8 +318,18 @@ func (g *generation) run(sl *sleeper, chunk int, emit func(from, to int) error) 
 			t := float64(g.total)
 			d = time.Duration(t*float64(to)/float64(n)) - time.Duration(t*float64(from)/float64(n))
 		}
-		if err := sl.sleep(d, nil); err != nil {
+		var err error
+		if pl != nil && l.Kind == LatencyPerToken {
+			err = pl.decodeWait(sl.sleep, &g.dc, d, steps)
+		} else {
+			err = sl.sleep(d, nil)
+		}
+		if err != nil {
 			return err
+		}
+		if g.kvHeld != nil {
+			g.rp.q.grow(to - from)
+			*g.kvHeld += to - from
 		}
 		if emit != nil {
 			if err := emit(from, to); err != nil {

@@ -41,7 +41,8 @@ const (
 	// chunk (StreamChunkTokens tokens) and, for non-streaming requests,
 	// about eight times per request (every ⌈output/8⌉ tokens), so every
 	// running request slows down as the batch grows and speeds up as it
-	// shrinks.
+	// shrinks. Config.PrefillBlocksDecode adds contention between prefills
+	// and decodes; Config.KVCapacityTokens admits requests by KV tokens.
 	LatencyPerToken LatencyKind = "per_token"
 )
 
@@ -54,6 +55,8 @@ const (
 	DefaultErrorStatus  = 500
 	// MaxOutputTokens is the largest number of output tokens a request may ask for.
 	MaxOutputTokens = 1 << 20
+	// MaxKVCapacityTokens is the largest Config.KVCapacityTokens.
+	MaxKVCapacityTokens = 1<<31 - 1
 )
 
 // Latency describes the service-time model. The zero value is "fixed 0":
@@ -177,6 +180,45 @@ type Config struct {
 	PrefixCache PrefixCache `json:"prefix_cache,omitzero"`
 	// Latency is the service-time model.
 	Latency Latency `json:"latency,omitzero"`
+	// PrefillBlocksDecode, with the per_token latency model (invalid with
+	// the others), makes prefills and decodes contend as in an engine
+	// without chunked prefill. The replica runs one prefill at a time:
+	// a request that has its serving slot waits, in FIFO order, until no
+	// other request of the replica is prefilling (it counts as running
+	// meanwhile, as it holds a slot), then prefills for Latency.Prefill ×
+	// uncached prompt tokens; its first token comes at the end of its
+	// prefill. While a prefill runs, the decode of every other running
+	// request pauses: each of its decode waits (one per streamed chunk, or
+	// about eight per non-streaming request, see LatencyPerToken) lasts its
+	// decode time plus the prefill time overlapping the request's decode
+	// phase, so a heavy prompt delays the output of everything batched with
+	// it by its whole prefill. A prefill whose client goes away ends at
+	// once and the next one starts. A zero prefill (Latency.Prefill 0)
+	// takes no turn. Stats reports Prefilling, PrefillWaiting,
+	// MaxPrefilling (at most 1), Prefills and DecodeStall. Default false:
+	// prefills of different requests overlap freely and never slow decodes.
+	PrefillBlocksDecode bool `json:"prefill_blocks_decode,omitempty"`
+	// KVCapacityTokens, when > 0, gives the replica a KV cache of that many
+	// tokens, as vLLM's scheduler admits requests by free KV blocks: a
+	// request holds its prompt tokens from the moment it gets a serving
+	// slot, plus each output token as it is generated (per streamed chunk,
+	// or about eight times per non-streaming per_token request, or at the
+	// end of a non-streaming fixed/lognormal one), and gives them all back
+	// when it ends. A queued request starts only when a slot is free
+	// (Concurrency still caps the running count) and its prompt tokens fit
+	// in the capacity left by the running requests; the queue stays strictly
+	// FIFO, so a head request that does not fit holds back the ones behind
+	// it (they all count in num_requests_waiting). A prompt larger than the
+	// whole capacity is not rejected: it starts alone, once nothing else
+	// runs. Running requests are never preempted, so generated tokens can
+	// take the usage above the capacity; admissions then wait until enough
+	// requests have ended. vllm:kv_cache_usage_perc and
+	// vllm:gpu_cache_usage_perc report the held tokens / capacity, clamped
+	// to 1 (instead of running / concurrency or the prefix cache's
+	// occupancy), and Stats KVTokens / KVCapacityTokens. Applies to every
+	// latency model; at most MaxKVCapacityTokens. Default 0: off, requests
+	// are admitted by Concurrency alone.
+	KVCapacityTokens int `json:"kv_capacity_tokens,omitempty"`
 	// MaxTokens is the number of output tokens when the request does not
 	// say (max_tokens / max_completion_tokens / sampling_params.max_new_tokens).
 	// Default 16.
@@ -244,6 +286,16 @@ func (c Config) Validate() error {
 	}
 	if err := c.Latency.Validate(); err != nil {
 		return err
+	}
+	if c.PrefillBlocksDecode && c.Latency.Kind != LatencyPerToken {
+		kind := c.Latency.Kind
+		if kind == "" {
+			kind = LatencyFixed
+		}
+		return fmt.Errorf("sim: PrefillBlocksDecode needs Latency.Kind %q, got %q", LatencyPerToken, kind)
+	}
+	if c.KVCapacityTokens < 0 || c.KVCapacityTokens > MaxKVCapacityTokens {
+		return fmt.Errorf("sim: KVCapacityTokens must be between 0 (off) and %d, got %d", MaxKVCapacityTokens, c.KVCapacityTokens)
 	}
 	if err := c.PrefixCache.Validate(); err != nil {
 		return err

@@ -35,11 +35,18 @@ func (rp *Replica) appendMetrics(dst []byte) []byte {
 
 	metric("vllm:num_requests_running", "gauge", "Number of requests currently running on the simulated GPU.", label, i(st.Running))
 	metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting in the replica's queue.", label, i(st.Waiting))
-	metric("vllm:gpu_cache_usage_perc", "gauge", "Simulated KV-cache usage (running / concurrency), 0..1.", label, f(usage))
-	if rp.cache != nil {
+	switch {
+	case st.KVCapacityTokens > 0:
+		kv := f(st.KVUsage())
+		help := "Simulated KV-cache usage (tokens held by running requests / capacity), 0..1."
+		metric("vllm:gpu_cache_usage_perc", "gauge", help, label, kv)
+		metric("vllm:kv_cache_usage_perc", "gauge", help, label, kv)
+	case rp.cache != nil:
+		metric("vllm:gpu_cache_usage_perc", "gauge", "Simulated KV-cache usage (running / concurrency), 0..1.", label, f(usage))
 		kv := float64(st.PrefixCachedBlocks) / float64(st.PrefixCapacityBlocks)
 		metric("vllm:kv_cache_usage_perc", "gauge", "Simulated KV-cache usage (prefix-cache blocks held / capacity), 0..1.", label, f(kv))
-	} else {
+	default:
+		metric("vllm:gpu_cache_usage_perc", "gauge", "Simulated KV-cache usage (running / concurrency), 0..1.", label, f(usage))
 		metric("vllm:kv_cache_usage_perc", "gauge", "Simulated KV-cache usage (running / concurrency), 0..1.", label, f(usage))
 	}
 	metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in prompt tokens looked up (0 when the prefix cache is off).", label, u(st.PrefixQueries))
@@ -58,6 +65,15 @@ func (rp *Replica) appendMetrics(dst []byte) []byte {
 	metric("sim_prefix_cache_hit_blocks_total", "counter", "Full prompt blocks found in the prefix cache.", replica, u(st.PrefixHitBlocks))
 	metric("sim_prefix_cache_blocks", "gauge", "Blocks held in the prefix cache.", replica, i(st.PrefixCachedBlocks))
 	metric("sim_prefix_cache_capacity_blocks", "gauge", "Capacity of the prefix cache in blocks (0: off).", replica, i(st.PrefixCapacityBlocks))
+	if st.KVCapacityTokens > 0 {
+		metric("sim_kv_tokens", "gauge", "KV tokens held by running requests (prompt + generated so far).", replica, i(st.KVTokens))
+		metric("sim_kv_capacity_tokens", "gauge", "Configured KV capacity in tokens.", replica, i(st.KVCapacityTokens))
+	}
+	if rp.pl != nil {
+		metric("sim_prefilling", "gauge", "Prefills running now (at most 1 with prefill_blocks_decode).", replica, i(st.Prefilling))
+		metric("sim_prefill_waiting", "gauge", "Running requests waiting for their turn to prefill.", replica, i(st.PrefillWaiting))
+		metric("sim_decode_stall_seconds_total", "counter", "Decode time lost to other requests' prefills, summed over requests.", replica, f(st.DecodeStall.Seconds()))
+	}
 
 	rp.statusMu.Lock()
 	statuses := make([]int, 0, len(rp.byStatus))

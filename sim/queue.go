@@ -14,10 +14,19 @@ var errClosed = errors.New("sim: replica closed")
 // handed directly from a finishing request to the head waiter, so no later
 // arrival can overtake a waiter. A waiter whose context ends is removed from
 // the list at once.
+//
+// With a KV capacity (kvCap > 0) a slot also needs room for the request's
+// prompt tokens: the head waiter is admitted only when a slot is free and
+// its tokens fit next to the tokens held by the running requests (or when
+// nothing is running, so that a prompt larger than the whole capacity is
+// admitted alone). The wait list stays strictly FIFO: a head waiter that
+// does not fit holds back the waiters behind it.
 type slotQueue struct {
 	mu         sync.Mutex
 	limit      int
 	running    int
+	kvCap      int       // KV capacity in tokens; 0: slots only
+	kvUsed     int       // tokens held by the running requests (prompt + generated)
 	waiters    list.List // of *slotWaiter
 	started    uint64    // slots granted so far; the last grant's sequence number
 	maxRunning int
@@ -26,33 +35,50 @@ type slotQueue struct {
 }
 
 type slotWaiter struct {
-	ready chan struct{} // closed when the slot is granted (or the queue closes)
-	seq   uint64        // grant sequence number, set before ready is closed
-	err   error         // errClosed if the queue closed instead of granting
+	ready  chan struct{} // closed when the slot is granted (or the queue closes)
+	tokens int           // KV tokens to hold once admitted
+	seq    uint64        // grant sequence number, set before ready is closed
+	err    error         // errClosed if the queue closed instead of granting
 }
 
-func newSlotQueue(limit int) *slotQueue {
-	return &slotQueue{limit: limit}
+func newSlotQueue(limit, kvCap int) *slotQueue {
+	return &slotQueue{limit: limit, kvCap: kvCap}
 }
 
-// acquire waits for a serving slot in FIFO order. It returns the slot's
-// sequence number (1-based order in which slots were granted). On error the
-// caller holds no slot.
+// acquire waits for a serving slot in FIFO order, holding no KV tokens.
 func (q *slotQueue) acquire(ctx context.Context, done <-chan struct{}) (uint64, error) {
+	return q.acquireTokens(ctx, done, 0)
+}
+
+// fitsLocked reports whether a request holding tokens KV tokens can start now.
+func (q *slotQueue) fitsLocked(tokens int) bool {
+	if q.running >= q.limit {
+		return false
+	}
+	return q.kvCap == 0 || q.running == 0 || q.kvUsed+tokens <= q.kvCap
+}
+
+// acquireTokens waits for a serving slot in FIFO order, and, with a KV
+// capacity, for room for tokens KV tokens (the prompt), which the request
+// then holds until releaseTokens. It returns the slot's sequence number
+// (1-based order in which slots were granted). On error the caller holds no
+// slot and no tokens.
+func (q *slotQueue) acquireTokens(ctx context.Context, done <-chan struct{}, tokens int) (uint64, error) {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
 		return 0, errClosed
 	}
-	if q.running < q.limit && q.waiters.Len() == 0 {
+	if q.waiters.Len() == 0 && q.fitsLocked(tokens) {
 		q.running++
+		q.kvUsed += tokens
 		q.started++
 		seq := q.started
 		q.maxRunning = max(q.maxRunning, q.running)
 		q.mu.Unlock()
 		return seq, nil
 	}
-	w := &slotWaiter{ready: make(chan struct{})}
+	w := &slotWaiter{ready: make(chan struct{}), tokens: tokens}
 	elem := q.waiters.PushBack(w)
 	q.maxWaiting = max(q.maxWaiting, q.waiters.Len())
 	q.mu.Unlock()
@@ -74,28 +100,59 @@ func (q *slotQueue) acquire(ctx context.Context, done <-chan struct{}) (uint64, 
 		// (to the next waiter) without serving.
 		q.mu.Unlock()
 		if w.err == nil {
-			q.release()
+			q.releaseTokens(w.tokens)
 		}
 		return 0, cause
 	default:
 		q.waiters.Remove(elem)
+		// With a KV capacity the waiter behind may fit where this one did
+		// not; without one this grants nothing (a waiter exists only while
+		// every slot is taken).
+		q.grantLocked()
 		q.mu.Unlock()
 		return 0, cause
 	}
 }
 
-// release frees a slot, handing it to the head waiter if there is one.
-func (q *slotQueue) release() {
+// release frees a slot holding no KV tokens.
+func (q *slotQueue) release() { q.releaseTokens(0) }
+
+// releaseTokens frees a slot and the tokens KV tokens it held, admitting
+// the head waiters that now fit.
+func (q *slotQueue) releaseTokens(tokens int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if front := q.waiters.Front(); front != nil && !q.closed {
-		w := q.waiters.Remove(front).(*slotWaiter)
-		q.started++
-		w.seq = q.started
-		close(w.ready) // running is unchanged: the slot changes hands
+	q.running--
+	q.kvUsed -= tokens
+	q.grantLocked()
+}
+
+// grantLocked admits head waiters, in order, while they fit.
+func (q *slotQueue) grantLocked() {
+	if q.closed {
 		return
 	}
-	q.running--
+	for front := q.waiters.Front(); front != nil; front = q.waiters.Front() {
+		w := front.Value.(*slotWaiter)
+		if !q.fitsLocked(w.tokens) {
+			return
+		}
+		q.waiters.Remove(front)
+		q.running++
+		q.kvUsed += w.tokens
+		q.started++
+		q.maxRunning = max(q.maxRunning, q.running)
+		w.seq = q.started
+		close(w.ready)
+	}
+}
+
+// grow adds n KV tokens (generated output) to those held by a running
+// request. It never admits anyone: held tokens only shrink on release.
+func (q *slotQueue) grow(n int) {
+	q.mu.Lock()
+	q.kvUsed += n
+	q.mu.Unlock()
 }
 
 // close makes all current and future waiters fail with errClosed.
@@ -119,6 +176,7 @@ func (q *slotQueue) counts() (running, waiting int) {
 
 type queueSnapshot struct {
 	running, waiting, maxRunning, maxWaiting int
+	kvUsed                                   int
 	started                                  uint64
 }
 
@@ -130,6 +188,7 @@ func (q *slotQueue) snapshot() queueSnapshot {
 		waiting:    q.waiters.Len(),
 		maxRunning: q.maxRunning,
 		maxWaiting: q.maxWaiting,
+		kvUsed:     q.kvUsed,
 		started:    q.started,
 	}
 }

@@ -37,6 +37,7 @@ type Replica struct {
 	cfg   Config
 	q     *slotQueue
 	cache *prefixCache  // nil unless cfg.PrefixCache is enabled
+	pl    *prefillLine  // nil unless cfg.PrefillBlocksDecode
 	done  chan struct{} // closed by Close
 
 	rngMu sync.Mutex
@@ -72,10 +73,15 @@ func New(cfg Config) (*Replica, error) {
 	if cfg.PrefixCache.Enabled() {
 		cache = newPrefixCache(cfg.PrefixCache.Blocks, cfg.PrefixCache.BlockChars)
 	}
+	var pl *prefillLine
+	if cfg.PrefillBlocksDecode {
+		pl = newPrefillLine()
+	}
 	return &Replica{
 		cfg:          cfg,
 		cache:        cache,
-		q:            newSlotQueue(cfg.Concurrency),
+		pl:           pl,
+		q:            newSlotQueue(cfg.Concurrency, cfg.KVCapacityTokens),
 		done:         make(chan struct{}),
 		rng:          rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		faults:       cfg.Faults,
@@ -162,6 +168,32 @@ type Stats struct {
 	// PrefixCachedBlocks is the number of blocks in the cache now, out of
 	// PrefixCapacityBlocks (the configured PrefixCache.Blocks).
 	PrefixCachedBlocks, PrefixCapacityBlocks int
+
+	// KV token accounting (zero when Config.KVCapacityTokens is 0):
+	// KVTokens is the sum over running requests of their prompt tokens and
+	// the output tokens generated so far, out of KVCapacityTokens.
+	KVTokens, KVCapacityTokens int
+
+	// Prefill line counters (zero unless Config.PrefillBlocksDecode):
+	// Prefilling is the number of prefills running now (0 or 1) and
+	// PrefillWaiting the running requests waiting for their turn to
+	// prefill; MaxPrefilling is the largest number of prefills seen running
+	// at once (never more than 1); Prefills counts the prefills started.
+	Prefilling, PrefillWaiting, MaxPrefilling int
+	Prefills                                  uint64
+	// DecodeStall is the total time decode steps were paused by other
+	// requests' prefills, summed over requests (a decode pause of d counts
+	// once per request decoding meanwhile).
+	DecodeStall time.Duration
+}
+
+// KVUsage returns KVTokens / KVCapacityTokens clamped to 1, or 0 when the
+// KV capacity is off.
+func (s Stats) KVUsage() float64 {
+	if s.KVCapacityTokens <= 0 {
+		return 0
+	}
+	return min(float64(s.KVTokens)/float64(s.KVCapacityTokens), 1)
 }
 
 // HitRate returns the replica-side prefix cache hit rate in tokens,
@@ -191,6 +223,10 @@ func (rp *Replica) Stats() Stats {
 	if rp.cache != nil {
 		pc = rp.cache.stats()
 	}
+	var ps prefillLineStats
+	if rp.pl != nil {
+		ps = rp.pl.stats()
+	}
 	return Stats{
 		Requests:         rp.requests.Load(),
 		Served:           rp.served.Load(),
@@ -212,6 +248,15 @@ func (rp *Replica) Stats() Stats {
 		PrefixHitBlocks:      pc.hitBlocks,
 		PrefixCachedBlocks:   pc.blocks,
 		PrefixCapacityBlocks: rp.cfg.PrefixCache.Blocks,
+
+		KVTokens:         qs.kvUsed,
+		KVCapacityTokens: rp.cfg.KVCapacityTokens,
+
+		Prefilling:     ps.prefilling,
+		PrefillWaiting: ps.waiting,
+		MaxPrefilling:  ps.maxPrefilling,
+		Prefills:       ps.prefills,
+		DecodeStall:    ps.stall,
 	}
 }
 
@@ -418,12 +463,16 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 	}
 
 	ctx := r.Context()
-	seq, err := rp.q.acquire(ctx, rp.done)
+	kvHeld := 0 // KV tokens held by the request: prompt, then + generated
+	if rp.cfg.KVCapacityTokens > 0 {
+		kvHeld = req.PromptTokens
+	}
+	seq, err := rp.q.acquireTokens(ctx, rp.done, kvHeld)
 	if err != nil {
 		rp.abandon(w, err, false)
 		return
 	}
-	defer rp.q.release()
+	defer func() { rp.q.releaseTokens(kvHeld) }()
 	w.Header().Set(HeaderSeq, strconv.FormatUint(seq, 10))
 
 	sl := sleeper{ctx: ctx, done: rp.done}
@@ -440,6 +489,9 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 	}
 
 	g := &generation{rp: rp, api: api, req: req, seq: seq, created: time.Now().Unix()}
+	if rp.cfg.KVCapacityTokens > 0 {
+		g.kvHeld = &kvHeld
+	}
 	if rp.cache != nil {
 		_, g.cached = rp.cache.lookup(req.Prefix, req.PromptTokens)
 		w.Header().Set(HeaderCachedTokens, strconv.Itoa(g.cached))
