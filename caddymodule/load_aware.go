@@ -184,7 +184,9 @@ func (p *LoadAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w ht
 			continue
 		}
 		c := loadaware.Candidate{Addr: addr, Active: st.tracker.Active(addr, cutoff), LastCold: st.policy.LastCold(addr)}
-		if s, fresh := st.scraper.Get(addr); fresh == modelmetrics.Fresh && s.Have.Waiting {
+		s, fresh := st.scraper.Get(addr)
+		c.MetricsUnknown = fresh == modelmetrics.Unknown
+		if fresh == modelmetrics.Fresh && s.Have.Waiting {
 			c.Waiting, c.MetricsFresh = s.Waiting, true
 			c.KVCacheUsage = 1 // not exported: no credit for free cache
 			if s.Have.KVCache {

@@ -183,3 +183,15 @@ func BenchmarkRank64AllScorers(b *testing.B) {
 		p.Rank(cs, f)
 	}
 }
+
+func TestUnknownMetricsScoreNeutralNotWorstNorBest(t *testing.T) {
+	p := New(Config{Weights: map[string]float64{Queue: 1, LoadAware: 1}})
+	cs := []Candidate{fresh("read-first", 0), {Addr: "not-yet-read", MetricsUnknown: true}, {Addr: "stale"}}
+	r := p.Rank(cs, RequestFacts{})
+	if r.Total[1] != r.Total[0] {
+		t.Fatalf("a replica not read yet must tie with the fresh idle one, not lose to it: %v", r.Total)
+	}
+	if r.Total[2] != 0 {
+		t.Fatalf("a stale replica must score the worst: %v", r.Total)
+	}
+}

@@ -176,6 +176,9 @@ func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking {
 		case KVCache:
 			scoreKVCache(cs, s)
 		}
+		if name == Queue || name == LoadAware || name == KVCache {
+			neutralForUnknown(cs, s)
+		}
 		r.Scores[name] = s
 		for i := range s {
 			r.Total[i] += w * s[i]

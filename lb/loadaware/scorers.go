@@ -36,6 +36,13 @@ type Candidate struct {
 	Waiting      float64
 	KVCacheUsage float64 // 0..1
 	MetricsFresh bool
+	// MetricsUnknown: never read yet (a replica just added, or the first
+	// scrape still in flight). Such a replica is neither the worst nor the
+	// best on the metric scorers: it gets the mean score of the replicas
+	// with fresh metrics. Scoring it 0 made every request of a burst
+	// arriving before the first scrapes completed pile onto whichever
+	// replica was read first.
+	MetricsUnknown bool
 	// Sluice's own count of requests in flight (already without those older
 	// than request_timeout).
 	Active int
@@ -153,7 +160,28 @@ func scoreNoHitLRU(cs []Candidate, f RequestFacts, out []float64) {
 	}
 }
 
-// scoreKVCache: 1 − KV-cache utilisation; unknown → 0.
+// neutralForUnknown gives replicas whose metrics were never read the mean
+// score of those with fresh metrics (see Candidate.MetricsUnknown).
+func neutralForUnknown(cs []Candidate, out []float64) {
+	sum, n := 0.0, 0
+	for i, c := range cs {
+		if c.MetricsFresh {
+			sum += out[i]
+			n++
+		}
+	}
+	mean := 0.0
+	if n > 0 {
+		mean = sum / float64(n)
+	}
+	for i, c := range cs {
+		if c.MetricsUnknown && !c.MetricsFresh {
+			out[i] = mean
+		}
+	}
+}
+
+// scoreKVCache: 1 − KV-cache utilisation; stale → 0.
 func scoreKVCache(cs []Candidate, out []float64) {
 	for i, c := range cs {
 		if !c.MetricsFresh {
