@@ -99,7 +99,7 @@ func heavyShortMix(r *runner) {
 	if r.opt.Quick {
 		total = 120
 	}
-	runMix(r, heavyMixScript(total), 4, 0.1)
+	runMix(r, heavyMixScript(total), func(c *sim.Config) { c.Concurrency = 4 })
 }
 
 // heimdallPublished is the invocation behind Heimdall's −18% (seed 003:
@@ -111,27 +111,39 @@ func heavyShortMix(r *runner) {
 // after every 24. Replicas batch up to 64 sequences, decode slowing 1% per
 // extra sequence.
 func heimdallPublished(r *runner) {
-	sh := mixShape{total: 800, heavySeeds: 400, burstStart: 500 * time.Millisecond,
+	sh := mixShape{total: 240, heavySeeds: 120, burstStart: 500 * time.Millisecond,
 		burstInterval: 50 * time.Millisecond, jitter: 50 * time.Millisecond, inlineEvery: 24, inlineGap: 50 * time.Millisecond}
 	if r.opt.Quick {
-		sh.total, sh.heavySeeds = 160, 80
+		sh.total, sh.heavySeeds = 80, 40
 	}
-	runMix(r, mixScript(sh), 64, 0.01)
+	runMix(r, mixScript(sh), func(c *sim.Config) {
+		// An engine as the seed ran it: up to 64 sequences, admitted by KV
+		// cache (a 4000-word prompt holds ~7000 tokens), one prefill at a
+		// time stalling the others' decode.
+		c.Concurrency = 64
+		c.Latency.Prefill = 20 * time.Microsecond
+		c.Latency.Decode = 4 * time.Millisecond
+		c.Latency.BatchSlowdown = 0.01
+		c.KVCapacityTokens = 60_000
+		c.PrefillBlocksDecode = true
+	})
 }
 
 // runMix runs a scripted heavy/short workload over 4 batching replicas
-// serving up to seqs sequences each.
-func runMix(r *runner, script []mixRequest, seqs int, slowdown float64) {
+// (per token: 50 µs prefill, 3 ms decode, 10% slower per extra running
+// sequence), adjusted by engine.
+func runMix(r *runner, script []mixRequest, engine func(*sim.Config)) {
 	arrivals := make([]time.Duration, len(script))
 	for i, m := range script {
 		arrivals[i] = m.at
 	}
 	fleet := make([]sim.Config, 4)
 	for i := range fleet {
-		fleet[i] = sim.Config{Name: fmt.Sprintf("mix-%d", i), Concurrency: seqs,
+		fleet[i] = sim.Config{Name: fmt.Sprintf("mix-%d", i),
 			Latency: sim.Latency{Kind: sim.LatencyPerToken, Prefill: 50 * time.Microsecond,
-				Decode: 3 * time.Millisecond, BatchSlowdown: slowdown},
+				Decode: 3 * time.Millisecond, BatchSlowdown: 0.1},
 			Seed: uint64(i + 1)}
+		engine(&fleet[i])
 	}
 	load := func(_ []*sim.Server, proxies []string) workload {
 		return workload{arrivals: arrivals, class: func(n int) string { return script[n].class },
@@ -182,6 +194,8 @@ func runMix(r *runner, script []mixRequest, seqs int, slowdown float64) {
 			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-lc", 1, addrs(f), 0) }},
 		caddy("sluice_load_aware_default", "Sluice load_aware, default scorers (the five Heimdall scorers), metrics_interval 100ms",
 			"lb_policy load_aware {\n\tpool mix-default\n\tmetrics_interval 100ms\n}"),
+		caddy("sluice_load_aware_active_only", "Sluice load_aware, active_request scorer only (Sluice's exact in-flight counts)",
+			"lb_policy load_aware {\n\tpool mix-active\n\tscorer active_request\n}"),
 		caddy("sluice_load_aware_load_only", "Sluice load_aware, load scorers only (queue, load_aware, active_request), metrics_interval 100ms",
 			"lb_policy load_aware {\n\tpool mix-load\n\tmetrics_interval 100ms\n\tscorer queue\n\tscorer load_aware\n\tscorer active_request\n}"),
 	}

@@ -71,12 +71,14 @@ var scenarios = []scenario{
 	},
 	{
 		name:  "heimdall-published",
-		title: "Heimdall's published run, time ÷10: 400 heavy requests at once, then 400 short/medium every 50 ms, 4 batching replicas",
+		title: "Heimdall's published run, scaled: 120 heavy requests at once, then a burst every 50 ms, 4 engine-like replicas",
 		about: "The invocation behind seed 003's −18% (`--heavy-seeds 400 --seed-interval 0 --total 800 --burst-start 5 " +
-			"--burst-interval 0.5 --jitter 0.5 --inline-extra-gap 0.5 --inline-every 24`), time scaled by 1/10. The four " +
-			"heavy specs cycle, so round robin over 4 replicas hands each replica one spec, and the one with 4000-word " +
-			"prompts and 1050-token answers falls behind. 4 batching replicas (64 sequences at once; per token: 50 µs " +
-			"prefill, 3 ms decode, 1% slower per extra running sequence). 800 requests (160 with -quick). " +
+			"--burst-interval 0.5 --jitter 0.5 --inline-extra-gap 0.5 --inline-every 24`), time scaled by 1/10 and " +
+			"requests by 0.3 (120 heavy at once, then 120 short/medium every 50 ms ± 50 ms with a heavy after every 24; " +
+			"80 in all with -quick). The four heavy specs cycle, so round robin over 4 replicas hands each replica one " +
+			"spec, and the one with 4000-word prompts and 1050-token answers falls behind. 4 replicas modelled as the " +
+			"engine: up to 64 sequences admitted by KV cache (60k tokens), one prefill at a time (20 µs per prompt " +
+			"token) stalling the others' decode (4 ms per output token, 1% slower per extra running sequence). " +
 			"makespan = wall time from the first send to the last answer.",
 		extras: []extraCol{{"makespan_s", "makespan", "%.2f s"}, {"short_p99_s", "short p99", "%.2f s"},
 			{"medium_p99_s", "medium p99", "%.2f s"}, {"heavy_max_s", "heavy max", "%.2f s"}},
