@@ -175,8 +175,19 @@ func (p *LoadAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w ht
 		}
 	}
 
-	addrs := *st.addrs.Load()
+	// Read the body (it may still be arriving) before looking at the
+	// replicas: the counts must be as fresh as possible when ranked, or a
+	// burst of concurrent picks all rank the same stale zeros and pile onto
+	// one replica.
 	cfg := st.policy.Config()
+	ri := requestInfoFor(r, p.MaxBodyBytes)
+	facts := loadaware.RequestFacts{SessionAddr: st.sessionAddr(r.Header.Get(p.SessionHeader))}
+	if ri.Parsed && ri.Text != "" {
+		d := st.prefixes.Pick(ri.Model, ri.Text, nil)
+		facts.Hot = d.MatchedChars >= cfg.HotPrefixChars
+	}
+	now = time.Now()
+	addrs := *st.addrs.Load()
 	cutoff := now.Add(-cfg.RequestTimeout)
 	cands := make([]loadaware.Candidate, 0, len(addrs))
 	for _, addr := range addrs {
@@ -205,12 +216,6 @@ func (p *LoadAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w ht
 		return nil
 	}
 
-	ri := requestInfoFor(r, p.MaxBodyBytes)
-	facts := loadaware.RequestFacts{SessionAddr: st.sessionAddr(r.Header.Get(p.SessionHeader))}
-	if ri.Parsed && ri.Text != "" {
-		d := st.prefixes.Pick(ri.Model, ri.Text, nil)
-		facts.Hot = d.MatchedChars >= cfg.HotPrefixChars
-	}
 	rank := st.policy.Rank(cands, facts)
 	if c := p.log.Check(zap.DebugLevel, "load_aware scores"); c != nil {
 		fields := []zap.Field{zap.String("pool", p.pool.Name()), zap.String("picked", cands[rank.Order[0]].Addr),

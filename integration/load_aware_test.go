@@ -2,6 +2,12 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/sluice-router/sluice/caddymodule"
 	"net/http"
 	"strings"
 	"testing"
@@ -167,4 +173,51 @@ func TestLoadAwareRetriesOnTheFallbackEndpoint(t *testing.T) {
 		t.Fatalf("dead replica %+v: at most one failure, then down", h.Backends[0])
 	}
 	drained(t, url)
+}
+
+// A burst whose bodies arrive slowly: every pick must still see the counts
+// of the picks made while its body was arriving (the body is read first,
+// then the replicas are ranked), or the whole burst lands on one replica.
+func TestLoadAwareBurstWithSlowBodiesSpreads(t *testing.T) {
+	var sites strings.Builder
+	for p := 9641; p <= 9644; p++ {
+		fmt.Fprintf(&sites, "\n:%d {\n\tbind 127.0.0.1\n\tinference_sim {\n\t\tname slow-%d\n\t\tconcurrency 64\n\t\tlatency fixed 1s\n\t}\n}\n", p, p)
+	}
+	startCaddy(t, globals+`
+:9640 {
+	reverse_proxy 127.0.0.1:9641 127.0.0.1:9642 127.0.0.1:9643 127.0.0.1:9644 {
+		lb_policy load_aware {
+			pool la-slow
+		}
+	}
+}
+`+sites.String())
+	var wg sync.WaitGroup
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			pr, pw := io.Pipe()
+			go func() {
+				fmt.Fprintf(pw, `{"prompt":"request %d `, i)
+				time.Sleep(300 * time.Millisecond) // the rest of the body comes later
+				fmt.Fprint(pw, `tail","max_tokens":2}`)
+				pw.Close()
+			}()
+			req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:9640/v1/completions", pr)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}(i)
+	}
+	wg.Wait()
+	for p := 9641; p <= 9644; p++ {
+		if n := caddymodule.InferenceSimReplica(fmt.Sprintf("slow-%d", p)).Stats().Requests; n < 3 || n > 7 {
+			t.Fatalf("replica %d got %d of 20 concurrent requests, want about 5", p, n)
+		}
+	}
 }
