@@ -222,24 +222,12 @@ func (st *cacheAwareState) Destruct() error {
 // cacheAwareStateFor returns a pool's live state without taking a
 // reference, or nil.
 func cacheAwareStateFor(name string) *cacheAwareState {
-	var found *cacheAwareState
-	cacheAwareStates.Range(func(k, v any) bool {
-		if k == name {
-			found = v.(*cacheAwareState)
-			return false
-		}
-		return true
-	})
-	return found
+	st, _ := usageLookup(cacheAwareStates, name).(*cacheAwareState)
+	return st
 }
 
 func cacheAwareRouters() map[string]*cacheaware.Router {
-	out := map[string]*cacheaware.Router{}
-	cacheAwareStates.Range(func(k, v any) bool {
-		out[k.(string)] = v.(*cacheAwareState).router
-		return true
-	})
-	return out
+	return usageByPool(cacheAwareStates, func(v any) *cacheaware.Router { return v.(*cacheAwareState).router })
 }
 
 // UnmarshalCaddyfile sets up the policy from:

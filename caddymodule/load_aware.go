@@ -293,26 +293,16 @@ var loadAwareStates = caddy.NewUsagePool()
 
 // loadAwareScrapers lists every live scraper by pool, for metrics.
 func loadAwareScrapers() map[string]*modelmetrics.Scraper {
-	out := map[string]*modelmetrics.Scraper{}
-	loadAwareStates.Range(func(k, v any) bool {
-		out[k.(string)] = v.(*loadAwareState).scraper
-		return true
-	})
-	return out
+	return usageByPool(loadAwareStates, func(v any) *modelmetrics.Scraper { return v.(*loadAwareState).scraper })
 }
 
 // scraperFor returns the replica-metrics scraper of a pool served by
 // load_aware, or nil.
 func scraperFor(name string) *modelmetrics.Scraper {
-	var found *modelmetrics.Scraper
-	loadAwareStates.Range(func(k, v any) bool {
-		if k == name {
-			found = v.(*loadAwareState).scraper
-			return false
-		}
-		return true
-	})
-	return found
+	if st, ok := usageLookup(loadAwareStates, name).(*loadAwareState); ok {
+		return st.scraper
+	}
+	return nil
 }
 
 // trackerFor returns the in-flight tracker of a pool served by cache_aware
@@ -321,15 +311,10 @@ func trackerFor(name string) *tracker.Tracker {
 	if st := cacheAwareStateFor(name); st != nil {
 		return st.tracker
 	}
-	var found *tracker.Tracker
-	loadAwareStates.Range(func(k, v any) bool {
-		if k == name {
-			found = v.(*loadAwareState).tracker
-			return false
-		}
-		return true
-	})
-	return found
+	if st, ok := usageLookup(loadAwareStates, name).(*loadAwareState); ok {
+		return st.tracker
+	}
+	return nil
 }
 
 type loadAwareState struct {

@@ -40,13 +40,13 @@ func (ps *poolState) Destruct() error {
 	return nil
 }
 
-// qllStateFor returns the live state of a pool without taking a
-// reference, or nil if no loaded config uses queued_least_latency on it.
-func qllStateFor(name string) *qll.State {
-	var found *qll.State
-	qllStates.Range(func(k, v any) bool {
-		if k == name {
-			found = v.(*poolState).State
+// usageLookup returns the live value stored under key in p without
+// taking a reference (health and metrics only look), or nil.
+func usageLookup(p *caddy.UsagePool, key string) any {
+	var found any
+	p.Range(func(k, v any) bool {
+		if k == key {
+			found = v
 			return false
 		}
 		return true
@@ -54,12 +54,26 @@ func qllStateFor(name string) *qll.State {
 	return found
 }
 
-// qllStatesByPool lists every live state, for the metrics collector.
-func qllStatesByPool() map[string]*qll.State {
-	out := map[string]*qll.State{}
-	qllStates.Range(func(k, v any) bool {
-		out[k.(string)] = v.(*poolState).State
+// usageByPool maps every live value of a pool-keyed usage pool through get.
+func usageByPool[T any](p *caddy.UsagePool, get func(v any) T) map[string]T {
+	out := map[string]T{}
+	p.Range(func(k, v any) bool {
+		out[k.(string)] = get(v)
 		return true
 	})
 	return out
+}
+
+// qllStateFor returns the live state of a pool, or nil if no loaded config
+// uses queued_least_latency on it.
+func qllStateFor(name string) *qll.State {
+	if v, ok := usageLookup(qllStates, name).(*poolState); ok {
+		return v.State
+	}
+	return nil
+}
+
+// qllStatesByPool lists every live state, for the metrics collector.
+func qllStatesByPool() map[string]*qll.State {
+	return usageByPool(qllStates, func(v any) *qll.State { return v.(*poolState).State })
 }
