@@ -40,6 +40,9 @@ type Options struct {
 	NoInstall bool
 	// Only, if not empty, runs only the systems whose name contains it.
 	Only string
+	// Reps runs every system this many times (default 1), interleaved:
+	// rep 1 of every system, then rep 2… The report adds mean ± sd.
+	Reps int
 	// Command is the command line shown in the report.
 	Command string
 	// Log receives progress (default os.Stderr).
@@ -68,6 +71,7 @@ type Result struct {
 	Title     string    `json:"title"`
 	About     string    `json:"about"`
 	Quick     bool      `json:"quick"`
+	Reps      int       `json:"reps"`
 	Command   string    `json:"command"`
 	Date      string    `json:"date"`
 	Elapsed   float64   `json:"elapsed_s"`
@@ -138,6 +142,7 @@ type runner struct {
 	procs    *procs // the current system's processes
 	res      *Result
 	seq      int
+	rep      int // 1-based repetition now running
 }
 
 // Run runs one scenario and writes its outputs. The returned Result is
@@ -170,7 +175,7 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	began := time.Now()
 	r := &runner{ctx: ctx, opt: opt, log: opt.Log, tmp: tmp, why: map[string]string{},
 		infra: &procs{dir: tmp}, procs: &procs{dir: tmp},
-		res: &Result{Scenario: sc.name, Title: sc.title, About: sc.about, Quick: opt.Quick,
+		res: &Result{Scenario: sc.name, Title: sc.title, About: sc.about, Quick: opt.Quick, Reps: max(opt.Reps, 1),
 			Command: opt.Command, Date: began.UTC().Format(time.RFC3339), extras: sc.extras}}
 	if r.caddyBin, err = caddyBinary(ctx, opt, tmp, r.log); err != nil {
 		return nil, err
@@ -181,7 +186,12 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	func() {
 		defer r.infra.stopAll(3 * time.Second)
 		defer r.procs.stopAll(3 * time.Second) // after a panic or cancel
-		sc.run(r)
+		for r.rep = 1; r.rep <= max(opt.Reps, 1) && ctx.Err() == nil; r.rep++ {
+			if opt.Reps > 1 {
+				fmt.Fprintf(r.log, "=== %s: rep %d of %d\n", sc.name, r.rep, opt.Reps)
+			}
+			sc.run(r)
+		}
 	}()
 
 	ps := r.procs.snapshot()
@@ -473,7 +483,11 @@ func (r *runner) system(spec sysSpec) {
 	if err := r.procs.alive(); err != nil {
 		fail(err)
 	}
+	for i := range recs {
+		recs[i].Rep = r.rep
+	}
 	sum := summarize(spec.name, spec.desc, spec.proxies, names, recs)
+	sum.Rep = r.rep
 	for _, e := range actErrs {
 		sum.Notes = append(sum.Notes, "action failed: "+e.Error())
 		r.res.Failures = append(r.res.Failures, fmt.Sprintf("%s: action failed: %v", spec.name, e))

@@ -13,6 +13,7 @@ import (
 // Record is one request as the load generator saw it.
 type Record struct {
 	System  string
+	Rep     int // repetition of the system (1-based)
 	Seq     int
 	Proxy   int           // index of the proxy instance it was sent to
 	Start   time.Duration // since the start of the system's run
@@ -38,7 +39,16 @@ type workload struct {
 	actions []action
 	// monitor, if set, runs from the start until every request has ended.
 	monitor func(ctx context.Context)
+	// ordered sends the arrivals one after another: each waits until the
+	// previous request was written (at most orderWait), so arrivals due at
+	// the same instant reach the proxy in script order, as from one client
+	// event loop (seed 003's asyncio generator). Without it they race.
+	ordered bool
 }
+
+// orderWait bounds how long an ordered arrival waits for the previous
+// request to be written, so one stuck connection cannot hold the script.
+const orderWait = 50 * time.Millisecond
 
 type action struct {
 	at time.Duration
@@ -107,28 +117,49 @@ func drive(ctx context.Context, system string, w workload, reqTimeout time.Durat
 			break
 		}
 		req, proxy := w.build(n)
+		var wrote chan struct{}
+		if w.ordered {
+			wrote = make(chan struct{})
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			recs[n] = send(client, req.WithContext(ctx), system, n, proxy, start)
+			recs[n] = send(client, req.WithContext(ctx), system, n, proxy, start, wrote)
 			if w.class != nil {
 				recs[n].Class = w.class(n)
 			}
 		}()
+		if wrote != nil {
+			t := time.NewTimer(orderWait)
+			select {
+			case <-wrote:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
 	}
 	wg.Wait()
 	return recs, actErrs
 }
 
-func send(client *http.Client, req *http.Request, system string, n, proxy int, runStart time.Time) Record {
+// send sends one request and records it. If wrote is not nil it is closed
+// once the request has been written (or has failed).
+func send(client *http.Client, req *http.Request, system string, n, proxy int, runStart time.Time, wrote chan struct{}) Record {
 	r := Record{System: system, Seq: n, Proxy: proxy}
 	var first time.Time
+	written := func() {}
+	if wrote != nil {
+		written = sync.OnceFunc(func() { close(wrote) })
+	}
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 		GotFirstResponseByte: func() { first = time.Now() },
+		WroteRequest:         func(httptrace.WroteRequestInfo) { written() },
 	}))
 	t0 := time.Now()
 	r.Start = t0.Sub(runStart)
 	resp, err := client.Do(req)
+	written()
 	if err != nil {
 		r.Err = err.Error()
 		r.Latency = time.Since(t0)

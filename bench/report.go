@@ -46,10 +46,10 @@ func writeCSV(path string, recs []Record) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"system", "seq", "proxy", "start_s", "latency_s", "ttfb_s", "status", "replica", "class", "error"})
+	w.Write([]string{"system", "rep", "seq", "proxy", "start_s", "latency_s", "ttfb_s", "status", "replica", "class", "error"})
 	sec := func(v float64) string { return strconv.FormatFloat(v, 'f', 6, 64) }
 	for _, r := range recs {
-		w.Write([]string{r.System, strconv.Itoa(r.Seq), strconv.Itoa(r.Proxy), sec(r.Start.Seconds()),
+		w.Write([]string{r.System, strconv.Itoa(r.Rep), strconv.Itoa(r.Seq), strconv.Itoa(r.Proxy), sec(r.Start.Seconds()),
 			sec(r.Latency.Seconds()), sec(r.TTFB.Seconds()), strconv.Itoa(r.Status), r.Replica, r.Class, r.Err})
 	}
 	w.Flush()
@@ -77,7 +77,7 @@ func tableRows(r *Result) ([]string, [][]string) {
 	}
 	var rows [][]string
 	for _, s := range r.Systems {
-		row := []string{s.System, strconv.Itoa(s.Proxies), strconv.Itoa(s.Requests), strconv.Itoa(s.OK),
+		row := []string{r.label(s), strconv.Itoa(s.Proxies), strconv.Itoa(s.Requests), strconv.Itoa(s.OK),
 			strconv.Itoa(s.Lost), s.errorsString(), ms(s.P50), ms(s.P90), ms(s.P99), ms(s.Max), ms(s.TTFBP99),
 			fmt.Sprintf("%.1f/s", s.Throughput), fmt.Sprintf("%d/%d", s.ReplicaMin, s.ReplicaMax)}
 		for _, e := range r.extras {
@@ -92,9 +92,103 @@ func tableRows(r *Result) ([]string, [][]string) {
 	return head, rows
 }
 
-// PrintTable writes the result table in aligned columns.
+// label names a system's row: with several reps, "system #rep".
+func (r *Result) label(s Summary) string {
+	if r.Reps > 1 {
+		return fmt.Sprintf("%s #%d", s.System, s.Rep)
+	}
+	return s.System
+}
+
+// repRows returns, when the run had several reps, a table of each
+// system's mean ± standard deviation over its reps: p50, p99, throughput
+// and every scenario column; nil with one rep.
+func repRows(r *Result) ([]string, [][]string) {
+	if r.Reps < 2 {
+		return nil, nil
+	}
+	head := []string{"system", "reps", "p50", "p99", "throughput"}
+	for _, e := range r.extras {
+		head = append(head, e.Header)
+	}
+	var order []string
+	by := map[string][]Summary{}
+	for _, s := range r.Systems {
+		if _, ok := by[s.System]; !ok {
+			order = append(order, s.System)
+		}
+		by[s.System] = append(by[s.System], s)
+	}
+	cell := func(vals []float64, format string) string {
+		if len(vals) == 0 {
+			return "—"
+		}
+		m, sd := meanSD(vals)
+		return fmt.Sprintf(format, m) + " ± " + strings.TrimSpace(fmt.Sprintf(format, sd))
+	}
+	pick := func(ss []Summary, f func(Summary) (float64, bool)) []float64 {
+		var out []float64
+		for _, s := range ss {
+			if v, ok := f(s); ok {
+				out = append(out, v)
+			}
+		}
+		return out
+	}
+	var rows [][]string
+	for _, name := range order {
+		ss := by[name]
+		row := []string{name, strconv.Itoa(len(ss)),
+			cell(pick(ss, func(s Summary) (float64, bool) { return s.P50, s.OK > 0 }), "%.3f s"),
+			cell(pick(ss, func(s Summary) (float64, bool) { return s.P99, s.OK > 0 }), "%.3f s"),
+			cell(pick(ss, func(s Summary) (float64, bool) { return s.Throughput, true }), "%.1f/s")}
+		for _, e := range r.extras {
+			row = append(row, cell(pick(ss, func(s Summary) (float64, bool) { v, ok := s.Extra[e.Key]; return v, ok }), e.Format))
+		}
+		rows = append(rows, row)
+	}
+	return head, rows
+}
+
+// meanSD returns the mean and the sample standard deviation (0 for one value).
+func meanSD(v []float64) (float64, float64) {
+	var sum float64
+	for _, x := range v {
+		sum += x
+	}
+	m := sum / float64(len(v))
+	if len(v) < 2 {
+		return m, 0
+	}
+	var ss float64
+	for _, x := range v {
+		ss += (x - m) * (x - m)
+	}
+	return m, math.Sqrt(ss / float64(len(v)-1))
+}
+
+// PrintTable writes the result table in aligned columns (and, with
+// several reps, the table of means).
 func PrintTable(w io.Writer, r *Result) {
+	fmt.Fprintf(w, "\n%s\n", r.Title)
 	head, rows := tableRows(r)
+	printAligned(w, head, rows)
+	if head, rows := repRows(r); head != nil {
+		fmt.Fprintf(w, "\nmean ± sd over %d reps\n", r.Reps)
+		printAligned(w, head, rows)
+	}
+	for _, s := range r.Skipped {
+		fmt.Fprintf(w, "SKIPPED %s: %s\n", s.System, s.Reason)
+	}
+	p := r.Processes
+	fmt.Fprintf(w, "processes: %d started, %d stopped (%d needed SIGKILL), %d exited on their own, %d not stopped\n",
+		p.Started, p.Stopped, p.Killed, p.Early, p.Stuck)
+	for _, f := range r.Failures {
+		fmt.Fprintf(w, "FAILURE: %s\n", f)
+	}
+}
+
+func printAligned(w io.Writer, head []string, rows [][]string) {
 	width := make([]int, len(head))
 	for _, row := range append([][]string{head}, rows...) {
 		for i, c := range row {
@@ -112,19 +206,25 @@ func PrintTable(w io.Writer, r *Result) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "\n%s\n", r.Title)
 	line(head)
 	for _, row := range rows {
 		line(row)
 	}
-	for _, s := range r.Skipped {
-		fmt.Fprintf(w, "SKIPPED %s: %s\n", s.System, s.Reason)
+}
+
+// mdTable writes a markdown table (first column left-aligned).
+func mdTable(b *strings.Builder, head []string, rows [][]string) {
+	b.WriteString("| " + strings.Join(head, " | ") + " |\n|")
+	for i := range head {
+		if i == 0 {
+			b.WriteString("---|")
+		} else {
+			b.WriteString("---:|")
+		}
 	}
-	p := r.Processes
-	fmt.Fprintf(w, "processes: %d started, %d stopped (%d needed SIGKILL), %d exited on their own, %d not stopped\n",
-		p.Started, p.Stopped, p.Killed, p.Early, p.Stuck)
-	for _, f := range r.Failures {
-		fmt.Fprintf(w, "FAILURE: %s\n", f)
+	b.WriteString("\n")
+	for _, row := range rows {
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
 	}
 }
 
@@ -148,17 +248,10 @@ func markdown(r *Result) string {
 	b.WriteString("\n\n")
 	fmt.Fprintf(&b, "%s\n\n", r.About)
 	head, rows := tableRows(r)
-	b.WriteString("| " + strings.Join(head, " | ") + " |\n|")
-	for i := range head {
-		if i == 0 {
-			b.WriteString("---|")
-		} else {
-			b.WriteString("---:|")
-		}
-	}
-	b.WriteString("\n")
-	for _, row := range rows {
-		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	mdTable(&b, head, rows)
+	if head, rows := repRows(r); head != nil {
+		fmt.Fprintf(&b, "\nMean ± sample standard deviation over the %d reps (reps run interleaved: rep 1 of every system, then rep 2…):\n\n", r.Reps)
+		mdTable(&b, head, rows)
 	}
 	b.WriteString("\nLatency is client-side, to the last byte, over the requests answered 200 with a complete body; " +
 		"`errors` are other answers by status; `lost` are requests without any answer (must be 0). " +
@@ -166,12 +259,14 @@ func markdown(r *Result) string {
 		"`per replica` is the spread of OK requests over the fleet's replicas (X-Sim-Replica).\n\n")
 	b.WriteString("| system | what |\n|---|---|\n")
 	for _, s := range r.Systems {
-		fmt.Fprintf(&b, "| %s | %s |\n", s.System, s.Description)
+		if s.Rep <= 1 {
+			fmt.Fprintf(&b, "| %s | %s |\n", s.System, s.Description)
+		}
 	}
 	b.WriteString("\n")
 	for _, s := range r.Systems {
 		for _, n := range s.Notes {
-			fmt.Fprintf(&b, "- %s: %s\n", s.System, n)
+			fmt.Fprintf(&b, "- %s: %s\n", r.label(s), n)
 		}
 	}
 	for _, s := range r.Skipped {
@@ -184,7 +279,10 @@ func markdown(r *Result) string {
 		fmt.Fprintf(&b, "- **failure**: %s\n", f)
 	}
 	fmt.Fprintf(&b, "\n![latency CDF per system](%s.svg)\n\n", r.baseName())
-	fmt.Fprintf(&b, "Files: per-request CSV `%[1]s.csv` (system, seq, proxy, start_s, latency_s, ttfb_s, status, replica, class, error), "+
+	if r.Reps > 1 {
+		b.WriteString("The plot shows rep 1 of each system.\n\n")
+	}
+	fmt.Fprintf(&b, "Files: per-request CSV `%[1]s.csv` (system, rep, seq, proxy, start_s, latency_s, ttfb_s, status, replica, class, error), "+
 		"summary `%[1]s.json`, plot `%[1]s.svg`.\n", r.baseName())
 	return b.String()
 }
@@ -196,7 +294,13 @@ func cdfSVG(r *Result) string {
 	const W, H, left, right, top, bottom = 860.0, 480.0, 60.0, 260.0, 40.0, 50.0
 	pw, ph := W-left-right, H-top-bottom
 	lo, hi := math.Inf(1), math.Inf(-1)
+	var systems []Summary
 	for _, s := range r.Systems {
+		if s.Rep <= 1 {
+			systems = append(systems, s)
+		}
+	}
+	for _, s := range systems {
 		if len(s.latencies) > 0 {
 			lo = math.Min(lo, s.latencies[0].Seconds())
 			hi = math.Max(hi, s.latencies[len(s.latencies)-1].Seconds())
@@ -242,7 +346,7 @@ func cdfSVG(r *Result) string {
 	fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#888"/>`+"\n", left, top, pw, ph)
 	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">latency (log scale)</text>`+"\n", left+pw/2, H-12)
 	fmt.Fprintf(&b, `<text x="16" y="%.1f" transform="rotate(-90 16 %.1f)" text-anchor="middle">fraction of requests</text>`+"\n", top+ph/2, top+ph/2)
-	for i, s := range r.Systems {
+	for i, s := range systems {
 		color := palette[i%len(palette)]
 		n := len(s.latencies)
 		if n > 0 {

@@ -12,6 +12,7 @@ import (
 type Summary struct {
 	System      string `json:"system"`
 	Description string `json:"description"`
+	Rep         int    `json:"rep"` // repetition (1-based; see Options.Reps)
 	Proxies     int    `json:"proxies"`
 	Requests    int    `json:"requests"`
 	OK          int    `json:"ok"`   // 200 with a complete body

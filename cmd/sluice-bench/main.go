@@ -3,7 +3,7 @@
 // built-in policies, HAProxy) as separate processes on loopback, open-loop
 // load, and a report (table, CSV, JSON, SVG, markdown).
 //
-//	go run ./cmd/sluice-bench <scenario> [-quick] [-out bench/results] [-caddy path] [-only substr]
+//	go run ./cmd/sluice-bench <scenario> [-quick] [-out bench/results] [-caddy path] [-only substr] [-reps N]
 //
 // It exits non-zero when a request got no answer, a process crashed or
 // could not be stopped, or a system failed to run.
@@ -27,6 +27,7 @@ func main() {
 	quick := fs.Bool("quick", false, "smoke mode: a few seconds per system (for CI)")
 	out := fs.String("out", "bench/results", "output directory")
 	caddyBin := fs.String("caddy", "", "prebuilt Sluice Caddy binary (default: $SLUICE_CADDY_BIN, else go build ./cmd/caddy)")
+	reps := fs.Int("reps", 1, "run every system this many times, interleaved, and report mean ± sd")
 	only := fs.String("only", "", "run only the systems whose name contains this")
 	noInstall := fs.Bool("no-install", false, "do not apt-get install missing haproxy / redis-server")
 	limit := fs.Duration("timeout", 0, "abort the scenario after this long (default 5m, 90s with -quick)")
@@ -72,7 +73,7 @@ func main() {
 	defer cancel()
 
 	res, err := bench.Run(ctx, bench.Options{
-		Scenario: scenario, Quick: *quick, OutDir: *out, CaddyBin: *caddyBin, Only: *only, NoInstall: *noInstall,
+		Scenario: scenario, Quick: *quick, OutDir: *out, CaddyBin: *caddyBin, Only: *only, NoInstall: *noInstall, Reps: *reps,
 		Command: "go run ./cmd/sluice-bench " + strings.Join(args, " "),
 	})
 	if res != nil {
@@ -95,7 +96,7 @@ func needsValue(flagArg string) bool {
 		return false
 	}
 	switch name {
-	case "out", "caddy", "only", "timeout":
+	case "out", "caddy", "only", "timeout", "reps":
 		return true
 	}
 	return false
