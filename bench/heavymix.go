@@ -111,7 +111,7 @@ func heavyShortMix(r *runner) {
 // after every 24. Replicas batch up to 64 sequences, decode slowing 1% per
 // extra sequence.
 func heimdallPublished(r *runner) {
-	sh := mixShape{total: 240, heavySeeds: 120, burstStart: 500 * time.Millisecond,
+	sh := mixShape{total: 240, heavySeeds: 120, seedInterval: time.Millisecond, burstStart: 500 * time.Millisecond,
 		burstInterval: 50 * time.Millisecond, jitter: 50 * time.Millisecond, inlineEvery: 24, inlineGap: 50 * time.Millisecond}
 	if r.opt.Quick {
 		sh.total, sh.heavySeeds = 80, 40
@@ -146,7 +146,9 @@ func runMix(r *runner, script []mixRequest, engine func(*sim.Config)) {
 		engine(&fleet[i])
 	}
 	load := func(_ []*sim.Server, proxies []string) workload {
-		return workload{arrivals: arrivals, class: func(n int) string { return script[n].class },
+		// One client event loop, as the seed's generator: requests due at
+		// the same instant leave in script order.
+		return workload{arrivals: arrivals, ordered: true, class: func(n int) string { return script[n].class },
 			build: func(n int) (*http.Request, int) {
 				req, _ := http.NewRequest(http.MethodPost, proxies[0]+"/v1/completions", strings.NewReader(script[n].body))
 				req.Header.Set("Content-Type", "application/json")
@@ -196,8 +198,12 @@ func runMix(r *runner, script []mixRequest, engine func(*sim.Config)) {
 			"lb_policy load_aware {\n\tpool mix-default\n\tmetrics_interval 100ms\n}"),
 		caddy("sluice_load_aware_active_only", "Sluice load_aware, active_request scorer only (Sluice's exact in-flight counts)",
 			"lb_policy load_aware {\n\tpool mix-active\n\tscorer active_request\n}"),
-		caddy("sluice_load_aware_load_only", "Sluice load_aware, load scorers only (queue, load_aware, active_request), metrics_interval 100ms",
-			"lb_policy load_aware {\n\tpool mix-load\n\tmetrics_interval 100ms\n\tscorer queue\n\tscorer load_aware\n\tscorer active_request\n}"),
+		caddy("sluice_load_aware_tokens", "Sluice load_aware, active_tokens scorer only (Sluice's in-flight counts weighted by each request's prompt + max_tokens)",
+			"lb_policy load_aware {\n\tpool mix-tokens\n\tscorer active_tokens\n}"),
+		caddy("sluice_load_aware_count_tokens", "Sluice load_aware, active_request + active_tokens (in-flight count and in-flight tokens, equal weights)",
+			"lb_policy load_aware {\n\tpool mix-count-tokens\n\tscorer active_request\n\tscorer active_tokens\n}"),
+		caddy("sluice_load_aware_default_tokens", "Sluice load_aware, the five Heimdall scorers + active_tokens, metrics_interval 100ms",
+			"lb_policy load_aware {\n\tpool mix-default-tokens\n\tmetrics_interval 100ms\n\tscorer queue\n\tscorer load_aware\n\tscorer active_request\n\tscorer session_affinity\n\tscorer no_hit_lru\n\tscorer active_tokens\n}"),
 	}
 	for _, s := range systems {
 		r.system(s)

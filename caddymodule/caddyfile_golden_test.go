@@ -55,6 +55,13 @@ func goldenCases(t *testing.T) []goldenCase {
 	// Fields the reviewed golden files must show, per input: they pin the
 	// option → JSON field mapping even if someone runs -update blindly.
 	checks := map[string][]string{
+		"load_aware_all_options": {
+			`"policy":"load_aware"`,
+			`"active_request":1.5`,
+			`"active_tokens":3`,
+			`"no_hit_lru":0.5`,
+			`"queue":2`,
+		},
 		"qll_all_options": {
 			`"policy":"queued_least_latency"`,
 			`"pool":"gpu-a"`,

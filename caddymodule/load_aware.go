@@ -36,8 +36,8 @@ func init() {
 type LoadAware struct {
 	Pool string `json:"pool,omitempty"`
 	// Scorers maps scorer name → weight (queue, load_aware,
-	// active_request, session_affinity, no_hit_lru, kv_cache). Empty: the
-	// five Heimdall scorers at weight 1.
+	// active_request, session_affinity, no_hit_lru, kv_cache, and Sluice's
+	// active_tokens). Empty: the five Heimdall scorers at weight 1.
 	Scorers map[string]float64 `json:"scorers,omitempty"`
 	// load_aware scorer threshold (default 128 waiting requests).
 	Threshold float64 `json:"threshold,omitempty"`
@@ -168,7 +168,7 @@ func (p *LoadAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w ht
 			fb = fb[1:]
 			caddyhttp.SetVar(r.Context(), fallbackVar, fb)
 			if _, usable := st.tracker.Load(addr); usable {
-				if l := st.tracker.Acquire(addr); l != nil {
+				if l := st.tracker.AcquireCost(addr, requestInfoFor(r, p.MaxBodyBytes).estimatedTokens()); l != nil {
 					return p.dispatch(a, pool, w, l, addr)
 				}
 			}
@@ -194,7 +194,8 @@ func (p *LoadAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w ht
 		if _, usable := st.tracker.Load(addr); !usable {
 			continue
 		}
-		c := loadaware.Candidate{Addr: addr, Active: st.tracker.Active(addr, cutoff), LastCold: st.policy.LastCold(addr)}
+		c := loadaware.Candidate{Addr: addr, LastCold: st.policy.LastCold(addr)}
+		c.Active, c.ActiveTokens = st.tracker.Active(addr, cutoff)
 		s, fresh := st.scraper.Get(addr)
 		c.MetricsUnknown = fresh == modelmetrics.Unknown
 		if fresh == modelmetrics.Fresh && s.Have.Waiting {
@@ -232,9 +233,10 @@ func (p *LoadAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w ht
 		}
 		c.Write(fields...)
 	}
+	cost := ri.estimatedTokens()
 	for k, i := range rank.Order {
 		addr := cands[i].Addr
-		l := st.tracker.Acquire(addr)
+		l := st.tracker.AcquireCost(addr, cost)
 		if l == nil {
 			continue
 		}

@@ -60,3 +60,27 @@ type replayBody struct {
 }
 
 func (b *replayBody) Close() error { return b.closer.Close() }
+
+// Sizes assumed for active_tokens when the body does not tell.
+const (
+	// assumedOutputTokens stands for a request that sets no output limit
+	// (engines then stop at the context length, but most answers are
+	// short).
+	assumedOutputTokens = 256
+	// assumedRequestTokens stands for a body Sluice could not parse.
+	assumedRequestTokens = 512
+)
+
+// estimatedTokens is the request's size as active_tokens weighs it: its
+// prompt plus the output it may generate (max_tokens), both of which hold
+// KV cache and take engine steps for as long as it runs.
+func (ri *requestInfo) estimatedTokens() int64 {
+	if !ri.Parsed {
+		return assumedRequestTokens
+	}
+	out := ri.MaxTokens
+	if out <= 0 {
+		out = assumedOutputTokens
+	}
+	return int64(ri.PromptTokens) + int64(out)
+}

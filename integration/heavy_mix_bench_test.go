@@ -27,6 +27,7 @@ func BenchmarkHeavyShortMix(b *testing.B) {
 		{"sluice_load_aware_default", "lb_policy load_aware {\n\t\t\tpool mix-default\n\t\t\tmetrics_interval 100ms\n\t\t}"},
 		{"sluice_load_aware_load_only", "lb_policy load_aware {\n\t\t\tpool mix-load\n\t\t\tmetrics_interval 100ms\n\t\t\tscorer queue\n\t\t\tscorer load_aware\n\t\t\tscorer active_request\n\t\t}"},
 		{"sluice_load_aware_kv_active", "lb_policy load_aware {\n\t\t\tpool mix-kv\n\t\t\tmetrics_interval 100ms\n\t\t\tscorer active_request 2\n\t\t\tscorer kv_cache\n\t\t\tscorer queue\n\t\t}"},
+		{"sluice_load_aware_tokens", "lb_policy load_aware {\n\t\t\tpool mix-tokens\n\t\t\tscorer active_tokens\n\t\t}"},
 	}
 	var cfg strings.Builder
 	cfg.WriteString(globals)

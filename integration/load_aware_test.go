@@ -221,3 +221,70 @@ func TestLoadAwareBurstWithSlowBodiesSpreads(t *testing.T) {
 		}
 	}
 }
+
+// With active_tokens, one long generation in flight outweighs several
+// short ones: every short request goes to the other replica, where
+// active_request would alternate (1 vs 1, 1 vs 2…).
+func TestActiveTokensWeighsRequestsBySize(t *testing.T) {
+	var sites strings.Builder
+	for p := 9651; p <= 9652; p++ {
+		fmt.Fprintf(&sites, "\n:%d {\n\tbind 127.0.0.1\n\tinference_sim {\n\t\tname tok-%d\n\t\tconcurrency 64\n\t\tlatency fixed 3s\n\t}\n}\n", p, p)
+	}
+	startCaddy(t, globals+`
+:9650 {
+	reverse_proxy 127.0.0.1:9651 127.0.0.1:9652 {
+		lb_policy load_aware {
+			pool la-tokens
+			scorer active_tokens
+		}
+	}
+}
+`+sites.String())
+	started := func() uint64 {
+		return caddymodule.InferenceSimReplica("tok-9651").Stats().Started + caddymodule.InferenceSimReplica("tok-9652").Stats().Started
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		replicas []string
+	)
+	send := func(body string) {
+		want := started() + 1
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Post("http://127.0.0.1:9650/v1/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			mu.Lock()
+			replicas = append(replicas, resp.Header.Get("X-Sim-Replica"))
+			mu.Unlock()
+		}()
+		// In flight before the next one is picked.
+		eventually(t, "the request to reach a replica", func() bool { return started() >= want })
+	}
+	send(`{"prompt":"` + strings.Repeat("long context ", 300) + `","max_tokens":2000}`) // ~3000 tokens
+	for i := 0; i < 6; i++ {
+		send(fmt.Sprintf(`{"prompt":"short %d","max_tokens":16}`, i)) // ~18 tokens each
+	}
+	wg.Wait()
+	heavy := replicas[0]
+	n := map[string]int{}
+	for _, r := range replicas {
+		n[r]++
+	}
+	// Answers arrive in any order; the heavy one is the only request on
+	// its replica.
+	for r, c := range n {
+		if c == 1 {
+			heavy = r
+		}
+	}
+	if len(n) != 2 || n[heavy] != 1 {
+		t.Fatalf("requests per replica %v: want the 6 short requests all away from the long one", n)
+	}
+}

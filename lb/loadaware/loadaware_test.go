@@ -45,6 +45,16 @@ func TestActiveRequestScorer(t *testing.T) {
 	check(t, "all idle", out, []float64{1, 1, 1})
 }
 
+func TestActiveTokensScorer(t *testing.T) {
+	out := make([]float64, 3)
+	// Same request counts, different sizes: the one holding the long
+	// generation scores lowest.
+	scoreActiveTokens([]Candidate{{Active: 2, ActiveTokens: 8000}, {Active: 2, ActiveTokens: 200}, {Active: 0}}, out)
+	check(t, "spread", out, []float64{0, 0.975, 1})
+	scoreActiveTokens([]Candidate{{}, {}, {}}, out)
+	check(t, "all idle", out, []float64{1, 1, 1})
+}
+
 func TestSessionAffinityScorer(t *testing.T) {
 	out := make([]float64, 2)
 	cs := []Candidate{{Addr: "a"}, {Addr: "b"}}
@@ -174,7 +184,7 @@ func BenchmarkRank64AllScorers(b *testing.B) {
 	t0 := time.Now()
 	for i := range cs {
 		cs[i] = Candidate{Addr: fmt.Sprintf("10.0.0.%d:8000", i), Waiting: float64(i % 7), KVCacheUsage: float64(i%10) / 10,
-			MetricsFresh: true, Active: i % 5, LastCold: t0.Add(time.Duration(i) * time.Millisecond)}
+			MetricsFresh: true, Active: i % 5, ActiveTokens: int64(i%5) * 700, LastCold: t0.Add(time.Duration(i) * time.Millisecond)}
 	}
 	f := RequestFacts{SessionAddr: cs[7].Addr}
 	b.ReportAllocs()

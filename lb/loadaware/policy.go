@@ -169,6 +169,8 @@ func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking {
 			scoreLoadAware(cs, cfg.Threshold, s)
 		case ActiveRequest:
 			scoreActive(cs, s)
+		case ActiveTokens:
+			scoreActiveTokens(cs, s)
 		case SessionAffinity:
 			scoreSession(cs, f, s)
 		case NoHitLRU:

@@ -17,10 +17,13 @@ const (
 	SessionAffinity = "session_affinity"
 	NoHitLRU        = "no_hit_lru"
 	KVCache         = "kv_cache"
+	// ActiveTokens is Sluice's own: active_request weighted by each
+	// request's size, so ten long generations outweigh ten short ones.
+	ActiveTokens = "active_tokens"
 )
 
 // AllScorers lists every scorer, in the order scores are reported.
-var AllScorers = []string{Queue, LoadAware, ActiveRequest, SessionAffinity, NoHitLRU, KVCache}
+var AllScorers = []string{Queue, LoadAware, ActiveRequest, SessionAffinity, NoHitLRU, KVCache, ActiveTokens}
 
 // affinityScorers are the ones adaptive mode turns down under SLO pressure
 // (they keep requests where their context is, at the price of balance);
@@ -44,8 +47,9 @@ type Candidate struct {
 	// replica was read first.
 	MetricsUnknown bool
 	// Sluice's own count of requests in flight (already without those older
-	// than request_timeout).
-	Active int
+	// than request_timeout), and the sum of their estimated tokens.
+	Active       int
+	ActiveTokens int64
 	// LastCold is when this replica last got a cold request (zero: never
 	// or no longer tracked).
 	LastCold time.Time
@@ -117,6 +121,23 @@ func scoreActive(cs []Candidate, out []float64) {
 			out[i] = 1
 		} else {
 			out[i] = 1 - float64(c.Active)/float64(maxA)
+		}
+	}
+}
+
+// scoreActiveTokens: like scoreActive over the estimated tokens in flight
+// (prompt + requested output of each unanswered request): none → 1, the
+// most → 0, proportional; all idle → 1.
+func scoreActiveTokens(cs []Candidate, out []float64) {
+	var maxT int64
+	for _, c := range cs {
+		maxT = max(maxT, c.ActiveTokens)
+	}
+	for i, c := range cs {
+		if maxT == 0 {
+			out[i] = 1
+		} else {
+			out[i] = 1 - float64(c.ActiveTokens)/float64(maxT)
 		}
 	}
 }

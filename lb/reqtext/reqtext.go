@@ -33,6 +33,10 @@ type Request struct {
 	MaxTokens int // 0: not given
 	Kind      string
 	Truncated bool // Text was cut at MaxTextBytes (on a rune boundary)
+	// PromptTokens estimates the prompt's size: token ids are counted,
+	// text at 4 bytes a token (the usual rule of thumb for BPE
+	// vocabularies on English), the whole prompt even when Text was cut.
+	PromptTokens int
 }
 
 // Extract parses body according to path. Paths it does not know give Kind
@@ -159,7 +163,7 @@ func chat(body []byte) (Request, error) {
 		}
 		w.str("\n")
 	}
-	req.Text, req.Truncated = w.done()
+	w.done(&req)
 	return req, nil
 }
 
@@ -180,7 +184,7 @@ func completions(body []byte) (Request, error) {
 	if err := promptText(w, v.Prompt); err != nil {
 		return Request{}, fmt.Errorf("prompt: %w", err)
 	}
-	req.Text, req.Truncated = w.done()
+	w.done(&req)
 	return req, nil
 }
 
@@ -209,7 +213,7 @@ func generate(body []byte) (Request, error) {
 	if err := promptText(w, raw); err != nil {
 		return Request{}, fmt.Errorf("%s: %w", field, err)
 	}
-	req.Text, req.Truncated = w.done()
+	w.done(&req)
 	return req, nil
 }
 
@@ -279,7 +283,7 @@ func writeIDs(w *writer, raw []byte) error {
 					return errors.New("mixed token ids and arrays")
 				}
 				if nested {
-					w.str("\n")
+					w.sep("\n")
 				}
 				nested, wrote = true, false
 			} else if depth > 2 {
@@ -301,9 +305,9 @@ func writeIDs(w *writer, raw []byte) error {
 				return fmt.Errorf("token id %s...: not an integer", raw[i:j])
 			}
 			if wrote {
-				w.str(" ")
+				w.sep(" ")
 			}
-			w.bytes(raw[i:j])
+			w.id(raw[i:j])
 			wrote = true
 			i = j
 		default:
@@ -313,17 +317,27 @@ func writeIDs(w *writer, raw []byte) error {
 	return nil
 }
 
-// writer builds Text up to MaxTextBytes.
+// writer builds Text up to MaxTextBytes, and counts what it was given.
 type writer struct {
-	b   []byte
-	cut bool
+	b         []byte
+	cut       bool
+	textBytes int // text given (cut or not)
+	ids       int // token ids given
 }
 
 func newWriter(hint int) *writer {
 	return &writer{b: make([]byte, 0, min(hint, MaxTextBytes))}
 }
 
+// sep appends a separator of Sluice's rendering (not counted as text).
+func (w *writer) sep(s string) {
+	n := w.textBytes
+	w.str(s)
+	w.textBytes = n
+}
+
 func (w *writer) str(s string) {
+	w.textBytes += len(s)
 	if w.cut {
 		return
 	}
@@ -337,12 +351,20 @@ func (w *writer) str(s string) {
 	w.b = append(w.b, s...)
 }
 
-// bytes appends ASCII (token ids): any cut is a rune boundary.
-func (w *writer) bytes(b []byte) {
+// id appends one token id's digits (ASCII: any cut is a rune boundary).
+func (w *writer) id(b []byte) {
+	w.ids++
+	if w.cut {
+		return
+	}
 	if room := MaxTextBytes - len(w.b); len(b) > room {
 		b, w.cut = b[:room], true
 	}
 	w.b = append(w.b, b...)
 }
 
-func (w *writer) done() (string, bool) { return string(w.b), w.cut }
+// done fills the request's Text, Truncated and PromptTokens.
+func (w *writer) done(req *Request) {
+	req.Text, req.Truncated = string(w.b), w.cut
+	req.PromptTokens = w.ids + (w.textBytes+3)/4
+}

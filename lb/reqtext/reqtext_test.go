@@ -32,7 +32,8 @@ func TestChat(t *testing.T) {
 		]}`)
 	want := Request{
 		Model: "llama", Stream: true, MaxTokens: 64, Kind: KindChat,
-		Text: "<|system|>\nBe brief.\n<|user|>\nWhat is in\nthis picture?\n<|assistant|>\n\n<|user|>\nThanks\né\n",
+		Text:         "<|system|>\nBe brief.\n<|user|>\nWhat is in\nthis picture?\n<|assistant|>\n\n<|user|>\nThanks\né\n",
+		PromptTokens: 23, // 89 bytes at 4 a token, rounded up
 	}
 	if req != want {
 		t.Fatalf("got  %#v\nwant %#v", req, want)
@@ -83,7 +84,7 @@ func TestCompletions(t *testing.T) {
 		}
 	}
 	req := mustExtract(t, "/openai/v1/completions/", `{"model":"m","stream":true,"max_tokens":7,"prompt":"x"}`)
-	if req != (Request{Model: "m", Stream: true, MaxTokens: 7, Kind: KindCompletions, Text: "x"}) {
+	if req != (Request{Model: "m", Stream: true, MaxTokens: 7, Kind: KindCompletions, Text: "x", PromptTokens: 1}) {
 		t.Fatalf("got %#v", req)
 	}
 }
@@ -104,7 +105,7 @@ func TestGenerate(t *testing.T) {
 		}
 	}
 	req := mustExtract(t, "/generate", `{"model":"m","stream":true,"text":"x","sampling_params":{"max_new_tokens":12,"temperature":0}}`)
-	if req != (Request{Model: "m", Stream: true, MaxTokens: 12, Kind: KindGenerate, Text: "x"}) {
+	if req != (Request{Model: "m", Stream: true, MaxTokens: 12, Kind: KindGenerate, Text: "x", PromptTokens: 1}) {
 		t.Fatalf("got %#v", req)
 	}
 	// Shared leading ids give a shared text prefix.
@@ -148,6 +149,30 @@ func TestOtherPaths(t *testing.T) {
 		if err != nil || req.Kind != KindOther || req.Model != c.model || req.Text != "" {
 			t.Errorf("%s: got %#v, %v", c.path, req, err)
 		}
+	}
+}
+
+func TestPromptTokensEstimate(t *testing.T) {
+	for _, c := range []struct {
+		path, body string
+		want       int
+	}{
+		{"/v1/completions", `{"prompt": "` + strings.Repeat("abcd", 100) + `"}`, 100},
+		{"/v1/completions", `{"prompt": "abcde"}`, 2},
+		{"/v1/completions", `{"prompt": [1, 22, 333]}`, 3}, // ids are counted, not their digits
+		{"/v1/completions", `{"prompt": [[1, 2], [1, 3, 4]]}`, 5},
+		{"/generate", `{"input_ids": [101, 2054, 2003]}`, 3},
+		{"/v1/completions", `{"prompt": []}`, 0},
+		{"/v1/completions", `{}`, 0},
+	} {
+		if got := mustExtract(t, c.path, c.body).PromptTokens; got != c.want {
+			t.Errorf("%s: prompt tokens %d, want %d", c.body, got, c.want)
+		}
+	}
+	// A prompt over the text cap is still estimated whole.
+	body, _ := json.Marshal(map[string]string{"prompt": strings.Repeat("abcd", MaxTextBytes/2)})
+	if req := mustExtract(t, "/v1/completions", string(body)); !req.Truncated || req.PromptTokens != MaxTextBytes/2 {
+		t.Fatalf("truncated=%v tokens=%d, want %d", req.Truncated, req.PromptTokens, MaxTextBytes/2)
 	}
 }
 

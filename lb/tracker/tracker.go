@@ -45,6 +45,8 @@ type replica struct {
 	addr     string
 	present  bool
 	inFlight atomic.Int64
+	// inFlightCost sums the in-flight leases' costs (estimated tokens).
+	inFlightCost atomic.Int64
 	// health, guarded by hmu: rarely written (on failures and recoveries)
 	hmu         sync.Mutex
 	consecFails int
@@ -117,24 +119,31 @@ type Lease struct {
 	r          *replica
 	released   atomic.Bool
 	start      time.Time
+	cost       int64
 	prev, next *Lease
 	Addr       string
 }
 
 // Acquire counts a request in flight to addr. It returns nil if addr is
 // not a replica of the pool (removed meanwhile).
-func (t *Tracker) Acquire(addr string) *Lease {
+func (t *Tracker) Acquire(addr string) *Lease { return t.AcquireCost(addr, 0) }
+
+// AcquireCost is Acquire for a request of the given cost (a policy's
+// estimate of its work, e.g. tokens), summed per replica until released.
+func (t *Tracker) AcquireCost(addr string, cost int64) *Lease {
+	cost = max(cost, 0)
 	t.mu.RLock()
 	r, ok := t.reps[addr]
 	ok = ok && r.present
 	if ok {
 		r.inFlight.Add(1) // under the read lock: SetReplicas cannot forget r now
+		r.inFlightCost.Add(cost)
 	}
 	t.mu.RUnlock()
 	if !ok {
 		return nil
 	}
-	l := &Lease{t: t, r: r, Addr: addr, start: t.now()}
+	l := &Lease{t: t, r: r, Addr: addr, start: t.now(), cost: cost}
 	r.lmu.Lock()
 	if r.tail == nil {
 		r.head, r.tail = l, l
@@ -145,23 +154,27 @@ func (t *Tracker) Acquire(addr string) *Lease {
 	return l
 }
 
-// Active is addr's in-flight count, not counting requests started before
-// cutoff: a request an engine dropped without answering must stop
-// counting at some point (Heimdall's active-request scorer timeout).
-func (t *Tracker) Active(addr string, cutoff time.Time) int {
+// Active is addr's in-flight count and the sum of those requests' costs,
+// not counting requests started before cutoff: a request an engine
+// dropped without answering must stop counting at some point (Heimdall's
+// active-request scorer timeout).
+func (t *Tracker) Active(addr string, cutoff time.Time) (n int, cost int64) {
 	t.mu.RLock()
 	r, ok := t.reps[addr]
 	t.mu.RUnlock()
 	if !ok {
-		return 0
+		return 0, 0
 	}
 	r.lmu.Lock()
 	defer r.lmu.Unlock()
-	n := int(r.inFlight.Load())
+	// A lease's cost leaves the sum under lmu, as it is unlinked, so the
+	// walk below never subtracts a cost twice.
+	n, cost = int(r.inFlight.Load()), r.inFlightCost.Load()
 	for l := r.head; l != nil && l.start.Before(cutoff); l = l.next {
 		n--
+		cost -= l.cost
 	}
-	return max(n, 0)
+	return max(n, 0), max(cost, 0)
 }
 
 // Release ends the attempt and applies its outcome to passive health.
@@ -182,6 +195,7 @@ func (l *Lease) Release(o lb.Outcome) bool {
 		r.tail = l.prev
 	}
 	l.prev, l.next = nil, nil
+	r.inFlightCost.Add(-l.cost)
 	r.lmu.Unlock()
 	switch o.Kind {
 	case lb.Success:

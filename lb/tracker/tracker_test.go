@@ -90,21 +90,55 @@ func TestActiveStopsCountingRequestsOlderThanTheTimeout(t *testing.T) {
 	tr := New(Config{})
 	tr.now = func() time.Time { return now }
 	tr.SetReplicas([]string{"a:1"})
-	old := tr.Acquire("a:1")
+	old := tr.AcquireCost("a:1", 1000)
 	now = now.Add(time.Minute)
-	mid := tr.Acquire("a:1")
+	mid := tr.AcquireCost("a:1", 200)
 	now = now.Add(time.Minute)
-	recent := tr.Acquire("a:1")
-	if n := tr.Active("a:1", now.Add(-90*time.Second)); n != 2 {
-		t.Fatalf("active = %d, want 2 (the oldest timed out)", n)
+	recent := tr.AcquireCost("a:1", 30)
+	if n, c := tr.Active("a:1", now.Add(-90*time.Second)); n != 2 || c != 230 {
+		t.Fatalf("active = %d (cost %d), want 2 (230): the oldest timed out", n, c)
 	}
 	mid.Release(lb.Outcome{Kind: lb.Success})
-	if n := tr.Active("a:1", now.Add(-90*time.Second)); n != 1 {
-		t.Fatalf("after releasing the middle one: %d, want 1", n)
+	mid.Release(lb.Outcome{Kind: lb.Success}) // a second release changes nothing
+	if n, c := tr.Active("a:1", now.Add(-90*time.Second)); n != 1 || c != 30 {
+		t.Fatalf("after releasing the middle one: %d (cost %d), want 1 (30)", n, c)
+	}
+	if n, c := tr.Active("a:1", time.Time{}); n != 2 || c != 1030 {
+		t.Fatalf("without a cutoff: %d (cost %d), want 2 (1030)", n, c)
 	}
 	old.Release(lb.Outcome{Kind: lb.Cancelled})
 	recent.Release(lb.Outcome{Kind: lb.Success})
-	if n := tr.Active("a:1", time.Time{}); n != 0 {
-		t.Fatalf("after all releases: %d", n)
+	if n, c := tr.Active("a:1", time.Time{}); n != 0 || c != 0 {
+		t.Fatalf("after all releases: %d (cost %d)", n, c)
+	}
+}
+
+func TestCostsReleasedExactlyOnceUnderConcurrency(t *testing.T) {
+	tr := New(Config{})
+	tr.SetReplicas([]string{"a:1", "b:1"})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 500 {
+				addr := []string{"a:1", "b:1"}[(g+i)%2]
+				l := tr.AcquireCost(addr, int64(1+i%97))
+				tr.Active(addr, time.Now().Add(-time.Hour))
+				// Release races with itself: only one may count.
+				var rw sync.WaitGroup
+				for range 2 {
+					rw.Add(1)
+					go func() { defer rw.Done(); l.Release(lb.Outcome{Kind: lb.Success}) }()
+				}
+				rw.Wait()
+			}
+		}()
+	}
+	wg.Wait()
+	for _, addr := range []string{"a:1", "b:1"} {
+		if n, c := tr.Active(addr, time.Time{}); n != 0 || c != 0 {
+			t.Fatalf("%s: %d in flight, cost %d after every release", addr, n, c)
+		}
 	}
 }
