@@ -121,7 +121,12 @@ func (p *GlobalRedisLeast) Provision(ctx caddy.Context) error {
 		defer cancel()
 		st, err := redisleast.New(dctx, cfg, name)
 		if err != nil {
-			return nil, fmt.Errorf("global_redis_least: cannot reach Redis %v: %v", cfg.Addrs, err)
+			return nil, fmt.Errorf("global_redis_least: Redis %v: %v", cfg.Addrs, err)
+		}
+		if why := st.Unreachable(); why != nil {
+			// Not fatal: a restart during a Redis outage must still serve.
+			p.log.Error("Redis unreachable at start: serving from this instance's own counts until it answers",
+				zap.String("pool", name), zap.Strings("redis", cfg.Addrs), zap.Error(why))
 		}
 		rs := &redisStore{Store: st, log: p.log}
 		rs.unwatch = p.pool.Watch(func(set []lb.Backend, managed bool) {

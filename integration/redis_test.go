@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -225,5 +226,44 @@ func TestGlobalQueueAcrossTwoInstancesNeverOverloadsAReplica(t *testing.T) {
 	}
 	if total != 8 {
 		t.Fatalf("replicas saw %d requests, want 8", total)
+	}
+}
+
+// Caddy restarted while Redis is down must load and serve (from the
+// instance's own counts), not fail to start.
+func TestLoadsAndServesWithRedisDown(t *testing.T) {
+	testRedis(t) // skip rules
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := l.Addr().String()
+	l.Close() // nothing listens there
+	startCaddy(t, globals+fmt.Sprintf(`
+:9940 {
+	reverse_proxy 127.0.0.1:9941 127.0.0.1:9942 {
+		lb_policy global_redis_least {
+			pool grl-down
+			redis %s
+			dial_timeout 300ms
+		}
+	}
+}
+`, down)+sims(9941, 9942))
+	seen := map[string]int{}
+	for i := 0; i < 6; i++ {
+		resp, err := client.Post("http://127.0.0.1:9940/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi","max_tokens":2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d with Redis down, want 200 from the local fallback", i, resp.StatusCode)
+		}
+		seen[resp.Header.Get("X-Sim-Replica")]++
+	}
+	if len(seen) != 2 {
+		t.Fatalf("requests per replica %v: the fallback must still spread", seen)
 	}
 }

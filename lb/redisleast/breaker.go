@@ -78,6 +78,14 @@ func (b *breaker) record(err error) {
 	}
 }
 
+// forceOpen opens the breaker without starting a probe (the caller does):
+// a store that starts while Redis is unreachable.
+func (b *breaker) forceOpen() {
+	b.mu.Lock()
+	b.open = true
+	b.mu.Unlock()
+}
+
 // close ends an outage; only the probe calls it.
 func (b *breaker) close() {
 	b.mu.Lock()

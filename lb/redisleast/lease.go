@@ -64,13 +64,13 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 			// slot) until the pending release is flushed; with the
 			// reply, await sees ctx done and leaves the queue at once.
 			res = s.callUntil(context.WithoutCancel(ctx), deadline, func(ctx context.Context) rueidis.RedisResult {
-				return selectQueueScript.Exec(ctx, s.client,
+				return selectQueueScript.Exec(ctx, s.rc(),
 					[]string{s.k.load, ident.alive, ident.inst, s.k.insts, s.k.queue, s.k.waiters, s.k.assigned}, args)
 			})
 		} else {
 			args = append(args, candidates...)
 			res = s.callUntil(ctx, deadline, func(ctx context.Context) rueidis.RedisResult {
-				return selectScript.Exec(ctx, s.client, []string{s.k.load, ident.alive, ident.inst, s.k.insts}, args)
+				return selectScript.Exec(ctx, s.rc(), []string{s.k.load, ident.alive, ident.inst, s.k.insts}, args)
 			})
 		}
 		arr, err := res.ToArray()

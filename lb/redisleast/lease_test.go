@@ -2,6 +2,8 @@ package redisleast
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"syscall"
 	"testing"
 	"time"
@@ -170,4 +172,79 @@ func TestPendingOverflowRotatesIdentity(t *testing.T) {
 		l.Release(lb.Outcome{Kind: lb.Success})
 	}
 	wantCounts(t, s, map[string]int64{"a": 0, "b": 0})
+}
+
+// A proxy restarted during a Redis outage must serve: the store starts
+// with the breaker open (local fallback) and connects when Redis comes
+// up, replaying the member set. Both modes; in queueing mode the waiters'
+// notifications must work once connected.
+func TestStartsWithoutRedisAndConnectsWhenItComes(t *testing.T) {
+	for _, queueing := range []bool{false, true} {
+		t.Run(fmt.Sprintf("queueing=%v", queueing), func(t *testing.T) {
+			privateRedis(t) // skip rules (and a server this test does not use)
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := l.Addr().String()
+			l.Close() // nothing listens there now
+			cfg := testConfig(t, addr)
+			if queueing {
+				cfg = queueConfig(t, addr)
+			}
+			cfg.ReadTimeout = 300 * time.Millisecond
+			cfg.DialTimeout = 300 * time.Millisecond
+			cfg.BreakerBackoff = 50 * time.Millisecond
+			start := time.Now()
+			s := newStore(t, cfg, "p")
+			if s.Unreachable() == nil || s.Stats().Breaker != Open {
+				t.Fatalf("started against a closed port: unreachable %v, breaker %v", s.Unreachable(), s.Stats().Breaker)
+			}
+			if waited := time.Since(start); waited > 5*time.Second {
+				t.Fatalf("New took %v with Redis down", waited) // hang guard
+			}
+			reps := []string{"a", "b"}
+			if err := s.Sync(context.Background(), reps); err == nil {
+				t.Fatal("Sync with the breaker open must say so")
+			}
+			l1, err := s.Select(context.Background(), reps)
+			if err != nil || !l1.Fallback {
+				t.Fatalf("a select with Redis down must fall back locally: %v", err)
+			}
+			l1.Release(ok)
+
+			srv, err := startRedis(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(srv.kill)
+			waitFor(t, "the store to connect", func() bool { return s.Stats().Breaker == Closed })
+			c := raw(t, addr)
+			wantCounts(t, s, map[string]int64{"a": 0, "b": 0}) // the member set, replayed
+			held := []*Lease{sel(t, s, reps...), sel(t, s, reps...)}
+			for _, h := range held {
+				if h.Fallback {
+					t.Fatal("still falling back once Redis is up")
+				}
+			}
+			if queueing {
+				// Both slots taken: the next one waits and is handed the
+				// first slot released (pub/sub works on the new connection).
+				out := make(chan got, 1)
+				enqueue(t, context.Background(), c, s, "waiter", out, reps...)
+				held[0].Release(ok)
+				g := <-out
+				if g.err != nil || g.l.Fallback {
+					t.Fatalf("waiter: %v (fallback %v)", g.err, g.l != nil && g.l.Fallback)
+				}
+				held[0] = g.l
+			}
+			for _, h := range held {
+				h.Release(ok)
+			}
+			if !drained(t, s, c) {
+				t.Fatalf("counts %v after every release", mustCounts(t, s))
+			}
+		})
+	}
 }

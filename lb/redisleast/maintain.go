@@ -48,7 +48,7 @@ func (s *Store) reapInterval() time.Duration { return max(s.cfg.LeaseTTL/3, time
 func (s *Store) renew(ctx context.Context) error {
 	id := s.ident.Load()
 	return s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return s.client.Do(ctx, s.client.B().Set().Key(id.alive).Value("1").Px(s.cfg.LeaseTTL).Build())
+		return s.rc().Do(ctx, s.rc().B().Set().Key(id.alive).Value("1").Px(s.cfg.LeaseTTL).Build())
 	}).Error()
 }
 
@@ -71,7 +71,7 @@ func (s *Store) flush(ctx context.Context) {
 // of instances may reap at once: the script is atomic per dead instance.
 func (s *Store) reap(ctx context.Context) {
 	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return s.client.Do(ctx, s.client.B().Smembers().Key(s.k.insts).Build())
+		return s.rc().Do(ctx, s.rc().B().Smembers().Key(s.k.insts).Build())
 	})
 	ids, err := res.AsStrSlice()
 	if err != nil {
@@ -84,17 +84,31 @@ func (s *Store) reap(ctx context.Context) {
 		}
 		res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
 			if s.queueing() {
-				return reapQueueScript.Exec(ctx, s.client,
+				return reapQueueScript.Exec(ctx, s.rc(),
 					[]string{s.k.load, s.k.gone, s.k.alive(id), s.k.inst(id), s.k.insts, s.k.assigned},
 					[]string{id, strconv.Itoa(s.cfg.MaxInflight), s.k.tag})
 			}
-			return reapScript.Exec(ctx, s.client,
+			return reapScript.Exec(ctx, s.rc(),
 				[]string{s.k.load, s.k.gone, s.k.alive(id), s.k.inst(id), s.k.insts}, []string{id})
 		})
 		if n, err := res.AsInt64(); err == nil && n > 0 {
 			s.c.reclaimed.Add(uint64(n))
 		}
 	}
+}
+
+// reconnect replaces the placeholder client of a store started without
+// Redis by a real one (with cluster discovery) once Redis answers. No call
+// uses the placeholder meanwhile: the breaker has been open throughout.
+func (s *Store) reconnect() bool {
+	client, err := rueidis.NewClient(s.opt)
+	if err != nil {
+		return false
+	}
+	old := s.cl.Swap(&clientRef{client})
+	s.provisional.Store(false)
+	old.Close()
+	return true
 }
 
 // startProbe runs, once per outage, the half-open step: every
@@ -113,8 +127,12 @@ func (s *Store) startProbe() {
 		defer s.probing.Store(false)
 		ctx := context.Background()
 		for backoffSleep(s.done, s.cfg.BreakerBackoff) {
+			if s.provisional.Load() && !s.reconnect() {
+				s.c.errors.Add(1)
+				continue
+			}
 			cctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
-			err := s.client.Do(cctx, s.client.B().Ping().Build()).Error()
+			err := s.rc().Do(cctx, s.rc().B().Ping().Build()).Error()
 			cancel()
 			if err != nil {
 				s.c.errors.Add(1)

@@ -167,7 +167,7 @@ func (s *Store) handed(ident *identity, req, rep string, start time.Time) *Lease
 func (s *Store) giveUp(ctx context.Context, ident *identity, req string, start time.Time, why giveUpReason, candidates []string) (*Lease, error) {
 	tok := token(ident, req)
 	res := s.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return cancelQueueScript.Exec(ctx, s.client, []string{s.k.queue, s.k.waiters, s.k.assigned}, []string{tok})
+		return cancelQueueScript.Exec(ctx, s.rc(), []string{s.k.queue, s.k.waiters, s.k.assigned}, []string{tok})
 	})
 	s.waiters.drop(tok)
 	arr, err := res.ToArray()
@@ -270,7 +270,7 @@ func (s *Store) recheck() {
 		return
 	}
 	res := s.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return s.client.Do(ctx, s.client.B().Hmget().Key(s.k.assigned).Field(toks...).Build())
+		return s.rc().Do(ctx, s.rc().B().Hmget().Key(s.k.assigned).Field(toks...).Build())
 	})
 	vals, err := res.ToArray()
 	if err != nil {
@@ -286,7 +286,7 @@ func (s *Store) recheck() {
 // kick dispatches whatever is free and refreshes the queue gauge.
 func (s *Store) kick(ctx context.Context) {
 	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return kickQueueScript.Exec(ctx, s.client, []string{s.k.queue, s.k.waiters, s.k.load},
+		return kickQueueScript.Exec(ctx, s.rc(), []string{s.k.queue, s.k.waiters, s.k.load},
 			[]string{strconv.Itoa(s.cfg.MaxInflight), s.k.tag})
 	})
 	if arr, err := res.ToArray(); err == nil && len(arr) == 3 {
@@ -300,12 +300,12 @@ func (s *Store) kick(ctx context.Context) {
 func (s *Store) execRelease(ctx context.Context, ident *identity, ids []string) rueidis.RedisResult {
 	return s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
 		if !s.queueing() {
-			return releaseScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone, ident.inst}, ids)
+			return releaseScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, ident.inst}, ids)
 		}
 		args := make([]string, 0, 3+len(ids))
 		args = append(args, strconv.Itoa(s.cfg.MaxInflight), s.k.tag, ident.id)
 		args = append(args, ids...)
-		return releaseQueueScript.Exec(ctx, s.client,
+		return releaseQueueScript.Exec(ctx, s.rc(),
 			[]string{s.k.load, s.k.gone, ident.inst, s.k.queue, s.k.waiters, s.k.assigned}, args)
 	})
 }

@@ -155,7 +155,7 @@ func (s *Store) crash() {
 	s.life.Unlock()
 	close(s.done)
 	s.wg.Wait()
-	s.client.Close()
+	s.rc().Close()
 }
 
 // raw is a plain client for inspecting keys.

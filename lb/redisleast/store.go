@@ -35,10 +35,15 @@ var (
 // Store is one pool's shared state as seen by one instance. Safe for
 // concurrent use.
 type Store struct {
-	cfg    Config
-	pool   string
-	k      keys
-	client rueidis.Client
+	cfg  Config
+	opt  rueidis.ClientOption
+	pool string
+	k    keys
+	// cl is the Redis client. Started without Redis (unreachable at New),
+	// it is a placeholder until the probe connects and swaps in a real one
+	// (provisional true until then).
+	cl          atomic.Pointer[clientRef]
+	provisional atomic.Bool
 
 	ident atomic.Pointer[identity]
 	seq   atomic.Uint64
@@ -59,6 +64,8 @@ type Store struct {
 	last       []string         // replicas of the last Sync, replayed after a Redis restart
 	lastCounts map[string]int64 // global view of the last Counts or Sync
 
+	unreachable atomic.Pointer[error] // why Redis was not usable at New
+
 	life    sync.Mutex // orders starting a probe against Close
 	probing atomic.Bool
 	closed  atomic.Bool
@@ -66,9 +73,20 @@ type Store struct {
 	wg      sync.WaitGroup
 }
 
+type clientRef struct{ rueidis.Client }
+
+// rc is the current Redis client.
+func (s *Store) rc() rueidis.Client { return s.cl.Load().Client }
+
 // New connects to Redis and starts the instance's background loop (lease
-// renewal, reaping dead instances, flushing pending releases). It fails if
-// Redis cannot be reached at all, so a bad address is reported at load.
+// renewal, reaping dead instances, flushing pending releases).
+//
+// Redis that cannot be reached (refused, timed out, unknown host) does not
+// fail New: a proxy restarted during a Redis outage must still serve. The
+// store then starts with the breaker open — every Select served by the
+// local fallback — and the probe connects when Redis answers; Unreachable
+// reports the cause so the caller can log it. A Redis that answers with an
+// error (wrong password, no permission) fails New: that is configuration.
 func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -78,22 +96,33 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := rueidis.NewClient(opt)
-	if err != nil {
-		return nil, fmt.Errorf("redis %v: %w", cfg.Addrs, err)
-	}
-	s := &Store{cfg: cfg, pool: pool, k: newKeys(cfg.KeyPrefix, pool), client: client, done: make(chan struct{})}
+	s := &Store{cfg: cfg, opt: opt, pool: pool, k: newKeys(cfg.KeyPrefix, pool), done: make(chan struct{})}
 	s.c.wait.bounds = waitBuckets
 	s.br = breaker{limit: cfg.BreakerFailures, onOpen: s.startProbe}
 	s.pend.max = cfg.PendingMax
 	s.ident.Store(s.newIdentity())
-	if err := s.renew(ctx); err != nil {
-		client.Close()
-		return nil, fmt.Errorf("redis %v: %w", cfg.Addrs, err)
+	client, err := s.connect(opt)
+	if err != nil {
+		return nil, err
+	}
+	s.cl.Store(&clientRef{client})
+	if !s.provisional.Load() {
+		if err := s.renew(ctx); err != nil {
+			if !transportErr(err) {
+				client.Close()
+				return nil, fmt.Errorf("redis %v: %w", cfg.Addrs, err)
+			}
+			s.unreachable.Store(&err)
+		}
 	}
 	if s.queueing() {
-		sub, err := rueidis.NewClient(opt)
-		if err != nil {
+		// The subscriber keeps a single-node client whatever happens: a
+		// cluster delivers PUBLISH on every node, and this client
+		// redials by itself when Redis comes back.
+		sopt := opt
+		sopt.ForceSingleClient = true
+		sub, err := rueidis.NewClient(sopt)
+		if sub == nil {
 			client.Close()
 			return nil, fmt.Errorf("redis %v: %w", cfg.Addrs, err)
 		}
@@ -104,6 +133,11 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 	if s.queueing() {
 		s.wg.Add(1)
 		go s.subscribe()
+	}
+	if s.Unreachable() != nil {
+		s.br.forceOpen()
+		s.startProbe()
+	} else if s.queueing() {
 		// Not fatal: a waiter told nothing still finds its slot (recheck at
 		// subscription, cancel script at its deadline).
 		t := time.NewTimer(cfg.DialTimeout)
@@ -184,9 +218,9 @@ func (s *Store) sync(ctx context.Context, replicas []string) error {
 	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
 		if s.queueing() {
 			args := append([]string{strconv.Itoa(s.cfg.MaxInflight), s.k.tag}, replicas...)
-			return syncQueueScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone, s.k.queue}, args)
+			return syncQueueScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, s.k.queue}, args)
 		}
-		return syncScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone}, replicas)
+		return syncScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone}, replicas)
 	})
 	if err := res.Error(); err != nil {
 		return fmt.Errorf("redis sync: %w", err)
@@ -205,7 +239,7 @@ func (s *Store) resync(ctx context.Context) bool {
 		return false
 	}
 	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return s.client.Do(ctx, s.client.B().Zcard().Key(s.k.load).Build())
+		return s.rc().Do(ctx, s.rc().B().Zcard().Key(s.k.load).Build())
 	})
 	if n, err := res.AsInt64(); err != nil || n > 0 {
 		return false
@@ -216,7 +250,7 @@ func (s *Store) resync(ctx context.Context) bool {
 // Counts reads the global in-flight count of every member replica.
 func (s *Store) Counts(ctx context.Context) (map[string]int64, error) {
 	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return s.client.Do(ctx, s.client.B().Zrange().Key(s.k.load).Min("0").Max("-1").Withscores().Build())
+		return s.rc().Do(ctx, s.rc().B().Zrange().Key(s.k.load).Min("0").Max("-1").Withscores().Build())
 	})
 	zs, err := res.AsZScores()
 	if err != nil {
@@ -271,8 +305,40 @@ func (s *Store) Close() {
 		s.flush(ctx)
 		id := s.ident.Load()
 		s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-			return s.client.Do(ctx, s.client.B().Del().Key(id.alive).Build())
+			return s.rc().Do(ctx, s.rc().B().Del().Key(id.alive).Build())
 		})
 	}
-	s.client.Close()
+	s.rc().Close()
+}
+
+// connect makes a Redis client. When Redis can't be reached it returns a
+// placeholder instead — a single-node client that fails every call until
+// the probe replaces it — marks the store provisional and records why.
+func (s *Store) connect(opt rueidis.ClientOption) (rueidis.Client, error) {
+	client, err := rueidis.NewClient(opt)
+	if err == nil {
+		return client, nil
+	}
+	if !transportErr(err) {
+		return nil, fmt.Errorf("redis %v: %w", s.cfg.Addrs, err)
+	}
+	single := opt
+	single.ForceSingleClient = true
+	placeholder, _ := rueidis.NewClient(single) // a client even though the dial failed
+	if placeholder == nil {
+		return nil, fmt.Errorf("redis %v: %w", s.cfg.Addrs, err)
+	}
+	s.provisional.Store(true)
+	s.unreachable.Store(&err)
+	return placeholder, nil
+}
+
+// Unreachable is why Redis could not be used when the store started (nil
+// if it could): the store then serves from the local fallback until the
+// probe gets through.
+func (s *Store) Unreachable() error {
+	if p := s.unreachable.Load(); p != nil {
+		return *p
+	}
+	return nil
 }

@@ -64,12 +64,12 @@ func TestSelectPicksLeastAndReleaseIsExactlyOnce(t *testing.T) {
 	wantCounts(t, s, map[string]int64{"a": 1, "b": 1, "c": 1})
 
 	// A resent release script (a client retry) finds no record: no-op.
-	n, err := releaseScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone, a1.ident.inst}, []string{a1.req}).AsInt64()
+	n, err := releaseScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, a1.ident.inst}, []string{a1.req}).AsInt64()
 	if err != nil || n != 0 {
 		t.Fatalf("replayed release: n=%d err=%v, want 0 records", n, err)
 	}
 	// Same for a resent select script: it returns the recorded replica unchanged.
-	arr, err := selectScript.Exec(ctx, s.client, []string{s.k.load, a2.ident.alive, a2.ident.inst, s.k.insts},
+	arr, err := selectScript.Exec(ctx, s.rc(), []string{s.k.load, a2.ident.alive, a2.ident.inst, s.k.insts},
 		[]string{"0", "1000", a2.req, a2.ident.id, "0", "b"}).ToArray()
 	if err != nil {
 		t.Fatal(err)
@@ -81,10 +81,10 @@ func TestSelectPicksLeastAndReleaseIsExactlyOnce(t *testing.T) {
 
 	// A select whose reply was lost is released as "?id" before it runs
 	// (it travels on another connection): the late select is barred.
-	if _, err := releaseScript.Exec(ctx, s.client, []string{s.k.load, s.k.gone, a2.ident.inst}, []string{"?late"}).AsInt64(); err != nil {
+	if _, err := releaseScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, a2.ident.inst}, []string{"?late"}).AsInt64(); err != nil {
 		t.Fatal(err)
 	}
-	arr, err = selectScript.Exec(ctx, s.client, []string{s.k.load, a2.ident.alive, a2.ident.inst, s.k.insts},
+	arr, err = selectScript.Exec(ctx, s.rc(), []string{s.k.load, a2.ident.alive, a2.ident.inst, s.k.insts},
 		[]string{"0", "1000", "late", a2.ident.id, "0", "b"}).ToArray()
 	if err != nil {
 		t.Fatal(err)
