@@ -183,17 +183,9 @@ func runMix(r *runner, script []mixRequest, engine func(*sim.Config)) {
 			}
 		}
 	}
-	caddy := func(name, desc, policy string) sysSpec {
-		return sysSpec{name: name, desc: desc, proxies: 1, fleet: fleet, load: load, after: measures,
-			start: func(f []*sim.Server) ([]string, error) {
-				return r.caddyProxies(name, 1, func(int) string { return staticProxy(addrs(f), policy) })
-			}}
-	}
-	systems := []sysSpec{
-		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
-		caddy("caddy_least_conn", "Caddy lb_policy least_conn", "lb_policy least_conn"),
-		{name: "haproxy_leastconn", desc: "HAProxy balance leastconn", proxies: 1, fleet: fleet, load: load, after: measures,
-			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-lc", 1, addrs(f), 0) }},
+	sys := oneProxy{r, sysSpec{fleet: fleet, load: load, after: measures}}
+	caddy := sys.caddy
+	systems := append(sys.references(),
 		caddy("sluice_load_aware_default", "Sluice load_aware, default scorers (the five Heimdall scorers), metrics_interval 100ms",
 			"lb_policy load_aware {\n\tpool mix-default\n\tmetrics_interval 100ms\n}"),
 		caddy("sluice_load_aware_active_only", "Sluice load_aware, active_request scorer only (Sluice's exact in-flight counts)",
@@ -204,7 +196,7 @@ func runMix(r *runner, script []mixRequest, engine func(*sim.Config)) {
 			"lb_policy load_aware {\n\tpool mix-count-tokens\n\tscorer active_request\n\tscorer active_tokens\n}"),
 		caddy("sluice_load_aware_default_tokens", "Sluice load_aware, the five Heimdall scorers + active_tokens, metrics_interval 100ms",
 			"lb_policy load_aware {\n\tpool mix-default-tokens\n\tmetrics_interval 100ms\n\tscorer queue\n\tscorer load_aware\n\tscorer active_request\n\tscorer session_affinity\n\tscorer no_hit_lru\n\tscorer active_tokens\n}"),
-	}
+	)
 	for _, s := range systems {
 		r.system(s)
 	}

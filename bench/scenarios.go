@@ -85,6 +85,18 @@ var scenarios = []scenario{
 		run: heimdallPublished,
 	},
 	{
+		name:  "mixed-fleet-stream",
+		title: "Mixed fleet, streaming: 2 fast + 2 half-speed batching replicas, streamed chat at ~70% of the pool",
+		about: "4 replicas running 8 sequences each: two decode at 4 ms per output token (100 µs per prompt token), two " +
+			"at 8 ms (200 µs), decode 5% slower per extra running sequence. Poisson 30 req/s for 20 s of streamed chat " +
+			"completions (SSE, one event per token): 100–400-word prompts, 50–150 output tokens. Round robin gives the " +
+			"slow pair half the traffic, more than it can serve. ttft = time to the first streamed byte (the sim sends " +
+			"headers with the first token); slow share = fraction of requests served by the slow pair (≈ 1/3 of " +
+			"the pool's capacity).",
+		extras: []extraCol{{"ttft_p50_s", "ttft p50", "%.3f s"}, {"ttft_p99_s", "ttft p99", "%.3f s"}, {"slow_share", "slow share", "%.2f"}},
+		run:    mixedFleetStream,
+	},
+	{
 		name:  "overhead",
 		title: "Proxy overhead: tiny requests at 1000 req/s (open loop) over 4 instant replicas",
 		about: "4 replicas answering at once (fixed 0 latency, 256 at a time, 1 output token); Poisson 1000 req/s for 6 s, " +
@@ -148,6 +160,41 @@ func (r *runner) haproxies(name string, n int, servers []string, maxconn int) ([
 		out = append(out, u)
 	}
 	return out, nil
+}
+
+// oneProxy builds the systems of a scenario whose systems differ only in
+// the single proxy in front of the same fleet, load and measures.
+type oneProxy struct {
+	r    *runner
+	base sysSpec // fleet, load, after
+}
+
+// caddy is one Caddy (the Sluice build) with reverse_proxy policy policy.
+func (o oneProxy) caddy(name, desc, policy string) sysSpec {
+	s := o.base
+	s.name, s.desc, s.proxies = name, desc, 1
+	s.start = func(f []*sim.Server) ([]string, error) {
+		return o.r.caddyProxies(name, 1, func(int) string { return staticProxy(addrs(f), policy) })
+	}
+	return s
+}
+
+// references are the classic policies every such scenario compares with:
+// Caddy round_robin and least_conn, HAProxy leastconn.
+func (o oneProxy) references() []sysSpec {
+	return []sysSpec{
+		o.caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
+		o.caddy("caddy_least_conn", "Caddy lb_policy least_conn", "lb_policy least_conn"),
+		o.haproxyLeastconn(),
+	}
+}
+
+// haproxyLeastconn is one HAProxy with balance leastconn (no maxconn).
+func (o oneProxy) haproxyLeastconn() sysSpec {
+	s := o.base
+	s.name, s.desc, s.proxies = "haproxy_leastconn", "HAProxy balance leastconn", 1
+	s.start = func(f []*sim.Server) ([]string, error) { return o.r.haproxies("haproxy-lc", 1, addrs(f), 0) }
+	return s
 }
 
 func staticProxy(ups []string, policy string) string {
@@ -417,20 +464,12 @@ func sharedPrefix(r *runner) {
 			s.Extra["hit_rate"] = float64(h) / float64(q)
 		}
 	}
-	caddy := func(name, desc, policy string) sysSpec {
-		return sysSpec{name: name, desc: desc, proxies: 1, fleet: fleet, load: load, after: hitRate,
-			start: func(f []*sim.Server) ([]string, error) {
-				return r.caddyProxies(name, 1, func(int) string { return staticProxy(addrs(f), policy) })
-			}}
-	}
-	systems := []sysSpec{
-		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
-		caddy("caddy_least_conn", "Caddy lb_policy least_conn", "lb_policy least_conn"),
-		{name: "haproxy_leastconn", desc: "HAProxy balance leastconn", proxies: 1, fleet: fleet, load: load, after: hitRate,
-			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-lc", 1, addrs(f), 0) }},
+	sys := oneProxy{r, sysSpec{fleet: fleet, load: load, after: hitRate}}
+	caddy := sys.caddy
+	systems := append(sys.references(),
 		caddy("oracle_header_hash", "oracle: Caddy lb_policy header X-Prefix-Id (knows the prefix id)", "lb_policy header X-Prefix-Id"),
 		caddy("sluice_cache_aware", "Sluice cache_aware, defaults (least_load on miss)", "lb_policy cache_aware {\n\tpool pfx\n}"),
-	}
+	)
 	for _, s := range systems {
 		r.system(s)
 	}
@@ -558,18 +597,13 @@ func overhead(r *runner) {
 			return req, p
 		}}
 	}
-	caddy := func(name, desc, policy string) sysSpec {
-		return sysSpec{name: name, desc: desc, proxies: 1, fleet: fleet, load: load,
-			start: func(f []*sim.Server) ([]string, error) {
-				return r.caddyProxies(name, 1, func(int) string { return staticProxy(addrs(f), policy) })
-			}}
-	}
+	sys := oneProxy{r, sysSpec{fleet: fleet, load: load}}
+	caddy := sys.caddy
 	systems := []sysSpec{
 		{name: "direct", desc: "no proxy: the client spreads requests round-robin over the replicas", proxies: 0, fleet: fleet, load: load,
 			start: func(f []*sim.Server) ([]string, error) { return urls(f), nil }},
 		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
-		{name: "haproxy_leastconn", desc: "HAProxy balance leastconn", proxies: 1, fleet: fleet, load: load,
-			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-ov", 1, addrs(f), 0) }},
+		sys.haproxyLeastconn(),
 		caddy("sluice_qll", "Sluice queued_least_latency, defaults", "lb_policy queued_least_latency {\n\tpool ov-qll\n}"),
 		caddy("sluice_cache_aware", "Sluice cache_aware, defaults", "lb_policy cache_aware {\n\tpool ov-ca\n}"),
 	}

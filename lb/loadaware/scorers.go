@@ -112,32 +112,27 @@ func scoreLoadAware(cs []Candidate, threshold float64, out []float64) {
 // scoreActive: no active request → 1, the most active → 0, proportional
 // (1 − active/max); all idle → 1.
 func scoreActive(cs []Candidate, out []float64) {
-	maxA := 0
-	for _, c := range cs {
-		maxA = max(maxA, c.Active)
-	}
-	for i, c := range cs {
-		if maxA == 0 {
-			out[i] = 1
-		} else {
-			out[i] = 1 - float64(c.Active)/float64(maxA)
-		}
-	}
+	scoreInverse(cs, out, func(c Candidate) float64 { return float64(c.Active) })
 }
 
-// scoreActiveTokens: like scoreActive over the estimated tokens in flight
-// (prompt + requested output of each unanswered request): none → 1, the
-// most → 0, proportional; all idle → 1.
+// scoreActiveTokens: the same over the estimated tokens in flight (prompt
+// + requested output of each unanswered request).
 func scoreActiveTokens(cs []Candidate, out []float64) {
-	var maxT int64
+	scoreInverse(cs, out, func(c Candidate) float64 { return float64(c.ActiveTokens) })
+}
+
+// scoreInverse scores v(c) ≥ 0 relative to the largest: 0 → 1, the
+// largest → 0, linear between; all 0 → 1.
+func scoreInverse(cs []Candidate, out []float64, v func(Candidate) float64) {
+	top := 0.0
 	for _, c := range cs {
-		maxT = max(maxT, c.ActiveTokens)
+		top = max(top, v(c))
 	}
 	for i, c := range cs {
-		if maxT == 0 {
+		if top == 0 {
 			out[i] = 1
 		} else {
-			out[i] = 1 - float64(c.ActiveTokens)/float64(maxT)
+			out[i] = 1 - v(c)/top
 		}
 	}
 }

@@ -1,0 +1,88 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluice-router/sluice/sim"
+)
+
+// ---- mixed-fleet-stream --------------------------------------------------
+
+// mixedFleetStream is the everyday case latency-aware routing exists for:
+// streaming chat over a pool of two GPU generations. Two replicas decode
+// twice as fast as the other two (4 vs 8 ms per output token, 100 vs
+// 200 µs per prompt token), each runs 8 sequences at once (decode 5%
+// slower per extra one), and Poisson arrivals at 30 req/s (~70% of the
+// pool) ask for 50–150 tokens after a 100–400-word prompt, all streamed
+// (SSE, one event per token). Round robin gives the slow pair half the
+// traffic, more than it can serve; the question is how close each policy
+// gets to sending each replica what it can take, measured by time to
+// first token (TTFB of the stream) and time to the last token.
+func mixedFleetStream(r *runner) {
+	const rate = 30.0
+	arrivals := poisson(rate, r.dur(20*time.Second, 3*time.Second), 23)
+	fleet := make([]sim.Config, 4)
+	for i := range fleet {
+		speed := time.Duration(1 + i/2) // replicas 0, 1 fast; 2, 3 half as fast
+		fleet[i] = sim.Config{Name: fmt.Sprintf("gpu-%s-%d", []string{"fast", "slow"}[i/2], i), Concurrency: 8,
+			Latency: sim.Latency{Kind: sim.LatencyPerToken, Prefill: 100 * time.Microsecond * speed,
+				Decode: 4 * time.Millisecond * speed, BatchSlowdown: 0.05},
+			Seed: uint64(i + 1)}
+	}
+	// The same bodies, in the same order, for every system.
+	rng := rand.New(rand.NewPCG(23, 230))
+	vocab := strings.Fields("tensor routing kernel cache decode prefill batch stream token replica")
+	bodies := make([]string, len(arrivals))
+	for n := range bodies {
+		var b strings.Builder
+		fmt.Fprintf(&b, "Chat %d: ", n)
+		for range 100 + rng.IntN(301) {
+			b.WriteString(vocab[rng.IntN(len(vocab))] + " ")
+		}
+		j, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "max_tokens": 50 + rng.IntN(101),
+			"messages": []map[string]string{{"role": "user", "content": b.String()}}})
+		bodies[n] = string(j)
+	}
+	load := func(_ []*sim.Server, proxies []string) workload {
+		return workload{arrivals: arrivals, build: func(n int) (*http.Request, int) {
+			req, _ := http.NewRequest(http.MethodPost, proxies[0]+"/v1/chat/completions", strings.NewReader(bodies[n]))
+			req.Header.Set("Content-Type", "application/json")
+			return req, 0
+		}}
+	}
+	measures := func(_ []*sim.Server, recs []Record, s *Summary) {
+		s.Extra["ttft_p50_s"], s.Extra["ttft_p99_s"] = s.TTFBP50, s.TTFBP99
+		slow, ok := 0, 0
+		for _, rec := range recs {
+			if rec.Status == 200 && rec.Err == "" {
+				ok++
+				if strings.Contains(rec.Replica, "slow") {
+					slow++
+				}
+			}
+		}
+		if ok > 0 {
+			s.Extra["slow_share"] = float64(slow) / float64(ok)
+		}
+	}
+	sys := oneProxy{r, sysSpec{fleet: fleet, load: load, after: measures}}
+	caddy := sys.caddy
+	systems := append(sys.references(),
+		caddy("sluice_qll", "Sluice queued_least_latency, parallelism 8 (time to first byte for streams)",
+			"lb_policy queued_least_latency {\n\tpool mf-qll\n\tparallelism 8\n}"),
+		caddy("sluice_load_aware_default", "Sluice load_aware, default scorers (Heimdall's five), metrics_interval 100ms",
+			"lb_policy load_aware {\n\tpool mf-default\n\tmetrics_interval 100ms\n}"),
+		caddy("sluice_load_aware_metrics", "Sluice load_aware, queue + kv_cache + active_request, metrics_interval 100ms",
+			"lb_policy load_aware {\n\tpool mf-metrics\n\tmetrics_interval 100ms\n\tscorer queue\n\tscorer kv_cache\n\tscorer active_request\n}"),
+		caddy("sluice_load_aware_count_tokens", "Sluice load_aware, active_request + active_tokens",
+			"lb_policy load_aware {\n\tpool mf-count-tokens\n\tscorer active_request\n\tscorer active_tokens\n}"),
+	)
+	for _, s := range systems {
+		r.system(s)
+	}
+}
