@@ -78,25 +78,7 @@ func kindOf(path string) string {
 	return KindOther
 }
 
-type chatBody struct {
-	Model               string `json:"model"`
-	Stream              bool   `json:"stream"`
-	MaxTokens           int    `json:"max_tokens"`
-	MaxCompletionTokens int    `json:"max_completion_tokens"`
-	Messages            []struct {
-		Role    string  `json:"role"`
-		Content content `json:"content"`
-	} `json:"messages"`
-}
-
-type part struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
-}
-
-// unquote decodes a JSON string that json has already checked. Fast
-// path: without escapes and with valid UTF-8, the bytes between the
-// quotes are the string, and decoding again would only scan them twice.
+// unquote decodes a JSON string that has already been validated.
 func unquote(b []byte) (string, error) {
 	if in := b[1 : len(b)-1]; bytes.IndexByte(in, '\\') < 0 && utf8.Valid(in) {
 		return string(in), nil
@@ -106,56 +88,64 @@ func unquote(b []byte) (string, error) {
 	return s, err
 }
 
-// content is a message's content: a string, an array of parts (only the
-// text ones are kept), or null.
-type content struct{ texts []string }
-
-func (c *content) UnmarshalJSON(b []byte) error {
-	switch b[0] { // json hands over one valid, trimmed value
-	case 'n':
-		return nil
-	case '"':
-		s, err := unquote(b)
-		if err != nil {
-			return err
-		}
-		c.texts = append(c.texts[:0], s)
-		return nil
-	case '[':
-		var parts []part
-		if err := json.Unmarshal(b, &parts); err != nil {
-			return err
-		}
-		c.texts = c.texts[:0]
-		for _, p := range parts {
-			if p.Type == "text" {
-				c.texts = append(c.texts, p.Text)
-			}
-		}
-		return nil
-	}
-	return errors.New("content: want a string or an array of parts")
-}
+// is reports whether an object key names field (encoding/json's matching).
+func is(key []byte, field string) bool { return bytes.EqualFold(key, []byte(field)) }
 
 // chat renders messages as "<|role|>\ncontent\n" in order: the same
-// system prompt gives the same leading text whatever follows. Text parts
-// of an array content are joined by "\n"; other parts (images, audio) are
-// skipped, so a text-only array renders like the same text as a string.
+// conversation prefix gives the same text prefix. Content is a string, an
+// array of parts (only the text ones count, joined by "\n"), or null.
 func chat(body []byte) (Request, error) {
-	var v chatBody
-	if err := json.Unmarshal(body, &v); err != nil {
+	req := Request{Kind: KindChat}
+	var maxCompletion int
+	type message struct {
+		role  string
+		texts []string
+	}
+	var msgs []message
+	s := &scanner{b: body}
+	err := s.top("chat completions body", func(key []byte) {
+		switch {
+		case is(key, "model"):
+			s.str(&req.Model, "model")
+		case is(key, "stream"):
+			s.boolean(&req.Stream, "stream")
+		case is(key, "max_tokens"):
+			s.integer(&req.MaxTokens, "max_tokens")
+		case is(key, "max_completion_tokens"):
+			s.integer(&maxCompletion, "max_completion_tokens")
+		case is(key, "messages"):
+			switch s.peek() {
+			case 'n':
+				s.literal("null")
+				msgs = nil
+			case '[':
+				msgs = msgs[:0]
+				s.array(2, func() {
+					var m message
+					if !s.isNull() {
+						s.message(3, &m.role, &m.texts)
+					}
+					msgs = append(msgs, m)
+				})
+			default:
+				s.typeErr("messages", "array")
+			}
+		default:
+			s.skip(1)
+		}
+	})
+	if err != nil {
 		return Request{}, fmt.Errorf("chat completions body: %w", err)
 	}
-	req := Request{Kind: KindChat, Model: v.Model, Stream: v.Stream, MaxTokens: v.MaxTokens}
-	if v.MaxCompletionTokens > 0 {
-		req.MaxTokens = v.MaxCompletionTokens // the newer name wins
+	if maxCompletion > 0 {
+		req.MaxTokens = maxCompletion // the newer name wins
 	}
 	w := newWriter(len(body))
-	for _, m := range v.Messages {
+	for _, m := range msgs {
 		w.str("<|")
-		w.str(m.Role)
+		w.str(m.role)
 		w.str("|>\n")
-		for j, t := range m.Content.texts {
+		for j, t := range m.texts {
 			if j > 0 {
 				w.str("\n")
 			}
@@ -167,48 +157,139 @@ func chat(body []byte) (Request, error) {
 	return req, nil
 }
 
-type completionsBody struct {
-	Model     string          `json:"model"`
-	Stream    bool            `json:"stream"`
-	MaxTokens int             `json:"max_tokens"`
-	Prompt    json.RawMessage `json:"prompt"`
+// message reads one chat message object into role and texts.
+func (s *scanner) message(depth int, role *string, texts *[]string) {
+	if s.peek() != '{' {
+		s.typeErr("messages", "object")
+		return
+	}
+	s.object(depth, func(key []byte) {
+		switch {
+		case is(key, "role"):
+			s.str(role, "role")
+		case is(key, "content"):
+			s.content(depth+1, texts)
+		default:
+			s.skip(depth)
+		}
+	})
 }
 
+// content reads a message's content: a string (its text), an array of
+// parts (the text of those of type "text"), or null (no change).
+func (s *scanner) content(depth int, texts *[]string) {
+	switch s.peek() {
+	case 'n':
+		s.literal("null")
+	case '"':
+		raw, escaped := s.rawString()
+		if s.err == nil {
+			*texts = append((*texts)[:0], decode(raw, escaped))
+		}
+	case '[':
+		var kept []string
+		s.array(depth, func() {
+			var typ, text string
+			if !s.isNull() {
+				if s.peek() != '{' {
+					s.typeErr("content", "object")
+					return
+				}
+				s.object(depth+1, func(key []byte) {
+					switch {
+					case is(key, "type"):
+						s.str(&typ, "type")
+					case is(key, "text"):
+						s.str(&text, "text")
+					default:
+						s.skip(depth + 1)
+					}
+				})
+			}
+			if typ == "text" {
+				kept = append(kept, text)
+			}
+		})
+		*texts = append((*texts)[:0], kept...)
+	default:
+		s.skip(depth)
+		if s.err == nil {
+			s.fail(errors.New("content: want a string or an array of parts"))
+		}
+	}
+}
+
+// completions renders the prompt (see promptText).
 func completions(body []byte) (Request, error) {
-	var v completionsBody
-	if err := json.Unmarshal(body, &v); err != nil {
+	req := Request{Kind: KindCompletions}
+	var prompt []byte
+	s := &scanner{b: body}
+	err := s.top("completions body", func(key []byte) {
+		switch {
+		case is(key, "model"):
+			s.str(&req.Model, "model")
+		case is(key, "stream"):
+			s.boolean(&req.Stream, "stream")
+		case is(key, "max_tokens"):
+			s.integer(&req.MaxTokens, "max_tokens")
+		case is(key, "prompt"):
+			prompt = s.raw(1)
+		default:
+			s.skip(1)
+		}
+	})
+	if err != nil {
 		return Request{}, fmt.Errorf("completions body: %w", err)
 	}
-	req := Request{Kind: KindCompletions, Model: v.Model, Stream: v.Stream, MaxTokens: v.MaxTokens}
 	w := newWriter(len(body))
-	if err := promptText(w, v.Prompt); err != nil {
+	if err := promptText(w, prompt); err != nil {
 		return Request{}, fmt.Errorf("prompt: %w", err)
 	}
 	w.done(&req)
 	return req, nil
 }
 
-type generateBody struct {
-	Model          string          `json:"model"`
-	Stream         bool            `json:"stream"`
-	Text           json.RawMessage `json:"text"`
-	InputIDs       json.RawMessage `json:"input_ids"`
-	SamplingParams struct {
-		MaxNewTokens int `json:"max_new_tokens"`
-	} `json:"sampling_params"`
-}
-
 // generate handles SGLang's native /generate: text, or else input_ids.
 func generate(body []byte) (Request, error) {
-	var v generateBody
-	if err := json.Unmarshal(body, &v); err != nil {
+	req := Request{Kind: KindGenerate}
+	var text, ids []byte
+	s := &scanner{b: body}
+	err := s.top("generate body", func(key []byte) {
+		switch {
+		case is(key, "model"):
+			s.str(&req.Model, "model")
+		case is(key, "stream"):
+			s.boolean(&req.Stream, "stream")
+		case is(key, "text"):
+			text = s.raw(1)
+		case is(key, "input_ids"):
+			ids = s.raw(1)
+		case is(key, "sampling_params"):
+			switch s.peek() {
+			case 'n':
+				s.literal("null")
+			case '{':
+				s.object(2, func(key []byte) {
+					if is(key, "max_new_tokens") {
+						s.integer(&req.MaxTokens, "max_new_tokens")
+					} else {
+						s.skip(2)
+					}
+				})
+			default:
+				s.typeErr("sampling_params", "object")
+			}
+		default:
+			s.skip(1)
+		}
+	})
+	if err != nil {
 		return Request{}, fmt.Errorf("generate body: %w", err)
 	}
-	req := Request{Kind: KindGenerate, Model: v.Model, Stream: v.Stream, MaxTokens: v.SamplingParams.MaxNewTokens}
 	w := newWriter(len(body))
-	field, raw := "text", v.Text
+	field, raw := "text", text
 	if isNull(raw) {
-		field, raw = "input_ids", v.InputIDs
+		field, raw = "input_ids", ids
 	}
 	if err := promptText(w, raw); err != nil {
 		return Request{}, fmt.Errorf("%s: %w", field, err)

@@ -223,3 +223,21 @@ func BenchmarkExtractTokenIDs(b *testing.B) {
 		}
 	}
 }
+
+// completionsBody4KB: a 4 KB prompt and the usual sampling fields.
+func completionsBody4KB() []byte {
+	b, _ := json.Marshal(map[string]any{"model": "llama-3-8b", "max_tokens": 256, "temperature": 0.7, "top_p": 1,
+		"stop": []string{"\n\n"}, "prompt": strings.Repeat("Summarise the following report. ", 128)})
+	return b
+}
+
+func BenchmarkExtractCompletions4KB(b *testing.B) {
+	body := completionsBody4KB()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Extract("/v1/completions", body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,401 @@
+package reqtext
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+)
+
+// scanner reads a JSON body in one validating pass, handing the few fields
+// Extract needs to callbacks and skipping (but checking) the rest.
+// encoding/json validates the whole body and then decodes it again, which
+// made Extract the slowest step of a cache-aware pick.
+//
+// Semantics follow encoding/json's Unmarshal into the structs Extract used
+// to decode (reference_test.go; FuzzExtractMatchesEncodingJSON holds the
+// two together): keys match case-insensitively (bytes.EqualFold), null
+// leaves a field as it was, a value of another type is an error, a body
+// that is not exactly one JSON value is an error. Bodies with a key twice
+// in one object may differ (encoding/json then reuses the first value's
+// storage); RFC 8259 leaves those to the implementation.
+type scanner struct {
+	b   []byte
+	i   int
+	err error
+}
+
+// maxDepth is encoding/json's nesting limit.
+const maxDepth = 10000
+
+var errEnd = errors.New("unexpected end of JSON input")
+
+// fail records the first error and stops the scan.
+func (s *scanner) fail(err error) {
+	if s.err == nil {
+		s.err = err
+	}
+	s.i = len(s.b)
+}
+
+func (s *scanner) failf(format string, args ...any) { s.fail(fmt.Errorf(format, args...)) }
+
+// peek skips whitespace and returns the next byte (0 at the end).
+func (s *scanner) peek() byte {
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; c {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return c
+		}
+	}
+	return 0
+}
+
+// end checks that nothing but whitespace follows the top-level value.
+func (s *scanner) end() error {
+	if s.peek(); s.err == nil && s.i < len(s.b) {
+		s.failf("invalid character %q after top-level value", s.b[s.i])
+	}
+	return s.err
+}
+
+// object reads an object, calling field for each key with the scanner at
+// the key's value; field must consume the value. The caller has seen '{'.
+func (s *scanner) object(depth int, field func(key []byte)) {
+	if depth > maxDepth {
+		s.failf("exceeded max depth")
+		return
+	}
+	s.i++ // '{'
+	if s.peek() == '}' {
+		s.i++
+		return
+	}
+	for s.err == nil {
+		if c := s.peek(); c != '"' {
+			s.unexpected(c, "looking for beginning of object key string")
+			return
+		}
+		key := s.key()
+		if c := s.peek(); c != ':' {
+			s.unexpected(c, "after object key")
+			return
+		}
+		s.i++
+		field(key)
+		switch c := s.peek(); c {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return
+		default:
+			s.unexpected(c, "after object key:value pair")
+			return
+		}
+	}
+}
+
+// array reads an array, calling elem with the scanner at each element;
+// elem must consume it. The caller has seen '['.
+func (s *scanner) array(depth int, elem func()) {
+	if depth > maxDepth {
+		s.failf("exceeded max depth")
+		return
+	}
+	s.i++ // '['
+	if s.peek() == ']' {
+		s.i++
+		return
+	}
+	for s.err == nil {
+		elem()
+		switch c := s.peek(); c {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return
+		default:
+			s.unexpected(c, "after array element")
+			return
+		}
+	}
+}
+
+func (s *scanner) unexpected(c byte, where string) {
+	if s.i >= len(s.b) {
+		s.fail(errEnd)
+		return
+	}
+	s.failf("invalid character %q %s", c, where)
+}
+
+// skip validates and skips one value.
+func (s *scanner) skip(depth int) {
+	switch c := s.peek(); {
+	case c == '{':
+		s.object(depth+1, func([]byte) { s.skip(depth + 1) })
+	case c == '[':
+		s.array(depth+1, func() { s.skip(depth + 1) })
+	case c == '"':
+		s.rawString()
+	case c == 't':
+		s.literal("true")
+	case c == 'f':
+		s.literal("false")
+	case c == 'n':
+		s.literal("null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		s.number()
+	default:
+		s.unexpected(c, "looking for beginning of value")
+	}
+}
+
+// raw validates and skips one value, returning its bytes.
+func (s *scanner) raw(depth int) []byte {
+	s.peek()
+	start := s.i
+	s.skip(depth)
+	if s.err != nil {
+		return nil
+	}
+	return s.b[start:s.i]
+}
+
+func (s *scanner) literal(word string) {
+	if !bytes.HasPrefix(s.b[s.i:], []byte(word)) {
+		if len(s.b)-s.i < len(word) && bytes.HasPrefix([]byte(word), s.b[s.i:]) {
+			s.fail(errEnd)
+			return
+		}
+		s.failf("invalid literal at offset %d", s.i)
+		return
+	}
+	s.i += len(word)
+}
+
+// isNull consumes a null if one comes next.
+func (s *scanner) isNull() bool {
+	if s.peek() == 'n' {
+		s.literal("null")
+		return true
+	}
+	return false
+}
+
+// number validates and skips a number, returning its text.
+func (s *scanner) number() []byte {
+	b, start := s.b, s.i
+	i := s.i
+	digits := func() bool {
+		j := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		return i > j
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case !digits():
+		s.badNumber(i)
+		return nil
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if !digits() {
+			s.badNumber(i)
+			return nil
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if !digits() {
+			s.badNumber(i)
+			return nil
+		}
+	}
+	s.i = i
+	return b[start:i]
+}
+
+func (s *scanner) badNumber(at int) {
+	if at >= len(s.b) {
+		s.fail(errEnd)
+		return
+	}
+	s.failf("invalid character %q in numeric literal", s.b[at])
+}
+
+// rawString validates and skips a string (the scanner is at its '"'),
+// returning it with its quotes and whether it holds an escape.
+func (s *scanner) rawString() (raw []byte, escaped bool) {
+	b := s.b
+	for i := s.i + 1; i < len(b); i++ {
+		for i < len(b) && !stringSpecial[b[i]] { // the common case: plain text
+			i++
+		}
+		if i >= len(b) {
+			break
+		}
+		switch c := b[i]; {
+		case c == '"':
+			raw, s.i = b[s.i:i+1], i+1
+			return raw, escaped
+		case c == '\\':
+			escaped = true
+			i++
+			if i >= len(b) {
+				break
+			}
+			switch b[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if i+4 >= len(b) {
+					s.fail(errEnd)
+					return nil, false
+				}
+				for _, h := range b[i+1 : i+5] {
+					if !isHex(h) {
+						s.failf("invalid character %q in \\u hexadecimal character escape", h)
+						return nil, false
+					}
+				}
+				i += 4
+			default:
+				s.failf("invalid character %q in string escape code", b[i])
+				return nil, false
+			}
+		case c < 0x20:
+			s.failf("invalid character %q in string literal", c)
+			return nil, false
+		}
+	}
+	s.fail(errEnd)
+	return nil, false
+}
+
+// stringSpecial marks the bytes that end a run of plain string content.
+var stringSpecial = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// decode turns a validated raw string into its value: the bytes between
+// the quotes when there is nothing to decode, else encoding/json (escapes,
+// invalid UTF-8 replaced by U+FFFD, as it does).
+func decode(raw []byte, escaped bool) string {
+	if in := raw[1 : len(raw)-1]; !escaped && utf8.Valid(in) {
+		return string(in)
+	}
+	var v string
+	_ = json.Unmarshal(raw, &v) // raw is a valid string: cannot fail
+	return v
+}
+
+// key reads an object key.
+func (s *scanner) key() []byte {
+	raw, escaped := s.rawString()
+	if s.err != nil {
+		return nil
+	}
+	if in := raw[1 : len(raw)-1]; !escaped && utf8.Valid(in) {
+		return in
+	}
+	return []byte(decode(raw, escaped))
+}
+
+// str decodes a string field: null leaves dst as it is.
+func (s *scanner) str(dst *string, field string) {
+	switch c := s.peek(); c {
+	case '"':
+		raw, escaped := s.rawString()
+		if s.err == nil {
+			*dst = decode(raw, escaped)
+		}
+	case 'n':
+		s.literal("null")
+	default:
+		s.typeErr(field, "string")
+	}
+}
+
+func (s *scanner) boolean(dst *bool, field string) {
+	switch c := s.peek(); c {
+	case 't':
+		s.literal("true")
+		*dst = true
+	case 'f':
+		s.literal("false")
+		*dst = false
+	case 'n':
+		s.literal("null")
+	default:
+		s.typeErr(field, "bool")
+	}
+}
+
+// integer decodes an int field: an integer literal only (1.0 and 1e2 are
+// errors, as encoding/json makes them).
+func (s *scanner) integer(dst *int, field string) {
+	switch c := s.peek(); {
+	case c == 'n':
+		s.literal("null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		lit := s.number()
+		if s.err != nil {
+			return
+		}
+		n, err := strconv.ParseInt(string(lit), 10, strconv.IntSize)
+		if err != nil {
+			s.failf("json: cannot unmarshal number %s into field %s of type int", lit, field)
+			return
+		}
+		*dst = int(n)
+	default:
+		s.typeErr(field, "int")
+	}
+}
+
+// typeErr: a value of another type. Like encoding/json, the body must
+// still be valid JSON for the error to be a type error; either way it is
+// an error, which is all Extract's callers look at.
+func (s *scanner) typeErr(field, want string) {
+	s.skip(0)
+	if s.err == nil {
+		s.failf("json: cannot unmarshal into field %s of type %s", field, want)
+	}
+}
+
+// top reads the top-level value as an object, into field; a top-level
+// null is an empty body (as encoding/json leaves the struct zero).
+func (s *scanner) top(what string, field func(key []byte)) error {
+	switch c := s.peek(); c {
+	case '{':
+		s.object(1, field)
+	case 'n':
+		s.literal("null")
+	default:
+		s.typeErr(what, "object")
+	}
+	return s.end()
+}
