@@ -366,7 +366,10 @@ func caddyfile(port int, admin, site string) string {
 // startHAProxy runs one HAProxy (foreground, -db) in front of servers.
 // serverMaxconn > 0 sets maxconn on every server, so HAProxy queues
 // requests itself (its central queue); 0 leaves them unlimited.
-func (r *runner) startHAProxy(name string, port int, servers []string, serverMaxconn int) (string, error) {
+// startHAProxy starts one HAProxy, balance leastconn over servers (each
+// with maxconn serverMaxconn if > 0); frontendRules are extra lines of its
+// frontend section (e.g. http-request set-priority-class).
+func (r *runner) startHAProxy(name string, port int, servers []string, serverMaxconn int, frontendRules ...string) (string, error) {
 	if r.haproxy == "" {
 		return "", fmt.Errorf("%w: %s", errSkipped, r.why["haproxy"])
 	}
@@ -389,11 +392,11 @@ defaults
 
 frontend fe
 	bind 127.0.0.1:%d
-	default_backend be
+%s	default_backend be
 
 backend be
 	balance leastconn
-`, port)
+`, port, indentLines(frontendRules))
 	for i, s := range servers {
 		fmt.Fprintf(&b, "\tserver s%d %s", i, s)
 		if serverMaxconn > 0 {
@@ -414,6 +417,15 @@ backend be
 		return "", err
 	}
 	return "http://" + addr, nil
+}
+
+// indentLines renders config lines, one tab in, each ending in a newline.
+func indentLines(lines []string) string {
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString("\t" + l + "\n")
+	}
+	return b.String()
 }
 
 // sysSpec is one system of a scenario.

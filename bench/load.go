@@ -1,11 +1,13 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"sync"
 	"time"
 )
@@ -67,6 +69,34 @@ func poisson(rate float64, d time.Duration, seed uint64) []time.Duration {
 		}
 		out = append(out, t)
 	}
+}
+
+// classArrival is one arrival of a workload that mixes classes (tenants,
+// priorities).
+type classArrival struct {
+	at    time.Duration
+	class string
+}
+
+// mergeArrivals interleaves each class's arrival times (times[i] for
+// classes[i]) in time order.
+func mergeArrivals(classes []string, times ...[]time.Duration) []classArrival {
+	var out []classArrival
+	for i, ts := range times {
+		for _, t := range ts {
+			out = append(out, classArrival{t, classes[i]})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b classArrival) int { return cmp.Compare(a.at, b.at) })
+	return out
+}
+
+func arrivalTimes(list []classArrival) []time.Duration {
+	out := make([]time.Duration, len(list))
+	for i, a := range list {
+		out[i] = a.at
+	}
+	return out
 }
 
 // drive sends every arrival on its own goroutine at its time (open loop:

@@ -56,6 +56,18 @@ var scenarios = []scenario{
 		run: noisyNeighbour,
 	},
 	{
+		name:  "priority-overload",
+		title: "GIE priority under overload: premium 12 req/s + batch 60 req/s over 4 replicas (~40 req/s)",
+		about: "4 one-at-a-time replicas of ~100 ms (lognormal σ 0.3; capacity ~40 req/s) behind one proxy; premium " +
+			"requests (X-Gateway-Inference-Objective: premium) at 12 req/s and batch ones at 60 req/s, Poisson, 10 s; " +
+			"first premium alone. The pool can serve all the premium traffic and part of the batch. premium/batch " +
+			"p50/p99 are over the requests served; refused = answered, not 200.",
+		extras: []extraCol{{"premium_p50_s", "premium p50", "%.3f s"}, {"premium_p99_s", "premium p99", "%.3f s"},
+			{"premium_ok", "premium ok", "%.0f"}, {"premium_refused", "premium refused", "%.0f"},
+			{"batch_ok", "batch ok", "%.0f"}, {"batch_refused", "batch refused", "%.0f"}, {"batch_p99_s", "batch p99", "%.2f s"}},
+		run: priorityOverload,
+	},
+	{
 		name:  "heavy-short-mix",
 		title: "Heimdall heavy + short mix: 2 heavy seeds, then a burst every ~10 ms with a heavy request every 50, 4 batching replicas",
 		about: "4 batching replicas (4 sequences at once; per token: 50 µs prefill per prompt token, 3 ms per output token, " +
@@ -146,14 +158,14 @@ func (r *runner) caddyProxies(name string, n int, site func(i int) string) ([]st
 	return out, nil
 }
 
-func (r *runner) haproxies(name string, n int, servers []string, maxconn int) ([]string, error) {
+func (r *runner) haproxies(name string, n int, servers []string, maxconn int, frontendRules ...string) ([]string, error) {
 	ports, err := freePorts(n)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	for i := range n {
-		u, err := r.startHAProxy(fmt.Sprintf("%s-%d", name, i), ports[i], servers, maxconn)
+		u, err := r.startHAProxy(fmt.Sprintf("%s-%d", name, i), ports[i], servers, maxconn, frontendRules...)
 		if err != nil {
 			return nil, err
 		}
@@ -481,20 +493,7 @@ func noisyNeighbour(r *runner) {
 	d := r.dur(10*time.Second, 2*time.Second)
 	a := poisson(4, d, 1)
 	b := poisson(60, d, 2)
-	type arrival struct {
-		at     time.Duration
-		tenant string
-	}
-	var both []arrival
-	for i, j := 0, 0; i < len(a) || j < len(b); {
-		if j >= len(b) || (i < len(a) && a[i] <= b[j]) {
-			both = append(both, arrival{a[i], "A"})
-			i++
-		} else {
-			both = append(both, arrival{b[j], "B"})
-			j++
-		}
-	}
+	both := mergeArrivals([]string{"A", "B"}, a, b)
 	fleet := make([]sim.Config, 4)
 	for i := range fleet {
 		fleet[i] = sim.Config{Name: fmt.Sprintf("nn-%d", i), Concurrency: 1,
@@ -504,45 +503,19 @@ func noisyNeighbour(r *runner) {
 	load := func(aOnly bool) func(_ []*sim.Server, proxies []string) workload {
 		list := both
 		if aOnly {
-			list = nil
-			for _, x := range a {
-				list = append(list, arrival{x, "A"})
-			}
-		}
-		at := make([]time.Duration, len(list))
-		for i, x := range list {
-			at[i] = x.at
+			list = mergeArrivals([]string{"A"}, a)
 		}
 		return func(_ []*sim.Server, proxies []string) workload {
-			return workload{arrivals: at, class: func(n int) string { return list[n].tenant },
+			return workload{arrivals: arrivalTimes(list), class: func(n int) string { return list[n].class },
 				build: func(n int) (*http.Request, int) {
 					req, _ := http.NewRequest(http.MethodPost, proxies[0]+"/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":4}`))
 					req.Header.Set("Content-Type", "application/json")
-					req.Header.Set("X-Gateway-Inference-Fairness-Id", list[n].tenant)
+					req.Header.Set("X-Gateway-Inference-Fairness-Id", list[n].class)
 					return req, 0
 				}}
 		}
 	}
-	perTenant := func(_ []*sim.Server, recs []Record, s *Summary) {
-		for _, t := range []string{"A", "B"} {
-			var sub []Record
-			for _, rec := range recs {
-				if rec.Class == t {
-					sub = append(sub, rec)
-				}
-			}
-			if len(sub) == 0 {
-				continue
-			}
-			ts := summarize(t, "", 1, nil, sub)
-			s.Extra[t+"_ok"] = float64(ts.OK)
-			s.Extra[t+"_refused"] = float64(len(sub) - ts.OK - ts.Lost)
-			if ts.OK > 0 {
-				s.Extra[t+"_p50_s"] = ts.P50
-				s.Extra[t+"_p99_s"] = ts.P99
-			}
-		}
-	}
+	perTenant := perClass("A", "B")
 	flow := func(f []*sim.Server) ([]string, error) {
 		return r.caddyProxies("sluice-fc", 1, func(int) string {
 			return fmt.Sprintf(`custom_router nn {
@@ -578,6 +551,31 @@ reverse_proxy {
 	}
 	for _, s := range systems {
 		r.system(s)
+	}
+}
+
+// perClass adds each class's served, refused (answered, not 200) and
+// p50/p99 (over the served) as <class>_ok, _refused, _p50_s, _p99_s.
+func perClass(classes ...string) func(_ []*sim.Server, recs []Record, s *Summary) {
+	return func(_ []*sim.Server, recs []Record, s *Summary) {
+		for _, c := range classes {
+			var sub []Record
+			for _, rec := range recs {
+				if rec.Class == c {
+					sub = append(sub, rec)
+				}
+			}
+			if len(sub) == 0 {
+				continue
+			}
+			cs := summarize(c, "", 1, nil, sub)
+			s.Extra[c+"_ok"] = float64(cs.OK)
+			s.Extra[c+"_refused"] = float64(len(sub) - cs.OK - cs.Lost)
+			if cs.OK > 0 {
+				s.Extra[c+"_p50_s"] = cs.P50
+				s.Extra[c+"_p99_s"] = cs.P99
+			}
+		}
 	}
 }
 
