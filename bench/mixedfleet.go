@@ -75,6 +75,8 @@ func mixedFleetStream(r *runner) {
 	systems := append(sys.references(),
 		caddy("sluice_qll", "Sluice queued_least_latency, parallelism 8 (time to first byte for streams)",
 			"lb_policy queued_least_latency {\n\tpool mf-qll\n\tparallelism 8\n}"),
+		caddy("sluice_qll_defaults", "Sluice queued_least_latency, defaults (parallelism 1: each replica taken as serving one request at a time)",
+			"lb_policy queued_least_latency {\n\tpool mf-qll-defaults\n}"),
 		caddy("sluice_load_aware_default", "Sluice load_aware, default scorers (Heimdall's five), metrics_interval 100ms",
 			"lb_policy load_aware {\n\tpool mf-default\n\tmetrics_interval 100ms\n}"),
 		caddy("sluice_load_aware_metrics", "Sluice load_aware, queue + kv_cache + active_request, metrics_interval 100ms",
