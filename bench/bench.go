@@ -38,7 +38,8 @@ type Options struct {
 	// NoInstall disables installing missing haproxy / redis-server with
 	// apt-get (attempted only as root).
 	NoInstall bool
-	// Only, if not empty, runs only the systems whose name contains it.
+	// Only, if not empty, runs only the systems whose name contains one
+	// of its comma-separated substrings.
 	Only string
 	// Reps runs every system this many times (default 1), interleaved:
 	// rep 1 of every system, then rep 2… The report adds mean ± sd.
@@ -450,7 +451,7 @@ func (r *runner) system(spec sysSpec) {
 	if r.ctx.Err() != nil {
 		return
 	}
-	if r.opt.Only != "" && !strings.Contains(spec.name, r.opt.Only) {
+	if !selected(spec.name, r.opt.Only) {
 		return
 	}
 	fmt.Fprintf(r.log, "== %s: %s\n", r.res.Scenario, spec.name)
@@ -520,6 +521,19 @@ func (r *runner) system(spec sysSpec) {
 	r.res.records = append(r.res.records, recs...)
 	fmt.Fprintf(r.log, "   %d requests, %d ok, %d lost, errors %s, p50 %.3fs p99 %.3fs\n",
 		sum.Requests, sum.OK, sum.Lost, sum.errorsString(), sum.P50, sum.P99)
+}
+
+// selected reports whether a system named name runs under -only.
+func selected(name, only string) bool {
+	if only == "" {
+		return true
+	}
+	for _, sub := range strings.Split(only, ",") {
+		if sub = strings.TrimSpace(sub); sub != "" && strings.Contains(name, sub) {
+			return true
+		}
+	}
+	return false
 }
 
 // post sends a small request (admin or control API) and checks for 2xx.

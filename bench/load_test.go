@@ -93,3 +93,20 @@ func TestRepTableMeanAndSD(t *testing.T) {
 		t.Fatal("one rep: no table of means")
 	}
 }
+
+func TestOnlySelectsBySubstrings(t *testing.T) {
+	for _, c := range []struct {
+		name, only string
+		want       bool
+	}{
+		{"caddy_least_conn", "", true},
+		{"caddy_least_conn", "least", true},
+		{"caddy_least_conn", "qll", false},
+		{"sluice_qll", "round_robin, qll", true},
+		{"haproxy_leastconn", "round_robin,,qll", false},
+	} {
+		if got := selected(c.name, c.only); got != c.want {
+			t.Errorf("selected(%q, %q) = %v, want %v", c.name, c.only, got, c.want)
+		}
+	}
+}

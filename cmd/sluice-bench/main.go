@@ -28,7 +28,7 @@ func main() {
 	out := fs.String("out", "bench/results", "output directory")
 	caddyBin := fs.String("caddy", "", "prebuilt Sluice Caddy binary (default: $SLUICE_CADDY_BIN, else go build ./cmd/caddy)")
 	reps := fs.Int("reps", 1, "run every system this many times, interleaved, and report mean ± sd")
-	only := fs.String("only", "", "run only the systems whose name contains this")
+	only := fs.String("only", "", "run only the systems whose name contains one of these comma-separated substrings")
 	noInstall := fs.Bool("no-install", false, "do not apt-get install missing haproxy / redis-server")
 	limit := fs.Duration("timeout", 0, "abort the scenario after this long (default 5m, 90s with -quick)")
 	fs.Usage = func() {
