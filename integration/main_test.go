@@ -163,7 +163,17 @@ func setBackends(t testing.TB, url string, backends ...string) {
 		backends = []string{} // "no backends", not a missing field
 	}
 	body, _ := json.Marshal(map[string]any{"backends": backends})
-	resp, err := client.Post(url+"/_custom_router/set-backends", "application/json", bytes.NewReader(body))
+	// set-backends is idempotent, so a transport error is retried: right
+	// after a reload a new connection can still land on the old server as
+	// it shuts down and read EOF (Caddy's reload, not Sluice's API).
+	var resp *http.Response
+	var err error
+	for try := 0; try < 3; try++ {
+		if resp, err = client.Post(url+"/_custom_router/set-backends", "application/json", bytes.NewReader(body)); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
