@@ -91,6 +91,20 @@ func unquote(b []byte) (string, error) {
 // is reports whether an object key names field (encoding/json's matching).
 func is(key []byte, field string) bool { return bytes.EqualFold(key, []byte(field)) }
 
+// shared reads a field every inference body has (model, stream) into
+// req; false if key is another.
+func (s *scanner) shared(key []byte, req *Request) bool {
+	switch {
+	case is(key, "model"):
+		s.str(&req.Model, "model")
+	case is(key, "stream"):
+		s.boolean(&req.Stream, "stream")
+	default:
+		return false
+	}
+	return true
+}
+
 // chat renders messages as "<|role|>\ncontent\n" in order: the same
 // conversation prefix gives the same text prefix. Content is a string, an
 // array of parts (only the text ones count, joined by "\n"), or null.
@@ -105,10 +119,7 @@ func chat(body []byte) (Request, error) {
 	s := &scanner{b: body}
 	err := s.top("chat completions body", func(key []byte) {
 		switch {
-		case is(key, "model"):
-			s.str(&req.Model, "model")
-		case is(key, "stream"):
-			s.boolean(&req.Stream, "stream")
+		case s.shared(key, &req):
 		case is(key, "max_tokens"):
 			s.integer(&req.MaxTokens, "max_tokens")
 		case is(key, "max_completion_tokens"):
@@ -226,10 +237,7 @@ func completions(body []byte) (Request, error) {
 	s := &scanner{b: body}
 	err := s.top("completions body", func(key []byte) {
 		switch {
-		case is(key, "model"):
-			s.str(&req.Model, "model")
-		case is(key, "stream"):
-			s.boolean(&req.Stream, "stream")
+		case s.shared(key, &req):
 		case is(key, "max_tokens"):
 			s.integer(&req.MaxTokens, "max_tokens")
 		case is(key, "prompt"):
@@ -256,10 +264,7 @@ func generate(body []byte) (Request, error) {
 	s := &scanner{b: body}
 	err := s.top("generate body", func(key []byte) {
 		switch {
-		case is(key, "model"):
-			s.str(&req.Model, "model")
-		case is(key, "stream"):
-			s.boolean(&req.Stream, "stream")
+		case s.shared(key, &req):
 		case is(key, "text"):
 			text = s.raw(1)
 		case is(key, "input_ids"):
