@@ -96,10 +96,13 @@ type backendHealth struct {
 	EWMALatency float64 `json:"ewma_latency"`
 	Tried       bool    `json:"tried"`
 	InFlight    int     `json:"in_flight"`
-	Down        bool    `json:"down"`
-	Draining    bool    `json:"draining,omitempty"`
-	Dispatched  uint64  `json:"dispatched"`
-	Failures    uint64  `json:"failures"`
+	// Parallelism is what queued_least_latency takes the replica to serve
+	// at once (configured, or learned with parallelism auto).
+	Parallelism int    `json:"parallelism,omitempty"`
+	Down        bool   `json:"down"`
+	Draining    bool   `json:"draining,omitempty"`
+	Dispatched  uint64 `json:"dispatched"`
+	Failures    uint64 `json:"failures"`
 	// The replica's own metrics, when a load_aware policy scrapes them.
 	Metrics *replicaMetrics `json:"metrics,omitempty"`
 }
@@ -123,7 +126,7 @@ func health(name string) healthReport {
 		rep.QueueDepth = snap.QueueDepth
 		for _, r := range snap.Replicas {
 			bh := backendHealth{Addr: r.Addr, EWMALatency: r.EWMASeconds, Tried: r.Tried, InFlight: r.InFlight,
-				Down: r.Down, Dispatched: r.Dispatched, Failures: r.Failures, Draining: !r.Present}
+				Parallelism: r.Parallelism, Down: r.Down, Dispatched: r.Dispatched, Failures: r.Failures, Draining: !r.Present}
 			if r.Present {
 				stats[r.Addr] = bh
 			} else {

@@ -22,9 +22,12 @@ import "time"
 // to take whichever replica frees first.
 //
 // Eligible: present, not down (a replica whose down time has passed gets
-// one probe at a time), under MaxConcurrency, and either idle or predicted
-// at or under LatencyThreshold. "Idle is always eligible" is also what lets
-// a slow EWMA recover: the replica keeps getting work one at a time.
+// one probe at a time), under MaxConcurrency, and either with a free slot
+// (idle, for Parallelism 1) or predicted at or under LatencyThreshold. A
+// free slot predicts one round, what an idle replica predicts: a replica
+// serving 8 at once whose requests take longer than the threshold still
+// takes 8, not 1. "A free slot is always eligible" is also what lets a
+// slow EWMA recover: the replica keeps getting work.
 func (s *State) pickLocked(now time.Time) *replica {
 	n := len(s.order)
 	if n == 0 {
@@ -68,10 +71,10 @@ func (s *State) pickLocked(now time.Time) *replica {
 			}
 			cost = prior * float64((r.inFlight+par-1)/par)
 		}
-		if r.inFlight > 0 && cost > threshold {
+		free := r.inFlight < par
+		if !free && cost > threshold {
 			continue
 		}
-		free := r.inFlight < par
 		if best == nil || (free && !bestFree) ||
 			(free == bestFree && (cost < bestCost || (cost == bestCost && r.inFlight < best.inFlight))) {
 			best, bestCost, bestFree = r, cost, free

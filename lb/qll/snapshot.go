@@ -17,6 +17,7 @@ type ReplicaSnapshot struct {
 	EWMASeconds float64 `json:"ewma_latency"`
 	Tried       bool    `json:"tried"`
 	InFlight    int     `json:"in_flight"`
+	Parallelism int     `json:"parallelism"`
 	Down        bool    `json:"down"`
 	ConsecFails int     `json:"consecutive_failures"`
 	Dispatched  uint64  `json:"dispatched"`
@@ -37,7 +38,7 @@ func (s *State) Snapshot() Snapshot {
 	}
 	add := func(r *replica) {
 		snap.Replicas = append(snap.Replicas, ReplicaSnapshot{
-			Addr: r.addr, EWMASeconds: r.ewma, Tried: r.tried, InFlight: r.inFlight,
+			Addr: r.addr, EWMASeconds: r.ewma, Tried: r.tried, InFlight: r.inFlight, Parallelism: s.cfg.Parallelism,
 			Down: now.Before(r.downUntil), ConsecFails: r.consecFails,
 			Dispatched: r.dispatched, Successes: r.successes, Failures: r.failures,
 			Present: r.present,

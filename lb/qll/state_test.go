@@ -455,3 +455,30 @@ func TestEWMAIsNormalisedByTheLoadARequestJoined(t *testing.T) {
 		t.Fatalf("EWMA = %v, want 1 (the second sample normalised by 2 rounds)", got)
 	}
 }
+
+func TestAFreeSlotIsEligibleWhateverTheEWMA(t *testing.T) {
+	// A batching replica (4 at once) whose requests take 5 s, over the 3 s
+	// threshold: like an idle one-at-a-time replica, it takes a request
+	// while it has a free slot — 4 at once, not 1 — and the fifth waits.
+	s := New(Config{Parallelism: 4, EWMAAlpha: 1})
+	s.SetBackends([]string{"a:1"})
+	mustAcquire(t, s).Release(success(5 * time.Second))
+	var held []*Lease
+	for i := 0; i < 4; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // only a hang guard
+		l, err := s.Acquire(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("request %d of 4 was not dispatched to a replica with a free slot: %v", i+1, err)
+		}
+		held = append(held, l)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.Acquire(ctx); err == nil {
+		t.Fatal("a fifth request went to a replica with no free slot predicted at 10 s")
+	}
+	for _, l := range held {
+		l.Release(success(5 * time.Second))
+	}
+}
