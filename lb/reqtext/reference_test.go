@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"unicode/utf8"
 )
 
 // The decoder Extract used before its single-pass scanner: encoding/json
@@ -50,7 +51,7 @@ func (c *refContent) UnmarshalJSON(b []byte) error {
 	case 'n':
 		return nil
 	case '"':
-		s, err := unquote(b)
+		s, err := refUnquote(b)
 		if err != nil {
 			return err
 		}
@@ -150,6 +151,16 @@ func refGenerate(body []byte) (Request, error) {
 	}
 	w.done(&req)
 	return req, nil
+}
+
+// refUnquote is the string decoder the old code used.
+func refUnquote(b []byte) (string, error) {
+	if in := b[1 : len(b)-1]; bytes.IndexByte(in, '\\') < 0 && utf8.Valid(in) {
+		return string(in), nil
+	}
+	var s string
+	err := json.Unmarshal(b, &s)
+	return s, err
 }
 
 // hasDuplicateKey reports whether any object in the valid JSON body has a

@@ -78,16 +78,6 @@ func kindOf(path string) string {
 	return KindOther
 }
 
-// unquote decodes a JSON string that has already been validated.
-func unquote(b []byte) (string, error) {
-	if in := b[1 : len(b)-1]; bytes.IndexByte(in, '\\') < 0 && utf8.Valid(in) {
-		return string(in), nil
-	}
-	var s string
-	err := json.Unmarshal(b, &s)
-	return s, err
-}
-
 // is reports whether an object key names field (encoding/json's matching).
 func is(key []byte, field string) bool { return bytes.EqualFold(key, []byte(field)) }
 
@@ -317,12 +307,8 @@ func promptText(w *writer, raw json.RawMessage) error {
 	if len(raw) == 0 || raw[0] == 'n' {
 		return nil
 	}
-	if raw[0] == '"' {
-		s, err := unquote(raw)
-		if err != nil {
-			return err
-		}
-		w.str(s)
+	if raw[0] == '"' { // validated by the scanner
+		w.str(decode(raw, bytes.IndexByte(raw, '\\') >= 0))
 		return nil
 	}
 	if raw[0] != '[' {
