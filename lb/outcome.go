@@ -50,4 +50,7 @@ var (
 	ErrQueueTimeout = errors.New("timed out waiting in the queue")
 	ErrShutdown     = errors.New("policy is shutting down")
 	ErrAllDown      = errors.New("every backend is down after failures")
+	// ErrSaturated: every candidate is at its configured in-flight limit
+	// and the policy does not queue (load shedding).
+	ErrSaturated = errors.New("pool saturated: every candidate is at its in-flight limit")
 )
