@@ -1,0 +1,74 @@
+package lb
+
+import (
+	"context"
+	"time"
+)
+
+// Picker is one load-balancing policy's state for one pool: what the
+// Caddy adapter calls for every request, the same for every policy.
+// Implementations are safe for concurrent use and outlive config reloads
+// (the adapter keeps them in a registry keyed by module and pool).
+type Picker interface {
+	// SetReplicas makes addrs (dial addresses, host:port) the pool's
+	// replicas. Replicas that stay keep their state; a removed replica is
+	// never picked again, and its leases still release exactly once.
+	SetReplicas(addrs []string)
+	// Pick chooses a replica for req and takes a slot on it. A queueing
+	// policy may block until a replica frees up; Pick returns ctx.Err()
+	// when ctx ends first, or one of the errors in outcome.go when the
+	// policy refuses the request.
+	Pick(ctx context.Context, req *Request) (Lease, error)
+	// InFlight is the policy's own count of leases not yet released, per
+	// replica (replicas with none may be left out).
+	InFlight() map[string]int
+}
+
+// Lease is one dispatched attempt on one replica.
+type Lease interface {
+	// Replica is the dial address the attempt goes to.
+	Replica() string
+	// Release ends the attempt with its outcome. Only the first call
+	// counts; it returns true for that one.
+	Release(Outcome) bool
+}
+
+// RetryAfterer is implemented by pickers that can tell a refused client
+// how long to wait (e.g. a queue's mean service time).
+type RetryAfterer interface {
+	RetryAfter() time.Duration
+}
+
+// Request is what a policy may know of a request when it picks.
+type Request struct {
+	// Model and Text come from the body (Text is the prompt as one string);
+	// Parsed is false when the body was not a readable inference request.
+	Model  string
+	Text   string
+	Parsed bool
+	// Tokens estimates the request's size: prompt plus the output it may
+	// generate (see EstimateTokens).
+	Tokens int64
+	// Session is the client's session token, if it sent one.
+	Session string
+	// Unavailable lists replicas the proxy itself will not use right now
+	// (Caddy's active or passive health checks, max_requests). A policy
+	// never picks them.
+	Unavailable []string
+	// Attempt counts this request's earlier attempts (0: the first pick;
+	// more: a retry after a failed attempt).
+	Attempt int
+	// Memo is the policy's own per-request state, kept across retries of
+	// the same request (e.g. a fallback order).
+	Memo any
+}
+
+// IsUnavailable reports whether addr is in r.Unavailable.
+func (r *Request) IsUnavailable(addr string) bool {
+	for _, u := range r.Unavailable {
+		if u == addr {
+			return true
+		}
+	}
+	return false
+}
