@@ -126,6 +126,7 @@ type health struct {
 		EWMALatency float64 `json:"ewma_latency"`
 		Tried       bool    `json:"tried"`
 		InFlight    int     `json:"in_flight"`
+		Parallelism int     `json:"parallelism"`
 		Down        bool    `json:"down"`
 		Failures    uint64  `json:"failures"`
 		Dispatched  uint64  `json:"dispatched"`
