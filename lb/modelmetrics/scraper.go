@@ -17,14 +17,16 @@ import (
 // an immutable map swapped on SetTargets, and each target's latest sample
 // an immutable value swapped after each scrape.
 type Scraper struct {
-	cfg    Config
+	cfg    atomic.Pointer[Config] // swapped whole by Configure
 	client *http.Client
 	own    *http.Transport // the default transport, closed when Run ends; nil with Config.Client
 	now    func() time.Time
 
-	mu      sync.Mutex // serializes SetTargets
+	mu      sync.Mutex        // serializes SetTargets and Configure
+	bases   map[string]string // the last SetTargets, to re-target on a new Path
 	targets atomic.Pointer[map[string]*target]
 	wake    chan struct{} // SetTargets added targets: scrape them now
+	retick  chan struct{} // Configure changed the interval
 
 	ok, failed atomic.Uint64
 }
@@ -40,7 +42,8 @@ type target struct {
 // New returns a scraper with no targets; call Run to start scraping.
 func New(cfg Config) *Scraper {
 	cfg = cfg.WithDefaults()
-	s := &Scraper{cfg: cfg, client: cfg.Client, now: time.Now, wake: make(chan struct{}, 1)}
+	s := &Scraper{client: cfg.Client, now: time.Now, wake: make(chan struct{}, 1), retick: make(chan struct{}, 1)}
+	s.cfg.Store(&cfg)
 	if s.client == nil {
 		// No proxy from the environment: replicas are internal addresses.
 		s.own = &http.Transport{
@@ -69,7 +72,7 @@ func (s *Scraper) SetTargets(targets map[string]string) {
 		if !strings.Contains(base, "://") {
 			base = "http://" + base
 		}
-		url := strings.TrimRight(base, "/") + s.cfg.Path
+		url := strings.TrimRight(base, "/") + s.Config().Path
 		if t, ok := old[addr]; ok && t.url == url {
 			next[addr] = t
 			continue
@@ -78,10 +81,36 @@ func (s *Scraper) SetTargets(targets map[string]string) {
 		added = true
 	}
 	s.targets.Store(&next)
+	s.bases = targets
 	if added {
 		select {
 		case s.wake <- struct{}{}:
 		default: // a wake-up is already pending
+		}
+	}
+}
+
+// Config is the configuration the scraper runs with now.
+func (s *Scraper) Config() Config { return *s.cfg.Load() }
+
+// Configure applies cfg in place (a config reload): the interval, timeout,
+// staleness and path all take effect at once; samples are kept. The
+// Client is the one given to New.
+func (s *Scraper) Configure(cfg Config) {
+	cfg = cfg.WithDefaults()
+	s.mu.Lock()
+	old := s.Config()
+	cfg.Client = old.Client
+	s.cfg.Store(&cfg)
+	bases := s.bases
+	s.mu.Unlock()
+	if cfg.Path != old.Path && bases != nil {
+		s.SetTargets(bases)
+	}
+	if cfg.Interval != old.Interval {
+		select {
+		case s.retick <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -96,13 +125,15 @@ func (s *Scraper) Run(ctx context.Context) {
 			s.own.CloseIdleConnections() // their reader goroutines end too
 		}
 	}()
-	tick := time.NewTicker(s.cfg.Interval)
+	tick := time.NewTicker(s.Config().Interval)
 	defer tick.Stop()
 	s.round(ctx, &wg, false)
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-s.retick:
+			tick.Reset(s.Config().Interval)
 		case <-tick.C:
 			s.round(ctx, &wg, false)
 		case <-s.wake:
@@ -137,7 +168,7 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup, onlyNew bool) {
 // scrape reads one target and stores the outcome. A failure keeps the last
 // values but sets Err, so the target reads Stale, never idle.
 func (s *Scraper) scrape(runCtx context.Context, t *target) {
-	ctx, cancel := context.WithTimeout(runCtx, s.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(runCtx, s.Config().Timeout)
 	defer cancel()
 	v, err := s.fetch(ctx, t)
 	if err != nil && runCtx.Err() != nil {
@@ -206,7 +237,7 @@ func (s *Scraper) Get(addr string) (Sample, Freshness) {
 }
 
 func (s *Scraper) freshness(p *Sample) Freshness {
-	if p.Err != nil || p.At.IsZero() || s.now().Sub(p.At) > s.cfg.Staleness {
+	if p.Err != nil || p.At.IsZero() || s.now().Sub(p.At) > s.Config().Staleness {
 		return Stale
 	}
 	return Fresh

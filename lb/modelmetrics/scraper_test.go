@@ -416,3 +416,32 @@ func BenchmarkParseVLLM(b *testing.B) {
 		}
 	}
 }
+
+func TestConfigureAppliesPathAndStalenessLive(t *testing.T) {
+	hits := make(chan string, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case hits <- r.URL.Path:
+		default:
+		}
+		fmt.Fprintln(w, "vllm:num_requests_waiting 3")
+	}))
+	defer srv.Close()
+	s := New(Config{Interval: time.Hour, Path: "/metrics"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx)
+	s.SetTargets(map[string]string{"r": srv.URL})
+	if p := <-hits; p != "/metrics" {
+		t.Fatalf("first scrape at %q", p)
+	}
+	s.Configure(Config{Interval: 10 * time.Millisecond, Path: "/other", Staleness: time.Hour})
+	for p := range hits {
+		if p == "/other" {
+			break
+		}
+	}
+	if c := s.Config(); c.Path != "/other" || c.Interval != 10*time.Millisecond || c.Staleness != time.Hour {
+		t.Fatalf("config after Configure: %+v", c)
+	}
+}
