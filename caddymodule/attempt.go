@@ -2,7 +2,10 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/tls"
+	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"time"
@@ -13,7 +16,7 @@ import (
 	"github.com/sluice-router/sluice/lb"
 )
 
-// Caddy gives a selection policy no hook for "the proxied request ended",
+// Caddy gives a selection policy no hook for "the proxied attempt ended",
 // so Sluice ties each dispatched attempt to the request:
 //
 //   - Select runs again for the same request only when reverse_proxy
@@ -21,18 +24,20 @@ import (
 //     as a Failure before the next pick.
 //   - context.AfterFunc on the request context fires once the whole
 //     handler chain has returned (or the client has gone): the last
-//     attempt is released then, classified from what reverse_proxy left in
-//     the Replacer.
+//     attempt is released then.
 //
-// Both paths take the attempt under one mutex, and a lease's Release is
-// itself idempotent, so every increment is released exactly once: on
-// success, error, retry, client disconnect, panic (the context is still
-// cancelled when net/http recovers) and reload (the state outlives it).
-
-// releaser is what a policy hands out per attempt.
-type releaser interface {
-	Release(lb.Outcome) bool
-}
+// What the attempt's outcome is comes from the attempt itself: Select
+// attaches an HTTP client trace to the request reverse_proxy sends, so
+// the transport reports this attempt's dial errors, its first response
+// byte and the end of its response body. Request-wide placeholders are
+// only read where they can be checked to belong to this attempt (a second
+// reverse_proxy in handle_errors or handle_response overwrites them).
+//
+// Both release paths take the attempt under one mutex, and a lease's
+// Release is itself idempotent, so every increment is released exactly
+// once: on success, error, retry, client disconnect, panic (the context
+// is still cancelled when net/http recovers) and reload (the state
+// outlives it).
 
 // latencyMeasure says which latency feeds a policy's EWMA.
 type latencyMeasure string
@@ -48,23 +53,28 @@ const (
 	measureFirstByte latencyMeasure = "first_byte"
 )
 
-// Replacer keys reverse_proxy sets; attempt start clears them so what is
-// read at the end belongs to the last attempt.
+// Replacer keys reverse_proxy sets per attempt; attempt start clears them.
 const (
 	keyStatus      = "http.reverse_proxy.status_code"
-	keyFirstByte   = "http.reverse_proxy.upstream.latency"
+	keyHostport    = "http.reverse_proxy.upstream.hostport"
 	keyLastByte    = "http.reverse_proxy.upstream.duration"
 	keyContentType = "http.reverse_proxy.header.Content-Type"
 	keyError       = "http.error"
 )
 
+// attempt is one request's record for one policy, across its retries.
 type attempt struct {
 	mu      sync.Mutex
 	repl    *caddy.Replacer
+	base    context.Context // the request's context before any trace
 	measure latencyMeasure
-	lease   releaser
+	lease   lb.Lease
+	trace   *attemptTrace
 	closed  bool // the request is over: no new attempt may start
 	refused bool // Sluice already answered this request itself
+
+	// req is what the policy knows of the request, kept across retries.
+	req *lb.Request
 }
 
 // attemptFor returns the request's attempt record for the policy keyed by
@@ -78,23 +88,23 @@ func attemptFor(r *http.Request, key string, measure latencyMeasure) *attempt {
 	if repl == nil {
 		repl = caddy.NewReplacer()
 	}
-	a := &attempt{repl: repl, measure: measure}
+	a := &attempt{repl: repl, base: ctx, measure: measure}
 	caddyhttp.SetVar(ctx, key, a)
 	context.AfterFunc(ctx, a.finish)
 	return a
 }
 
-// startAttempt is the preamble of every Sluice policy's Select: the
-// request's attempt record, with the previous attempt (if any) released as
-// a failure; nil when Sluice already answered this request or the client
-// is gone, and Select should return nil.
+// startAttempt is the preamble of Select: the request's attempt record,
+// with the previous attempt (if any) released as a failure; nil when
+// Sluice already answered this request or the client is gone, and Select
+// should return nil.
 func startAttempt(r *http.Request, key string, measure latencyMeasure) *attempt {
 	a := attemptFor(r, key, measure)
 	if a.wasRefused() {
 		return nil
 	}
 	a.retry()
-	if r.Context().Err() != nil {
+	if a.base.Err() != nil {
 		return nil
 	}
 	return a
@@ -105,96 +115,194 @@ func startAttempt(r *http.Request, key string, measure latencyMeasure) *attempt 
 func (a *attempt) retry() {
 	a.mu.Lock()
 	prev := a.lease
-	a.lease = nil
+	a.lease, a.trace = nil, nil
 	a.mu.Unlock()
 	if prev != nil {
 		prev.Release(lb.Outcome{Kind: lb.Failure})
 	}
 }
 
-// begin records l as the current attempt. If the request already ended,
-// l is released at once and begin returns false.
-func (a *attempt) begin(l releaser) bool {
+// begin records l as the current attempt and attaches the attempt's trace
+// to r, the request reverse_proxy is about to send. If the request already
+// ended, l is released at once and begin returns false.
+func (a *attempt) begin(l lb.Lease, r *http.Request) bool {
+	t := &attemptTrace{base: a.base}
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
 		l.Release(lb.Outcome{Kind: lb.Cancelled})
 		return false
 	}
-	a.lease = l
-	for _, k := range []string{keyStatus, keyFirstByte, keyLastByte, keyContentType, keyError} {
+	a.lease, a.trace = l, t
+	for _, k := range []string{keyStatus, keyHostport, keyLastByte, keyContentType, keyError} {
 		a.repl.Delete(k)
 	}
 	a.mu.Unlock()
+	// Built on the request's own context, not on the previous attempt's
+	// traced one: an old trace must not report on a new attempt.
+	*r = *r.WithContext(httptrace.WithClientTrace(a.base, t.hooks()))
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &clientBody{ReadCloser: r.Body, t: t}
+	}
 	return true
 }
 
 func (a *attempt) finish() {
 	a.mu.Lock()
 	a.closed = true
-	l := a.lease
-	a.lease = nil
+	l, t := a.lease, a.trace
+	a.lease, a.trace = nil, nil
 	a.mu.Unlock()
 	if l != nil {
-		l.Release(a.outcome())
+		l.Release(a.outcome(l.Replica(), t))
 	}
 }
 
-// outcome classifies the last attempt from the Replacer:
-//   - body fully copied (upstream.duration set): a Success below 500, else
-//     a Failure;
-//   - headers but no complete body: the stream was cut (client gone or
-//     replica died mid-body); a Success by first byte for measure
-//     first_byte/auto-stream, else Cancelled — it says nothing reliable;
-//   - no response and a handler error: a transport failure;
-//   - nothing at all: the client left before the replica answered.
-func (a *attempt) outcome() lb.Outcome {
-	status, hasStatus := a.repl.Get(keyStatus)
-	code, _ := status.(int)
-	if !hasStatus {
-		if _, failed := a.repl.Get(keyError); failed {
+// outcome classifies the last attempt:
+//   - no response byte: a transport failure if the transport reported an
+//     error for this attempt, or the handler chain ended in an error (our
+//     reverse_proxy gave up on it); otherwise the client left first;
+//   - a response: a Failure if its status (read only while the
+//     placeholders still name this attempt's replica) is 5xx; else a
+//     Success timed by the attempt's own trace — first byte for
+//     first_byte (and streams under auto), last byte otherwise; a body
+//     that never completed says nothing (Cancelled).
+func (a *attempt) outcome(dial string, t *attemptTrace) lb.Outcome {
+	first, last, transportErr, clientErr := t.facts()
+	if first == 0 {
+		if clientErr {
+			return lb.Outcome{Kind: lb.Cancelled} // the client's upload broke, not the replica
+		}
+		if _, failed := a.repl.Get(keyError); failed || transportErr {
 			return lb.Outcome{Kind: lb.Failure}
 		}
 		return lb.Outcome{Kind: lb.Cancelled}
+	}
+	hp, _ := a.repl.GetString(keyHostport)
+	ours := hp == dial
+	code := 0
+	if ours {
+		v, _ := a.repl.Get(keyStatus)
+		code, _ = v.(int)
 	}
 	if code >= 500 {
 		return lb.Outcome{Kind: lb.Failure, Status: code}
 	}
 	useFirst := a.measure == measureFirstByte
-	if a.measure == measureAuto {
+	if a.measure == measureAuto && ours {
 		ct, _ := a.repl.GetString(keyContentType)
 		useFirst = strings.HasPrefix(ct, "text/event-stream")
 	}
 	if useFirst {
-		if d, ok := durationVar(a.repl, keyFirstByte); ok {
-			return lb.Outcome{Kind: lb.Success, Latency: d, Status: code}
-		}
+		return lb.Outcome{Kind: lb.Success, Latency: first, Status: code}
 	}
-	if d, ok := durationVar(a.repl, keyLastByte); ok {
-		return lb.Outcome{Kind: lb.Success, Latency: d, Status: code}
+	if last > 0 {
+		return lb.Outcome{Kind: lb.Success, Latency: last, Status: code}
+	}
+	if ours { // HTTP/2 upstreams report no body end to the trace
+		if v, ok := a.repl.Get(keyLastByte); ok {
+			if d, ok := v.(time.Duration); ok {
+				return lb.Outcome{Kind: lb.Success, Latency: d, Status: code}
+			}
+		}
 	}
 	return lb.Outcome{Kind: lb.Cancelled, Status: code}
 }
 
-func durationVar(repl *caddy.Replacer, key string) (time.Duration, bool) {
-	v, ok := repl.Get(key)
-	if !ok {
-		return 0, false
+// attemptTrace is what the transport reports about one attempt.
+type attemptTrace struct {
+	base context.Context
+
+	mu           sync.Mutex
+	start        time.Time
+	firstByte    time.Duration
+	lastByte     time.Duration
+	transportErr bool
+	clientErr    bool // reading the client's body failed (e.g. a truncated upload)
+}
+
+func (t *attemptTrace) hooks() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		GetConn: func(string) {
+			t.mu.Lock()
+			if t.start.IsZero() {
+				t.start = time.Now()
+			}
+			t.mu.Unlock()
+		},
+		ConnectDone: func(_, _ string, err error) { t.failed(err) },
+		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
+			t.failed(err)
+		},
+		WroteRequest: func(info httptrace.WroteRequestInfo) { t.failed(info.Err) },
+		GotFirstResponseByte: func() {
+			t.mu.Lock()
+			if t.firstByte == 0 {
+				t.firstByte = max(time.Since(t.start), time.Nanosecond)
+			}
+			t.mu.Unlock()
+		},
+		// Called when the response body was read to its end and the
+		// connection went back to the pool (HTTP/1): the last byte.
+		PutIdleConn: func(err error) {
+			t.mu.Lock()
+			if err == nil && t.firstByte > 0 && t.lastByte == 0 {
+				t.lastByte = time.Since(t.start)
+			}
+			t.mu.Unlock()
+		},
 	}
-	d, ok := v.(time.Duration)
-	return d, ok
+}
+
+// failed records a transport error, unless it is the client leaving (the
+// request's context ended), which is nobody's failure.
+func (t *attemptTrace) failed(err error) {
+	if err == nil || t.base.Err() != nil {
+		return
+	}
+	t.mu.Lock()
+	t.transportErr = true
+	t.mu.Unlock()
+}
+
+func (t *attemptTrace) facts() (first, last time.Duration, transportErr, clientErr bool) {
+	if t == nil {
+		return 0, 0, false, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.firstByte, t.lastByte, t.transportErr, t.clientErr
+}
+
+// clientBody notes when reading the client's request body fails: the
+// transport then fails the attempt, and that is the client's doing.
+type clientBody struct {
+	io.ReadCloser
+	t *attemptTrace
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.t.mu.Lock()
+		b.t.clientErr = true
+		b.t.mu.Unlock()
+	}
+	return n, err
 }
 
 // refuse writes rf once per request; a later Select for the same request
 // (lb_try_duration retries) returns nil without writing again. It marks
 // the request so custom_router, when it wraps reverse_proxy, can swallow
 // the "no upstreams" error Caddy would otherwise log for every refusal.
+// Without a ResponseWriter (a Sluice policy as another policy's fallback)
+// only the mark is left: reverse_proxy answers 503 itself.
 func (a *attempt) refuse(r *http.Request, w http.ResponseWriter, rf refusal) {
 	a.mu.Lock()
 	already := a.refused
 	a.refused = true
 	a.mu.Unlock()
-	if !already {
+	if !already && w != nil {
 		caddyhttp.SetVar(r.Context(), refusedVar, rf.Type)
 		rf.write(w)
 	}

@@ -3,8 +3,11 @@ package caddymodule
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,8 +20,11 @@ import (
 
 type recordingLease struct {
 	mu       sync.Mutex
+	addr     string
 	outcomes []lb.Outcome
 }
+
+func (l *recordingLease) Replica() string { return l.addr }
 
 func (l *recordingLease) Release(o lb.Outcome) bool {
 	l.mu.Lock()
@@ -58,52 +64,116 @@ func waitOutcomes(t *testing.T, l *recordingLease, n int) []lb.Outcome {
 }
 
 func TestAttemptOutcomeClassification(t *testing.T) {
+	const dial = "10.0.0.1:8000"
+	ms := time.Millisecond
 	cases := []struct {
-		name    string
-		measure latencyMeasure
-		set     map[string]any
-		want    lb.Outcome
+		name        string
+		measure     latencyMeasure
+		first, last time.Duration // what the attempt's trace saw
+		transport   bool          // the trace saw a transport error
+		set         map[string]any
+		want        lb.Outcome
 	}{
-		{"complete response: last byte", measureAuto,
-			map[string]any{keyStatus: 200, keyFirstByte: 10 * time.Millisecond, keyLastByte: 900 * time.Millisecond},
-			lb.Outcome{Kind: lb.Success, Latency: 900 * time.Millisecond, Status: 200}},
-		{"stream: first byte", measureAuto,
-			map[string]any{keyStatus: 200, keyContentType: "text/event-stream; charset=utf-8", keyFirstByte: 10 * time.Millisecond, keyLastByte: 5 * time.Second},
-			lb.Outcome{Kind: lb.Success, Latency: 10 * time.Millisecond, Status: 200}},
-		{"stream with last_byte", measureLastByte,
-			map[string]any{keyStatus: 200, keyContentType: "text/event-stream", keyFirstByte: 10 * time.Millisecond, keyLastByte: 5 * time.Second},
+		{"complete response: last byte", measureAuto, 10 * ms, 900 * ms, false,
+			map[string]any{keyHostport: dial, keyStatus: 200},
+			lb.Outcome{Kind: lb.Success, Latency: 900 * ms, Status: 200}},
+		{"stream: first byte", measureAuto, 10 * ms, 5 * time.Second, false,
+			map[string]any{keyHostport: dial, keyStatus: 200, keyContentType: "text/event-stream; charset=utf-8"},
+			lb.Outcome{Kind: lb.Success, Latency: 10 * ms, Status: 200}},
+		{"stream with last_byte", measureLastByte, 10 * ms, 5 * time.Second, false,
+			map[string]any{keyHostport: dial, keyStatus: 200, keyContentType: "text/event-stream"},
 			lb.Outcome{Kind: lb.Success, Latency: 5 * time.Second, Status: 200}},
-		{"5xx is a failure", measureAuto,
-			map[string]any{keyStatus: 503, keyFirstByte: time.Millisecond, keyLastByte: time.Millisecond},
+		{"5xx is a failure", measureAuto, ms, ms, false,
+			map[string]any{keyHostport: dial, keyStatus: 503},
 			lb.Outcome{Kind: lb.Failure, Status: 503}},
-		{"4xx is the client's problem, still a served response", measureAuto,
-			map[string]any{keyStatus: 400, keyLastByte: 2 * time.Millisecond},
-			lb.Outcome{Kind: lb.Success, Latency: 2 * time.Millisecond, Status: 400}},
-		{"transport error", measureAuto,
-			map[string]any{keyError: errors.New("dial tcp: connection refused")},
+		{"4xx is the client's problem, still a served response", measureAuto, ms, 2 * ms, false,
+			map[string]any{keyHostport: dial, keyStatus: 400},
+			lb.Outcome{Kind: lb.Success, Latency: 2 * ms, Status: 400}},
+		{"transport error seen by the attempt's trace", measureAuto, 0, 0, true,
+			map[string]any{}, lb.Outcome{Kind: lb.Failure}},
+		{"no answer and the chain ended in an error", measureAuto, 0, 0, false,
+			map[string]any{keyError: errors.New("502: connection reset")}, lb.Outcome{Kind: lb.Failure}},
+		{"dead replica, then handle_errors proxied elsewhere with a 200", measureAuto, 0, 0, true,
+			map[string]any{keyHostport: "10.0.0.9:8000", keyStatus: 200, keyLastByte: ms, keyError: errors.New("dial refused")},
 			lb.Outcome{Kind: lb.Failure}},
-		{"body cut mid-stream", measureLastByte,
-			map[string]any{keyStatus: 200, keyFirstByte: time.Millisecond},
+		{"answered, then another proxy overwrote status 503 and timings", measureLastByte, 5 * ms, 40 * ms, false,
+			map[string]any{keyHostport: "10.0.0.9:8000", keyStatus: 503, keyLastByte: time.Hour},
+			lb.Outcome{Kind: lb.Success, Latency: 40 * ms}},
+		{"body cut mid-stream", measureLastByte, ms, 0, false,
+			map[string]any{keyHostport: dial, keyStatus: 200},
 			lb.Outcome{Kind: lb.Cancelled, Status: 200}},
-		{"client left before any answer", measureAuto, map[string]any{}, lb.Outcome{Kind: lb.Cancelled}},
+		{"HTTP/2 upstream: body end from reverse_proxy's own duration", measureLastByte, ms, 0, false,
+			map[string]any{keyHostport: dial, keyStatus: 200, keyLastByte: 30 * ms},
+			lb.Outcome{Kind: lb.Success, Latency: 30 * ms, Status: 200}},
+		{"client left before any answer", measureAuto, 0, 0, false, map[string]any{}, lb.Outcome{Kind: lb.Cancelled}},
+	}
+	// A truncated upload fails the attempt through no fault of the replica.
+	r, repl, _ := newRequest(t)
+	repl.Set(keyError, errors.New("502: unexpected EOF"))
+	tr := &attemptTrace{base: context.Background(), transportErr: true, clientErr: true}
+	if got := attemptFor(r, "test", measureAuto).outcome(dial, tr); got.Kind != lb.Cancelled {
+		t.Fatalf("truncated upload: %+v, want Cancelled", got)
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r, repl, cancel := newRequest(t)
+			r, repl, _ := newRequest(t)
 			a := attemptFor(r, "test", c.measure)
-			l := &recordingLease{}
-			if !a.begin(l) {
-				t.Fatal("begin refused on a live request")
-			}
 			for k, v := range c.set {
 				repl.Set(k, v)
 			}
-			cancel() // the handler chain returned
-			got := waitOutcomes(t, l, 1)
-			if got[0] != c.want {
-				t.Fatalf("outcome %+v, want %+v", got[0], c.want)
+			tr := &attemptTrace{base: context.Background(), firstByte: c.first, lastByte: c.last, transportErr: c.transport}
+			if got := a.outcome(dial, tr); got != c.want {
+				t.Fatalf("outcome %+v, want %+v", got, c.want)
 			}
 		})
+	}
+}
+
+// The trace Select attaches reports on the attempt's own round trip.
+func TestAttemptTraceTimesTheRealRoundTrip(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	dial := strings.TrimPrefix(srv.URL, "http://")
+
+	r, repl, cancel := newRequest(t)
+	r.URL, _ = url.Parse(srv.URL)
+	r.RequestURI, r.Host = "", dial
+	a := attemptFor(r, "test", measureLastByte)
+	l := &recordingLease{addr: dial}
+	if !a.begin(l, r) {
+		t.Fatal("begin refused a live request")
+	}
+	repl.Set(keyStatus, 200)
+	repl.Set(keyHostport, dial)
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	cancel()
+	got := waitOutcomes(t, l, 1)[0]
+	if got.Kind != lb.Success || got.Latency <= 0 {
+		t.Fatalf("outcome %+v, want a Success timed by the trace", got)
+	}
+
+	// A refused connection is this attempt's failure, whatever the
+	// placeholders say afterwards.
+	r2, repl2, cancel2 := newRequest(t)
+	r2.URL, _ = url.Parse("http://127.0.0.1:1/")
+	r2.RequestURI = ""
+	a2 := attemptFor(r2, "test", measureLastByte)
+	l2 := &recordingLease{addr: "127.0.0.1:1"}
+	a2.begin(l2, r2)
+	if _, err := http.DefaultTransport.RoundTrip(r2); err == nil {
+		t.Fatal("dial to port 1 succeeded")
+	}
+	repl2.Set(keyStatus, 200)
+	cancel2()
+	if got := waitOutcomes(t, l2, 1)[0]; got.Kind != lb.Failure {
+		t.Fatalf("outcome %+v, want Failure", got)
 	}
 }
 
@@ -111,7 +181,7 @@ func TestAttemptRetryReleasesThePreviousAsFailureExactlyOnce(t *testing.T) {
 	r, repl, cancel := newRequest(t)
 	a := attemptFor(r, "test", measureAuto)
 	first, second := &recordingLease{}, &recordingLease{}
-	a.begin(first)
+	a.begin(first, r)
 	repl.Set(keyStatus, 200) // stale values from the failed attempt...
 	a.retry()
 	if got := first.get(); len(got) != 1 || got[0].Kind != lb.Failure {
@@ -120,7 +190,7 @@ func TestAttemptRetryReleasesThePreviousAsFailureExactlyOnce(t *testing.T) {
 	if attemptFor(r, "test", measureAuto) != a {
 		t.Fatal("a second Select must find the same attempt record")
 	}
-	a.begin(second) // ...are cleared when the next attempt starts
+	a.begin(second, r) // ...are cleared when the next attempt starts
 	cancel()
 	if got := waitOutcomes(t, second, 1); got[0].Kind != lb.Cancelled {
 		t.Fatalf("second attempt %+v, want Cancelled (no response recorded)", got[0])
@@ -145,7 +215,7 @@ func TestAttemptAfterTheRequestEndedIsReleasedAtOnce(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	l := &recordingLease{}
-	if a.begin(l) {
+	if a.begin(l, r) {
 		t.Fatal("begin accepted an attempt on a finished request")
 	}
 	if got := l.get(); len(got) != 1 || got[0].Kind != lb.Cancelled {

@@ -12,6 +12,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/modelmetrics"
+	"github.com/sluice-router/sluice/lb/tracker"
 )
 
 // The backend-set and health operations, shared by the custom_router
@@ -88,7 +90,13 @@ type healthReport struct {
 	Managed    bool            `json:"backends_set"`
 	QueueDepth int             `json:"queue_depth"`
 	Backends   []backendHealth `json:"backends"`
+	// Settings maps each Sluice module serving the pool to the settings
+	// its shared state runs with now (what the last loaded config gave).
+	Settings map[string]any `json:"settings,omitempty"`
 }
+
+// sluiceModules are the modules whose shared state a pool may have.
+var sluiceModules = []string{"queued_least_latency", "cache_aware", "load_aware", "global_redis_least", "flow_control"}
 
 type backendHealth struct {
 	Addr        string  `json:"addr"`
@@ -118,7 +126,12 @@ type replicaMetrics struct {
 
 func health(name string) healthReport {
 	set, managed := lb.GetPool(name).Backends()
-	rep := healthReport{OK: true, Pool: name, Managed: managed, Backends: []backendHealth{}}
+	rep := healthReport{OK: true, Pool: name, Managed: managed, Backends: []backendHealth{}, Settings: map[string]any{}}
+	for _, m := range sluiceModules {
+		if st := liveState(m, name); st != nil {
+			rep.Settings[m] = st.Settings()
+		}
+	}
 	stats := map[string]backendHealth{}
 	var draining []backendHealth
 	if s := qllStateFor(name); s != nil {
@@ -141,6 +154,10 @@ func health(name string) healthReport {
 			} else {
 				draining = append(draining, bh)
 			}
+		}
+	} else if st, ok := liveState("global_redis_least", name).(*policyState); ok {
+		for addr, n := range st.picker.InFlight() {
+			stats[addr] = backendHealth{Addr: addr, InFlight: n}
 		}
 	}
 	for _, b := range set {
@@ -176,6 +193,27 @@ func health(name string) healthReport {
 		}
 	}
 	return rep
+}
+
+// trackerFor returns the in-flight tracker of a pool served by cache_aware
+// or load_aware, or nil.
+func trackerFor(name string) *tracker.Tracker {
+	if pk, ok := cacheAwarePickers()[name]; ok {
+		return pk.Tracker()
+	}
+	if pk, ok := loadAwarePickers()[name]; ok {
+		return pk.Tracker()
+	}
+	return nil
+}
+
+// scraperFor returns the replica-metrics scraper of a pool served by
+// load_aware, or nil.
+func scraperFor(name string) *modelmetrics.Scraper {
+	if pk, ok := loadAwarePickers()[name]; ok {
+		return pk.Scraper()
+	}
+	return nil
 }
 
 func serveHealth(w http.ResponseWriter, r *http.Request, name string) {

@@ -1,19 +1,13 @@
 package caddymodule
 
 import (
-	"context"
 	"fmt"
-	"math"
-	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-	"go.uber.org/zap"
 
-	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/cacheaware"
 	"github.com/sluice-router/sluice/lb/tracker"
 )
@@ -31,29 +25,26 @@ type CacheAware struct {
 	Pool string `json:"pool,omitempty"`
 	// Match rate (matched / prompt characters) above which the best
 	// matching replica is used (default 0.5; a negative value means 0).
-	CacheThreshold float64 `json:"cache_threshold,omitempty"`
+	CacheThreshold float64 `json:"cache_threshold,omitempty" sluice:"min=0"`
 	// Imbalance: max-min in-flight above BalanceAbsThreshold (default 32;
 	// negative means 0) and max above BalanceRelThreshold × min (default 1.0001).
-	BalanceAbsThreshold int     `json:"balance_abs_threshold,omitempty"`
-	BalanceRelThreshold float64 `json:"balance_rel_threshold,omitempty"`
+	BalanceAbsThreshold int     `json:"balance_abs_threshold,omitempty" sluice:"min=0"`
+	BalanceRelThreshold float64 `json:"balance_rel_threshold,omitempty" sluice:"min=1"`
 	// Bound on the trees, in characters (Unicode code points) of stored
 	// text across all replicas and models of the pool (default 16777216).
-	MaxTreeSize int `json:"max_tree_size,omitempty"`
+	MaxTreeSize int `json:"max_tree_size,omitempty" sluice:"min=1"`
 	// Period of the background trim to 7/8 of the bound (default 60s).
-	EvictionInterval caddy.Duration `json:"eviction_interval,omitempty"`
+	EvictionInterval caddy.Duration `json:"eviction_interval,omitempty" sluice:"positive"`
 	// On a miss: least_load (default) or smallest_tree (the original seed).
 	MissPolicy string `json:"miss_policy,omitempty"`
 	// Bytes of request body buffered to read the prompt (default 4 MiB).
-	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
+	MaxBodyBytes int64 `json:"max_body_bytes,omitempty" sluice:"min=1"`
 	// Passive health: consecutive failures that mark a replica down
 	// (default 1) and for how long (default 5s, doubling up to 16×).
-	MaxFails     int            `json:"max_fails,omitempty"`
+	MaxFails     int            `json:"max_fails,omitempty" sluice:"min=1"`
 	FailDuration caddy.Duration `json:"fail_duration,omitempty"`
 
-	state  *cacheAwareState
-	pool   *lb.Pool
-	varKey string
-	log    *zap.Logger
+	selector
 }
 
 // CaddyModule returns the Caddy module information.
@@ -87,147 +78,42 @@ func (p *CacheAware) Validate() error {
 	if err := p.routerConfig().WithDefaults().Validate(); err != nil {
 		return fmt.Errorf("cache_aware: %v", err)
 	}
-	switch {
-	case p.MaxBodyBytes < 0:
-		return fmt.Errorf("cache_aware: max_body_bytes must be positive, got %d", p.MaxBodyBytes)
-	case p.MaxFails < 0:
-		return fmt.Errorf("cache_aware: max_fails must be >= 1, got %d", p.MaxFails)
-	case p.FailDuration < 0:
-		return fmt.Errorf("cache_aware: fail_duration must be positive, got %s", time.Duration(p.FailDuration))
-	}
-	return nil
+	return validateBodyAndHealth("cache_aware", p.MaxBodyBytes, p.MaxFails, p.FailDuration)
 }
 
 // Provision implements caddy.Provisioner.
 func (p *CacheAware) Provision(ctx caddy.Context) error {
-	p.log = ctx.Logger()
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	if p.MaxBodyBytes == 0 {
-		p.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	name := poolName(p.Pool)
-	restorePool(name, p.log)
-	p.pool = lb.GetPool(name)
-	p.varKey = "sluice.cache_aware." + name
-	val, _, err := cacheAwareStates.LoadOrNew(name, func() (caddy.Destructor, error) {
-		return newCacheAwareState(name, p.routerConfig(), p.trackerConfig()), nil
+	rc, tc := p.routerConfig(), p.trackerConfig()
+	return p.provision(ctx, selectorSpec{
+		module: "cache_aware", pool: poolName(p.Pool), measure: measureAuto,
+		maxBody:     orDefault(p.MaxBodyBytes, DefaultMaxBodyBytes),
+		fingerprint: fmt.Sprintf("%+v %+v", rc, tc),
+		build: func(key stateKey) (*policyState, error) {
+			pk := cacheaware.NewPicker(rc, tc)
+			return newPolicyState(key, pk, pk.Settings, pk.Run, nil), nil
+		},
+		apply: func(st *policyState) { st.picker.(*cacheaware.Picker).Configure(rc, tc) },
 	})
-	if err != nil {
-		return err
+}
+
+// cacheAwarePickers lists every live picker by pool, for metrics and health.
+func cacheAwarePickers() map[string]*cacheaware.Picker {
+	out := map[string]*cacheaware.Picker{}
+	for pool, st := range liveStates("cache_aware") {
+		out[pool] = st.(*policyState).picker.(*cacheaware.Picker)
 	}
-	p.state = val.(*cacheAwareState)
-	p.state.router.Configure(p.routerConfig())
-	p.state.tracker.Configure(p.trackerConfig())
-	registerMetrics(ctx, p.log)
-	return nil
-}
-
-// Cleanup implements caddy.CleanerUpper.
-func (p *CacheAware) Cleanup() error {
-	_, err := cacheAwareStates.Delete(poolName(p.Pool))
-	return err
-}
-
-// Select implements reverseproxy.Selector.
-func (p *CacheAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	a := startAttempt(r, p.varKey, measureAuto)
-	if a == nil {
-		return nil
-	}
-	if !p.pool.Managed() {
-		p.state.syncStatic(pool)
-	}
-	ri := requestInfoFor(r, p.MaxBodyBytes)
-	st := p.state
-	for tries := 0; tries < 3; tries++ {
-		d := st.router.Pick(ri.Model, ri.Text, st.tracker.Load)
-		if d.Addr == "" {
-			err := lb.ErrNoBackends
-			if d.Reason == cacheaware.NoUsable {
-				err = lb.ErrAllDown
-			}
-			rf, _ := refusalFor(err, time.Second)
-			a.refuse(r, w, rf)
-			return nil
-		}
-		lease := st.tracker.Acquire(d.Addr)
-		if lease == nil {
-			continue // removed between pick and acquire: pick again
-		}
-		if ri.Parsed && ri.Text != "" {
-			st.router.Insert(ri.Model, ri.Text, d.Addr)
-		}
-		if c := p.log.Check(zap.DebugLevel, "cache_aware pick"); c != nil {
-			c.Write(zap.String("pool", p.pool.Name()), zap.String("addr", d.Addr), zap.Stringer("reason", d.Reason),
-				zap.Float64("match_rate", d.MatchRate), zap.Int("matched_chars", d.MatchedChars), zap.String("model", ri.Model))
-		}
-		if !a.begin(lease) {
-			return nil
-		}
-		return upstreamFor(pool, d.Addr)
-	}
-	rf, _ := refusalFor(lb.ErrNoBackends, time.Second)
-	a.refuse(r, w, rf)
-	return nil
-}
-
-// cacheAwareStates: one router + tracker per pool, kept across reloads.
-var cacheAwareStates = caddy.NewUsagePool()
-
-type cacheAwareState struct {
-	router  *cacheaware.Router
-	tracker *tracker.Tracker
-	unwatch func()
-	stop    context.CancelFunc
-	done    chan struct{}
-
-	static staticSync
-}
-
-func newCacheAwareState(name string, rc cacheaware.Config, tc tracker.Config) *cacheAwareState {
-	st := &cacheAwareState{router: cacheaware.New(rc), tracker: tracker.New(tc), done: make(chan struct{})}
-	st.unwatch = lb.GetPool(name).Watch(func(set []lb.Backend, managed bool) {
-		if managed {
-			st.setReplicas(lb.Dials(set))
-		}
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	st.stop = cancel
-	go func() {
-		defer close(st.done)
-		st.router.Run(ctx)
-	}()
-	return st
-}
-
-func (st *cacheAwareState) setReplicas(addrs []string) {
-	st.tracker.SetReplicas(addrs)
-	st.router.SetReplicas(addrs)
-}
-
-func (st *cacheAwareState) syncStatic(pool reverseproxy.UpstreamPool) {
-	st.static.sync(pool, func(set []lb.Backend) { st.setReplicas(lb.Dials(set)) })
-}
-
-// Destruct implements caddy.Destructor: stops the eviction loop.
-func (st *cacheAwareState) Destruct() error {
-	st.unwatch()
-	st.stop()
-	<-st.done
-	return nil
-}
-
-// cacheAwareStateFor returns a pool's live state without taking a
-// reference, or nil.
-func cacheAwareStateFor(name string) *cacheAwareState {
-	st, _ := usageLookup(cacheAwareStates, name).(*cacheAwareState)
-	return st
+	return out
 }
 
 func cacheAwareRouters() map[string]*cacheaware.Router {
-	return usageByPool(cacheAwareStates, func(v any) *cacheaware.Router { return v.(*cacheAwareState).router })
+	out := map[string]*cacheaware.Router{}
+	for pool, pk := range cacheAwarePickers() {
+		out[pool] = pk.Router()
+	}
+	return out
 }
 
 // UnmarshalCaddyfile sets up the policy from:
@@ -245,49 +131,17 @@ func cacheAwareRouters() map[string]*cacheaware.Router {
 //	    fail_duration         <duration|seconds>
 //	}
 func (p *CacheAware) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return parseOptionBlock(d, "cache_aware", func(opt, val string) (err error) {
-		switch opt {
-		case "pool":
-			p.Pool = val
-		case "cache_threshold":
-			p.CacheThreshold, err = parseUnitFloat(val)
-			if err == nil && p.CacheThreshold == 0 {
-				p.CacheThreshold = -1 // explicit 0, not "default"
+	return parseModule(d, "cache_aware", nil, p, func(opt string, vals []string) (bool, error) {
+		// An explicit 0 is a value, not "default": stored as -1.
+		if (opt == "cache_threshold" || opt == "balance_abs_threshold") && len(vals) == 1 && vals[0] == "0" {
+			if opt == "cache_threshold" {
+				p.CacheThreshold = -1
+			} else {
+				p.BalanceAbsThreshold = -1
 			}
-		case "balance_abs_threshold":
-			p.BalanceAbsThreshold, err = atLeast(val, 0)
-			if err == nil && p.BalanceAbsThreshold == 0 {
-				p.BalanceAbsThreshold = -1 // explicit 0, not "default"
-			}
-		case "balance_rel_threshold":
-			p.BalanceRelThreshold, err = strconv.ParseFloat(val, 64)
-			if err == nil && (math.IsNaN(p.BalanceRelThreshold) || math.IsInf(p.BalanceRelThreshold, 0) || p.BalanceRelThreshold < 1) {
-				err = fmt.Errorf("must be a number >= 1")
-			}
-		case "max_tree_size":
-			p.MaxTreeSize, err = atLeast(val, 1)
-		case "eviction_interval":
-			p.EvictionInterval, err = parseSecondsOrDuration(val)
-			if err == nil && p.EvictionInterval <= 0 {
-				err = fmt.Errorf("must be positive")
-			}
-		case "miss_policy":
-			p.MissPolicy = val
-			if val != cacheaware.MissLeastLoad && val != cacheaware.MissSmallestTree {
-				err = fmt.Errorf("must be %s or %s", cacheaware.MissLeastLoad, cacheaware.MissSmallestTree)
-			}
-		case "max_body_bytes":
-			var n int
-			n, err = atLeast(val, 1)
-			p.MaxBodyBytes = int64(n)
-		case "max_fails":
-			p.MaxFails, err = atLeast(val, 1)
-		case "fail_duration":
-			p.FailDuration, err = parseSecondsOrDuration(val)
-		default:
-			return errUnknownOption
+			return true, nil
 		}
-		return err
+		return false, nil
 	})
 }
 
@@ -298,5 +152,4 @@ var (
 	_ caddy.CleanerUpper    = (*CacheAware)(nil)
 	_ reverseproxy.Selector = (*CacheAware)(nil)
 	_ caddyfile.Unmarshaler = (*CacheAware)(nil)
-	_ caddy.Destructor      = (*cacheAwareState)(nil)
 )

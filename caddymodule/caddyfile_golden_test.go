@@ -601,7 +601,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"flow_control/objective priority", goldenFlow("objective premium high"), []string{"premium"}},
 		{"flow_control/max_bytes", goldenFlow("max_bytes 10Qi"), []string{"max_bytes"}},
 		{"flow_control/band priority", goldenFlow("band high {\n}"), []string{"band"}},
-		{"flow_control/band unknown option", goldenFlow("band 5 {\n\tcolour red\n}"), []string{"band 5", "colour"}},
+		{"flow_control/band unknown option", goldenFlow("band 5 {\n\tcolour red\n}"), []string{"band: 5: colour", "unknown option"}},
 		{"flow_control/band fairness", goldenFlow("band 5 {\n\tfairness lottery\n}"), []string{"fairness"}},
 		{"flow_control/band ordering", goldenFlow("band 5 {\n\tordering random\n}"), []string{"ordering"}},
 		{"flow_control/band max_bytes", goldenFlow("band 5 {\n\tmax_bytes -1\n}"), []string{"max_bytes"}},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -12,47 +13,139 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
+// Every Sluice directive and policy is parsed by parseBlock, and every
+// plain option by setOption, so the Caddyfile and the JSON config are the
+// same thing (an option's name is its JSON field name) and every error
+// reads the same way: "<directive>: <option>: <problem>". Ranges are
+// checked by the module's Validate, for JSON and Caddyfile alike.
+
 // errUnknownOption is what an option setter returns for a name it does
 // not know.
 var errUnknownOption = errors.New("unknown option")
 
-// parseOptionBlock parses `<directive> { <option> <value> ... }` where the
-// directive takes no argument and every option exactly one value; set
-// applies one option. Every error names the directive and the option.
-func parseOptionBlock(d *caddyfile.Dispenser, directive string, set func(opt, val string) error) error {
+// parseBlock parses `<directive> [<pool>] { <option> <value>... }`. arg
+// receives the optional argument (nil: the directive takes none); set is
+// called for each option with its values (a setter for an option with a
+// nested block reads it from d).
+func parseBlock(d *caddyfile.Dispenser, directive string, arg *string, set func(opt string, vals []string) error) error {
 	d.Next() // the directive or policy name
 	if d.NextArg() {
-		return d.Errf("%s: takes no arguments, only a block; got %q", directive, d.Val())
-	}
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if !d.NextArg() {
-			return d.Errf("%s: %s needs a value", directive, opt)
+		if arg == nil {
+			return d.Errf("%s: takes no arguments, only a block; got %q", directive, d.Val())
 		}
-		val := d.Val()
+		*arg = d.Val()
 		if d.NextArg() {
-			return d.Errf("%s: %s takes one value", directive, opt)
+			return d.Errf("%s: takes at most one argument, the pool name; got extra %q", directive, d.Val())
 		}
-		if err := set(opt, val); errors.Is(err, errUnknownOption) {
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		opt := d.Val()
+		vals := d.RemainingArgs()
+		if err := set(opt, vals); errors.Is(err, errUnknownOption) {
 			return d.Errf("%s: unknown option %q", directive, opt)
 		} else if err != nil {
-			return d.Errf("%s: bad %s %q: %v", directive, opt, val, err)
+			return d.Errf("%s: %s: %v", directive, opt, err)
 		}
 	}
 	return nil
 }
 
-// atLeast parses an integer option that must be >= min.
-func atLeast(s string, min int) (int, error) {
-	n, err := strconv.Atoi(s)
-	if err == nil && n < min {
-		err = fmt.Errorf("must be at least %d", min)
+// setOption sets the field of the struct module points to whose JSON name
+// is opt, from the option's values: strings as they are, numbers,
+// durations (also plain seconds), on|off, and lists (values append).
+// Maps and nested blocks are for the module's own parser.
+//
+// A field tagged sluice:"min=N" refuses a smaller value, and one tagged
+// sluice:"positive" (a duration) a value <= 0: in JSON a zero means "the
+// default", but a Caddyfile that writes 0 means 0.
+func setOption(module any, opt string, vals []string) error {
+	f, tag, ok := fieldByJSONName(reflect.ValueOf(module).Elem(), opt)
+	if !ok {
+		return errUnknownOption
 	}
-	return n, err
+	if err := setValue(f, vals); err != nil {
+		return err
+	}
+	switch {
+	case tag == "positive" && f.Int() <= 0:
+		return fmt.Errorf("must be positive, got %s", vals[0])
+	case strings.HasPrefix(tag, "min="):
+		min, _ := strconv.ParseFloat(strings.TrimPrefix(tag, "min="), 64)
+		var v float64
+		if f.CanFloat() {
+			v = f.Float()
+		} else {
+			v = float64(f.Int())
+		}
+		if v < min {
+			return fmt.Errorf("must be at least %g, got %s", min, vals[0])
+		}
+	}
+	return nil
 }
 
-// parseSecondsOrDuration accepts a Go/Caddy duration ("3s", "1d") or a
-// plain number of seconds ("3", "0.05"); "-1" means disabled.
+func setValue(f reflect.Value, vals []string) error {
+	if f.Kind() == reflect.Slice && f.Type().Elem().Kind() == reflect.String {
+		if len(vals) == 0 {
+			return errors.New("needs at least one value")
+		}
+		f.Set(reflect.AppendSlice(f, reflect.ValueOf(vals)))
+		return nil
+	}
+	if len(vals) != 1 {
+		return fmt.Errorf("takes exactly one value, got %d", len(vals))
+	}
+	s := vals[0]
+	switch {
+	case f.Type() == reflect.TypeOf(caddy.Duration(0)):
+		d, err := parseSecondsOrDuration(s)
+		if err != nil {
+			return err
+		}
+		f.SetInt(int64(d))
+	case f.Kind() == reflect.String:
+		f.SetString(s)
+	case f.Kind() == reflect.Int, f.Kind() == reflect.Int64:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || f.OverflowInt(n) {
+			return fmt.Errorf("%q is not an integer", s)
+		}
+		f.SetInt(n)
+	case f.Kind() == reflect.Float64:
+		x, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsNaN(x) || math.IsInf(x, 0) {
+			return fmt.Errorf("%q is not a number", s)
+		}
+		f.SetFloat(x)
+	case f.Kind() == reflect.Bool, f.Kind() == reflect.Pointer && f.Type().Elem().Kind() == reflect.Bool:
+		on, err := parseOnOff(s)
+		if err != nil {
+			return err
+		}
+		if f.Kind() == reflect.Pointer {
+			f.Set(reflect.ValueOf(&on))
+		} else {
+			f.SetBool(on)
+		}
+	default:
+		return errUnknownOption
+	}
+	return nil
+}
+
+// fieldByJSONName finds the exported field tagged json:"name", and its
+// sluice tag.
+func fieldByJSONName(v reflect.Value, name string) (reflect.Value, string, bool) {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		tag, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if tag == name && t.Field(i).IsExported() {
+			return v.Field(i), t.Field(i).Tag.Get("sluice"), true
+		}
+	}
+	return reflect.Value{}, "", false
+}
+
 func parseSecondsOrDuration(s string) (caddy.Duration, error) {
 	s = strings.TrimSpace(s)
 	if f, err := strconv.ParseFloat(s, 64); err == nil {
@@ -63,14 +156,31 @@ func parseSecondsOrDuration(s string) (caddy.Duration, error) {
 		return caddy.Duration(f * float64(time.Second)), nil
 	}
 	d, err := caddy.ParseDuration(s)
-	return caddy.Duration(d), err
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a duration", s)
+	}
+	return caddy.Duration(d), nil
 }
 
-// parseUnitFloat parses a number in [0, 1].
-func parseUnitFloat(s string) (float64, error) {
-	f, err := strconv.ParseFloat(s, 64)
-	if err == nil && !(f >= 0 && f <= 1) {
-		err = fmt.Errorf("must be in [0, 1]")
+func parseOnOff(s string) (bool, error) {
+	switch strings.ToLower(s) {
+	case "on", "true", "yes":
+		return true, nil
+	case "off", "false", "no":
+		return false, nil
 	}
-	return f, err
+	return false, fmt.Errorf("want on or off, got %q", s)
+}
+
+// parseModule parses a module's whole block: hook (if any) takes the
+// options that are not plain fields (handled true), setOption the rest.
+func parseModule(d *caddyfile.Dispenser, directive string, arg *string, module any, hook func(opt string, vals []string) (bool, error)) error {
+	return parseBlock(d, directive, arg, func(opt string, vals []string) error {
+		if hook != nil {
+			if handled, err := hook(opt, vals); handled || err != nil {
+				return err
+			}
+		}
+		return setOption(module, opt, vals)
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 
@@ -46,10 +47,21 @@ type CustomRouter struct {
 	// posted in this process, none persisted): the quick start needs no
 	// set-backends call. A posted set always wins.
 	Backends []string `json:"backends,omitempty"`
+	// AllowedSources are the client addresses (CIDR or IP, matched against
+	// the connection's own peer, never a forwarded header) that may call
+	// the endpoints that change the set (set-backends, add/remove_worker)
+	// and read the topology (health, metrics, list_workers) without the
+	// token. Default: loopback and the private ranges, where the HF
+	// platform calls from.
+	AllowedSources []string `json:"allowed_sources,omitempty"`
 
-	name string
-	log  *zap.Logger
+	allowed []netip.Prefix
+	name    string
+	log     *zap.Logger
 }
+
+// privateSources is AllowedSources' default.
+var privateSources = []string{"127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"}
 
 // CaddyModule returns the Caddy module information.
 func (CustomRouter) CaddyModule() caddy.ModuleInfo {
@@ -66,8 +78,25 @@ func (h *CustomRouter) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("custom_router: %v", err)
 	}
 	h.log = ctx.Logger()
-	repl := caddy.NewReplacer()
-	h.Token = repl.ReplaceKnown(h.Token, "")
+	if h.Token != "" {
+		// A token from an unset variable would silently turn
+		// authentication off: refuse to load instead.
+		if h.Token = caddy.NewReplacer().ReplaceKnown(h.Token, ""); strings.TrimSpace(h.Token) == "" {
+			return fmt.Errorf("custom_router: token: resolves to an empty value (an unset environment variable?); refusing to serve the contract without authentication")
+		}
+	}
+	sources := h.AllowedSources
+	if len(sources) == 0 {
+		sources = privateSources
+	}
+	h.allowed = h.allowed[:0]
+	for _, src := range sources {
+		p, err := parsePrefix(src)
+		if err != nil {
+			return fmt.Errorf("custom_router: allowed_sources: %q: %v", src, err)
+		}
+		h.allowed = append(h.allowed, p.Masked())
+	}
 	seed, err := lb.ParseBackends(h.Backends)
 	if err != nil {
 		return fmt.Errorf("custom_router: backends: %v", err)
@@ -90,13 +119,17 @@ func (h *CustomRouter) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 	case strings.HasPrefix(path, hfPrefix):
 		switch strings.TrimPrefix(path, hfPrefix) {
 		case "set-backends":
-			if h.authorized(w, r) {
+			if h.mayChange(w, r) {
 				serveSetBackends(w, r, h.name, h.log)
 			}
 		case "health":
-			serveHealth(w, r, h.name)
+			if h.mayRead(w, r) {
+				serveHealth(w, r, h.name)
+			}
 		case "metrics":
-			serveMetrics(w, r)
+			if h.mayRead(w, r) {
+				serveMetrics(w, r)
+			}
 		default:
 			writeJSONError(w, http.StatusNotFound, "not_found", "unknown custom router endpoint "+path)
 		}
@@ -104,13 +137,15 @@ func (h *CustomRouter) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 	case h.SGLangAPI == nil || *h.SGLangAPI:
 		switch path {
 		case "/add_worker", "/remove_worker":
-			if h.authorized(w, r) {
+			if h.mayChange(w, r) {
 				h.serveWorkerChange(w, r, path == "/add_worker")
 			}
 			return nil
 		case "/list_workers":
-			set, _ := lb.GetPool(h.name).Backends()
-			writeJSON(w, http.StatusOK, map[string]any{"urls": urls(set)})
+			if h.mayRead(w, r) {
+				set, _ := lb.GetPool(h.name).Backends()
+				writeJSON(w, http.StatusOK, map[string]any{"urls": urls(set)})
+			}
 			return nil
 		}
 	}
@@ -123,17 +158,58 @@ func (h *CustomRouter) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 	return err
 }
 
-func (h *CustomRouter) authorized(w http.ResponseWriter, r *http.Request) bool {
-	if h.Token == "" {
+// mayChange admits a call that changes the backend set: from an allowed
+// source, and with the token when one is set.
+func (h *CustomRouter) mayChange(w http.ResponseWriter, r *http.Request) bool {
+	if !h.fromAllowedSource(r) {
+		writeJSONError(w, http.StatusForbidden, "forbidden_source", "this endpoint answers only allowed_sources")
+		return false
+	}
+	if h.Token != "" && !h.hasToken(r) {
+		h.unauthorized(w)
+		return false
+	}
+	return true
+}
+
+// mayRead admits a call that reveals the topology (backend addresses,
+// tenants): from an allowed source, or with the token.
+func (h *CustomRouter) mayRead(w http.ResponseWriter, r *http.Request) bool {
+	if h.fromAllowedSource(r) || (h.Token != "" && h.hasToken(r)) {
 		return true
 	}
+	if h.Token != "" {
+		h.unauthorized(w)
+	} else {
+		writeJSONError(w, http.StatusForbidden, "forbidden_source", "this endpoint answers only allowed_sources")
+	}
+	return false
+}
+
+// fromAllowedSource checks the connection's peer address: a forwarded
+// header can be forged, the peer cannot.
+func (h *CustomRouter) fromAllowedSource(r *http.Request) bool {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := ap.Addr().Unmap()
+	for _, p := range h.allowed {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *CustomRouter) hasToken(r *http.Request) bool {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if ok && subtle.ConstantTimeCompare([]byte(got), []byte(h.Token)) == 1 {
-		return true
-	}
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(h.Token)) == 1
+}
+
+func (h *CustomRouter) unauthorized(w http.ResponseWriter) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
 	writeJSONError(w, http.StatusUnauthorized, "unauthorized", "a valid bearer token is required")
-	return false
 }
 
 // serveWorkerChange adds or removes one worker, SGLang-router style.
@@ -185,6 +261,7 @@ var workersMu sync.Mutex
 //	    token      <bearer token>
 //	    sglang_api on|off
 //	    backends   <url>...   # initial set, when none was posted or persisted
+//	    allowed_sources <cidr|ip>...  # default: loopback and private ranges
 //	}
 func parseCustomRouterCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	cr := new(CustomRouter)
@@ -194,56 +271,7 @@ func parseCustomRouterCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHan
 
 // UnmarshalCaddyfile implements caddyfile.Unmarshaler.
 func (h *CustomRouter) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // directive name
-	if d.NextArg() {
-		h.Pool = d.Val()
-		if d.NextArg() {
-			return d.Errf("custom_router: takes at most one argument, the pool name; got extra %q", d.Val())
-		}
-	}
-	for d.NextBlock(0) {
-		opt := d.Val()
-		if opt == "backends" {
-			urls := d.RemainingArgs()
-			if len(urls) == 0 {
-				return d.Errf("custom_router: backends needs at least one URL")
-			}
-			h.Backends = append(h.Backends, urls...)
-			continue
-		}
-		if !d.NextArg() {
-			return d.Errf("custom_router: %s needs a value", opt)
-		}
-		val := d.Val()
-		if d.NextArg() {
-			return d.Errf("custom_router: %s takes one value", opt)
-		}
-		switch opt {
-		case "pool":
-			h.Pool = val
-		case "token":
-			h.Token = val
-		case "sglang_api":
-			on, err := parseOnOff(val)
-			if err != nil {
-				return d.Errf("custom_router: sglang_api: %v", err)
-			}
-			h.SGLangAPI = &on
-		default:
-			return d.Errf("custom_router: unknown option %q", opt)
-		}
-	}
-	return nil
-}
-
-func parseOnOff(s string) (bool, error) {
-	switch strings.ToLower(s) {
-	case "on", "true", "yes":
-		return true, nil
-	case "off", "false", "no":
-		return false, nil
-	}
-	return false, fmt.Errorf("want on or off, got %q", s)
+	return parseModule(d, "custom_router", &h.Pool, h, nil)
 }
 
 // Interface guards

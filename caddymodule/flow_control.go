@@ -51,7 +51,7 @@ type FlowControl struct {
 	// Objectives maps x-gateway-inference-objective values to priorities.
 	Objectives map[string]int `json:"objectives,omitempty"`
 	// Global limits on what is queued, and the default TTL in the queue.
-	MaxRequests int64          `json:"max_requests,omitempty"`
+	MaxRequests int64          `json:"max_requests,omitempty" sluice:"min=0"`
 	MaxBytes    string         `json:"max_bytes,omitempty"` // quantity: 10Gi, 1k, 512Mi or an integer
 	DefaultTTL  caddy.Duration `json:"default_ttl,omitempty"`
 	// Bands configure priority levels; unconfigured priorities get defaults.
@@ -59,12 +59,12 @@ type FlowControl struct {
 	// Detector: "concurrency" (default here: needs no replica metrics) or
 	// "utilization" (scrapes the replicas' metrics).
 	Detector            string         `json:"detector,omitempty"`
-	MaxConcurrency      int64          `json:"max_concurrency,omitempty"` // per replica
+	MaxConcurrency      int64          `json:"max_concurrency,omitempty" sluice:"min=0"` // per replica
 	ConcurrencyMode     string         `json:"concurrency_mode,omitempty"`
-	MaxTokenConcurrency int64          `json:"max_token_concurrency,omitempty"`
-	Headroom            float64        `json:"headroom,omitempty"`
-	QueueDepthThreshold float64        `json:"queue_depth_threshold,omitempty"`
-	KVCacheThreshold    float64        `json:"kv_cache_threshold,omitempty"`
+	MaxTokenConcurrency int64          `json:"max_token_concurrency,omitempty" sluice:"min=0"`
+	Headroom            float64        `json:"headroom,omitempty" sluice:"min=0"`
+	QueueDepthThreshold float64        `json:"queue_depth_threshold,omitempty" sluice:"min=0"`
+	KVCacheThreshold    float64        `json:"kv_cache_threshold,omitempty" sluice:"min=0"`
 	MetricsStaleness    caddy.Duration `json:"metrics_staleness,omitempty"`
 	MetricsInterval     caddy.Duration `json:"metrics_interval,omitempty"`
 	// Bytes of body read to estimate tokens (tokens mode; default 4 MiB).
@@ -73,6 +73,7 @@ type FlowControl struct {
 	trusted []netip.Prefix
 	state   *flowState
 	name    string
+	claims  stateClaims
 	log     *zap.Logger
 }
 
@@ -166,8 +167,9 @@ func parsePrefix(s string) (netip.Prefix, error) {
 }
 
 // Provision implements caddy.Provisioner. The controller belongs to the
-// pool and survives reloads; a reload reconfigures it in place, keeping
-// every queued request (with its original deadline).
+// pool and survives reloads; the new settings reach it when the config
+// starts (see App), keeping every queued request (with its original
+// deadline).
 func (h *FlowControl) Provision(ctx caddy.Context) error {
 	h.log = ctx.Logger()
 	if err := h.Validate(); err != nil {
@@ -177,31 +179,32 @@ func (h *FlowControl) Provision(ctx caddy.Context) error {
 		p, _ := parsePrefix(s)
 		h.trusted = append(h.trusted, p.Masked())
 	}
-	if h.MaxBodyBytes == 0 {
-		h.MaxBodyBytes = DefaultMaxBodyBytes
-	}
+	h.MaxBodyBytes = orDefault(h.MaxBodyBytes, DefaultMaxBodyBytes)
 	h.name = poolName(h.Pool)
 	restorePool(h.name, h.log)
 	cfg, _ := h.flowConfig()
-	val, _, err := flowStates.LoadOrNew(h.name, func() (caddy.Destructor, error) {
-		return newFlowState(h.name, time.Duration(h.MetricsInterval))
-	})
+	cfg = cfg.WithDefaults()
+	mc := modelmetrics.Config{Interval: time.Duration(h.MetricsInterval)}
+	key := stateKey{module: "flow_control", pool: h.name}
+	v, err := h.claims.take(key, func() (sharedState, error) { return newFlowState(h.name, cfg, mc) })
 	if err != nil {
-		return err
+		return fmt.Errorf("flow_control: %v", err)
 	}
-	h.state = val.(*flowState)
-	if err := h.state.configure(cfg); err != nil {
+	h.state = v.(*flowState)
+	st, log := h.state, h.log
+	if err := applyOnStart(ctx, key, fmt.Sprintf("%+v %+v", cfg, mc), func() {
+		if err := st.configure(cfg, mc); err != nil {
+			log.Error("cannot apply flow_control settings", zap.String("pool", st.name), zap.Error(err))
+		}
+	}); err != nil {
 		return fmt.Errorf("flow_control: %v", err)
 	}
 	registerMetrics(ctx, h.log)
 	return nil
 }
 
-// Cleanup implements caddy.CleanerUpper.
-func (h *FlowControl) Cleanup() error {
-	_, err := flowStates.Delete(h.name)
-	return err
-}
+// Cleanup implements caddy.CleanerUpper: it releases what Provision took.
+func (h *FlowControl) Cleanup() error { return h.claims.release() }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -226,24 +229,15 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		if req.Bytes < 0 {
 			req.Bytes = int64(len(ri.Text)) // bounded estimate when no Content-Length
 		}
-		req.Tokens = int64(len(ri.Text)/4 + ri.MaxTokens + 1)
+		req.Tokens = ri.estimatedTokens()
 	}
 	ticket, err := h.state.ctl().Enqueue(r.Context(), req)
 	if err != nil {
-		var rf refusal
-		switch err {
-		case flow.ErrCapacity:
-			rf = refusal{http.StatusTooManyRequests, "flow_capacity", "the queue for this priority is full", time.Second}
-		case flow.ErrTTL:
-			rf = refusal{http.StatusServiceUnavailable, "queue_ttl", "the pool stayed saturated for the request's whole time in the queue", time.Second}
-		case flow.ErrShutdown:
-			rf = refusal{http.StatusInternalServerError, "shutdown", "flow control is shutting down", 0}
-		default:
-			return nil // the client left while queued
+		if rf, ok := refusalFor(err, time.Second); ok {
+			caddyhttp.SetVar(r.Context(), refusedVar, rf.Type)
+			rf.write(w)
 		}
-		caddyhttp.SetVar(r.Context(), refusedVar, rf.Type)
-		rf.write(w)
-		return nil
+		return nil // refused, or the client left while queued
 	}
 	defer ticket.Release()
 	return next.ServeHTTP(w, r)
@@ -273,8 +267,6 @@ func (h *FlowControl) isTrusted(r *http.Request) bool {
 	return false
 }
 
-var flowStates = caddy.NewUsagePool()
-
 // flowState is one pool's controller, its detector inputs and a metrics
 // scraper (used by the utilization detector).
 type flowState struct {
@@ -289,10 +281,13 @@ type flowState struct {
 	name     string
 }
 
-func newFlowState(name string, interval time.Duration) (*flowState, error) {
-	st := &flowState{name: name, scraper: modelmetrics.New(modelmetrics.Config{Interval: interval})}
+func newFlowState(name string, cfg flow.Config, mc modelmetrics.Config) (*flowState, error) {
+	st := &flowState{name: name, scraper: modelmetrics.New(mc)}
 	empty := []string{}
 	st.replicas.Store(&empty)
+	if err := st.configure(cfg, mc); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	st.stop = cancel
 	st.wg.Add(1)
@@ -310,6 +305,11 @@ func newFlowState(name string, interval time.Duration) (*flowState, error) {
 		}
 	})
 	return st, nil
+}
+
+// Settings implements sharedState.
+func (st *flowState) Settings() any {
+	return map[string]any{"Config": st.config(), "MetricsInterval": st.scraper.Config().Interval}
 }
 
 func (st *flowState) ctl() *flow.Controller {
@@ -336,8 +336,9 @@ func (st *flowState) detector(cfg flow.Config) flow.SaturationDetector {
 	})
 }
 
-func (st *flowState) configure(cfg flow.Config) error {
+func (st *flowState) configure(cfg flow.Config, mc modelmetrics.Config) error {
 	cfg = cfg.WithDefaults()
+	st.scraper.Configure(mc)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.cfg.Store(&cfg)
@@ -366,12 +367,11 @@ func (st *flowState) Destruct() error {
 
 func flowControllers() map[string]*flow.Controller {
 	out := map[string]*flow.Controller{}
-	flowStates.Range(func(k, v any) bool {
-		if c := v.(*flowState).ctl(); c != nil {
-			out[k.(string)] = c
+	for pool, st := range liveStates("flow_control") {
+		if c := st.(*flowState).ctl(); c != nil {
+			out[pool] = c
 		}
-		return true
-	})
+	}
 	return out
 }
 
@@ -410,128 +410,50 @@ func parseFlowControlCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHand
 //	    max_body_bytes        <bytes>
 //	}
 func (h *FlowControl) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // directive name
-	if d.NextArg() {
-		h.Pool = d.Val()
-		if d.NextArg() {
-			return d.Errf("flow_control: takes at most one argument, the pool name; got extra %q", d.Val())
-		}
-	}
-	for d.NextBlock(0) {
-		opt := d.Val()
+	return parseModule(d, "flow_control", &h.Pool, h, func(opt string, vals []string) (bool, error) {
 		switch opt {
-		case "trusted_sources":
-			args := d.RemainingArgs()
-			if len(args) == 0 {
-				return d.Errf("flow_control: trusted_sources needs at least one CIDR or IP")
-			}
-			for _, a := range args {
-				if _, err := parsePrefix(a); err != nil {
-					return d.Errf("flow_control: trusted_sources: bad %q: %v", a, err)
-				}
-			}
-			h.TrustedSources = append(h.TrustedSources, args...)
-			continue
 		case "objective":
-			args := d.RemainingArgs()
-			if len(args) != 2 {
-				return d.Errf("flow_control: objective takes a name and a priority")
+			if len(vals) != 2 {
+				return true, fmt.Errorf("takes a name and a priority")
 			}
-			p, err := strconv.Atoi(args[1])
+			p, err := strconv.Atoi(vals[1])
 			if err != nil {
-				return d.Errf("flow_control: objective %s: bad priority %q", args[0], args[1])
+				return true, fmt.Errorf("%s: bad priority %q", vals[0], vals[1])
 			}
 			if h.Objectives == nil {
 				h.Objectives = map[string]int{}
 			}
-			h.Objectives[args[0]] = p
-			continue
+			h.Objectives[vals[0]] = p
 		case "band":
-			args := d.RemainingArgs()
-			if len(args) != 1 {
-				return d.Errf("flow_control: band takes its priority, then a block")
-			}
-			p, err := strconv.Atoi(args[0])
+			b, err := parseBand(d, vals)
 			if err != nil {
-				return d.Errf("flow_control: band: bad priority %q", args[0])
-			}
-			b := FlowBand{Priority: p}
-			for nest := d.Nesting(); d.NextBlock(nest); {
-				bopt := d.Val()
-				bargs := d.RemainingArgs()
-				if len(bargs) != 1 {
-					return d.Errf("flow_control: band %d: %s takes one value", p, bopt)
-				}
-				v := bargs[0]
-				var err error
-				switch bopt {
-				case "name":
-					b.Name = v
-				case "max_requests":
-					b.MaxRequests, err = strconv.ParseInt(v, 10, 64)
-				case "max_bytes":
-					_, err = flow.ParseQuantity(v)
-					b.MaxBytes = v
-				case "fairness":
-					b.Fairness = v
-				case "ordering":
-					b.Ordering = v
-				case "ttl":
-					b.TTL, err = parseSecondsOrDuration(v)
-				default:
-					return d.Errf("flow_control: band %d: unknown option %q", p, bopt)
-				}
-				if err != nil {
-					return d.Errf("flow_control: band %d: bad %s %q: %v", p, bopt, v, err)
-				}
+				return true, err
 			}
 			h.Bands = append(h.Bands, b)
-			continue
-		}
-		args := d.RemainingArgs()
-		if len(args) != 1 {
-			return d.Errf("flow_control: %s takes one value", opt)
-		}
-		val := args[0]
-		var err error
-		switch opt {
-		case "pool":
-			h.Pool = val
-		case "max_requests":
-			h.MaxRequests, err = strconv.ParseInt(val, 10, 64)
-		case "max_bytes":
-			_, err = flow.ParseQuantity(val)
-			h.MaxBytes = val
-		case "default_ttl":
-			h.DefaultTTL, err = parseSecondsOrDuration(val)
-		case "detector":
-			h.Detector = val
-		case "max_concurrency":
-			h.MaxConcurrency, err = strconv.ParseInt(val, 10, 64)
-		case "concurrency_mode":
-			h.ConcurrencyMode = val
-		case "max_token_concurrency":
-			h.MaxTokenConcurrency, err = strconv.ParseInt(val, 10, 64)
-		case "headroom":
-			h.Headroom, err = parseUnitFloat(val)
-		case "queue_depth_threshold":
-			h.QueueDepthThreshold, err = strconv.ParseFloat(val, 64)
-		case "kv_cache_threshold":
-			h.KVCacheThreshold, err = parseUnitFloat(val)
-		case "metrics_staleness":
-			h.MetricsStaleness, err = parseSecondsOrDuration(val)
-		case "metrics_interval":
-			h.MetricsInterval, err = parseSecondsOrDuration(val)
-		case "max_body_bytes":
-			h.MaxBodyBytes, err = strconv.ParseInt(val, 10, 64)
 		default:
-			return d.Errf("flow_control: unknown option %q", opt)
+			return false, nil
 		}
-		if err != nil {
-			return d.Errf("flow_control: bad %s %q: %v", opt, val, err)
+		return true, nil
+	})
+}
+
+// parseBand parses `band <priority> { <option> <value> ... }`.
+func parseBand(d *caddyfile.Dispenser, vals []string) (FlowBand, error) {
+	if len(vals) != 1 {
+		return FlowBand{}, fmt.Errorf("takes its priority, then a block")
+	}
+	p, err := strconv.Atoi(vals[0])
+	if err != nil {
+		return FlowBand{}, fmt.Errorf("bad priority %q", vals[0])
+	}
+	b := FlowBand{Priority: p}
+	for nest := d.Nesting(); d.NextBlock(nest); {
+		opt := d.Val()
+		if err := setOption(&b, opt, d.RemainingArgs()); err != nil {
+			return b, fmt.Errorf("%d: %s: %v", p, opt, err)
 		}
 	}
-	return nil
+	return b, nil
 }
 
 // Interface guards

@@ -1,26 +1,18 @@
 package caddymodule
 
 import (
-	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/lb"
-	"github.com/sluice-router/sluice/lb/cacheaware"
 	"github.com/sluice-router/sluice/lb/loadaware"
 	"github.com/sluice-router/sluice/lb/modelmetrics"
 	"github.com/sluice-router/sluice/lb/tracker"
@@ -40,15 +32,15 @@ type LoadAware struct {
 	// active_tokens). Empty: the five Heimdall scorers at weight 1.
 	Scorers map[string]float64 `json:"scorers,omitempty"`
 	// load_aware scorer threshold (default 128 waiting requests).
-	Threshold float64 `json:"threshold,omitempty"`
+	Threshold float64 `json:"threshold,omitempty" sluice:"min=1"`
 	// active_request: requests older than this stop counting (default 2m).
 	RequestTimeout caddy.Duration `json:"request_timeout,omitempty"`
 	// no_hit_lru: replicas tracked (default 1024), and the shared prefix
 	// length that makes a request hot (default 64 characters).
-	LRUSize        int `json:"lru_size,omitempty"`
-	HotPrefixChars int `json:"hot_prefix_chars,omitempty"`
+	LRUSize        int `json:"lru_size,omitempty" sluice:"min=1"`
+	HotPrefixChars int `json:"hot_prefix_chars,omitempty" sluice:"min=1"`
 	// Picker: endpoints returned, the extras being the retry order (default 1).
-	MaxNumEndpoints int `json:"max_num_endpoints,omitempty"`
+	MaxNumEndpoints int `json:"max_num_endpoints,omitempty" sluice:"min=1"`
 	// Adaptive mode: time-to-first-byte SLO (0: off) and the weight shift
 	// per completed request (default 0.05).
 	SLO          caddy.Duration `json:"slo,omitempty"`
@@ -60,15 +52,12 @@ type LoadAware struct {
 	// Session header carrying the affinity token (default X-Session-Token).
 	SessionHeader string `json:"session_header,omitempty"`
 	// Body buffered to read the prompt (default 4 MiB).
-	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
+	MaxBodyBytes int64 `json:"max_body_bytes,omitempty" sluice:"min=1"`
 	// Passive health, as for the other policies.
-	MaxFails     int            `json:"max_fails,omitempty"`
+	MaxFails     int            `json:"max_fails,omitempty" sluice:"min=1"`
 	FailDuration caddy.Duration `json:"fail_duration,omitempty"`
 
-	state  *loadAwareState
-	pool   *lb.Pool
-	varKey string
-	log    *zap.Logger
+	selector
 }
 
 // CaddyModule returns the Caddy module information.
@@ -79,20 +68,20 @@ func (LoadAware) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-func (p *LoadAware) policyConfig() loadaware.Config {
+func (p *LoadAware) pickerConfig() loadaware.PickerConfig {
 	var w map[string]float64
 	if len(p.Scorers) > 0 {
 		w = p.Scorers
 	}
-	return loadaware.Config{
-		Weights: w, Threshold: p.Threshold, RequestTimeout: time.Duration(p.RequestTimeout),
-		LRUSize: p.LRUSize, MaxNumEndpoints: p.MaxNumEndpoints, HotPrefixChars: p.HotPrefixChars,
-		SLO: time.Duration(p.SLO), AdaptiveStep: p.AdaptiveStep,
+	return loadaware.PickerConfig{
+		Policy: loadaware.Config{
+			Weights: w, Threshold: p.Threshold, RequestTimeout: time.Duration(p.RequestTimeout),
+			LRUSize: p.LRUSize, MaxNumEndpoints: p.MaxNumEndpoints, HotPrefixChars: p.HotPrefixChars,
+			SLO: time.Duration(p.SLO), AdaptiveStep: p.AdaptiveStep,
+		},
+		Metrics: modelmetrics.Config{Interval: time.Duration(p.MetricsInterval), Staleness: time.Duration(p.MetricsStaleness), Path: p.MetricsPath},
+		Tracker: tracker.Config{MaxFails: p.MaxFails, FailDuration: time.Duration(p.FailDuration)},
 	}
-}
-
-func (p *LoadAware) scraperConfig() modelmetrics.Config {
-	return modelmetrics.Config{Interval: time.Duration(p.MetricsInterval), Staleness: time.Duration(p.MetricsStaleness), Path: p.MetricsPath}
 }
 
 // Validate implements caddy.Validator.
@@ -100,298 +89,65 @@ func (p *LoadAware) Validate() error {
 	if err := validatePoolName(poolName(p.Pool)); err != nil {
 		return fmt.Errorf("load_aware: %v", err)
 	}
-	if err := p.policyConfig().WithDefaults().Validate(); err != nil {
+	if err := p.pickerConfig().Validate(); err != nil {
 		return fmt.Errorf("load_aware: %v", err)
 	}
-	if err := p.scraperConfig().WithDefaults().Validate(); err != nil {
-		return fmt.Errorf("load_aware: %v", err)
-	}
-	if p.MaxBodyBytes < 0 || p.MaxFails < 0 || p.FailDuration < 0 {
-		return fmt.Errorf("load_aware: max_body_bytes, max_fails and fail_duration must be positive")
-	}
-	return nil
+	return validateBodyAndHealth("load_aware", p.MaxBodyBytes, p.MaxFails, p.FailDuration)
 }
 
 // Provision implements caddy.Provisioner.
 func (p *LoadAware) Provision(ctx caddy.Context) error {
-	p.log = ctx.Logger()
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	if p.MaxBodyBytes == 0 {
-		p.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if p.SessionHeader == "" {
-		p.SessionHeader = "X-Session-Token"
-	}
 	name := poolName(p.Pool)
-	restorePool(name, p.log)
-	p.pool = lb.GetPool(name)
-	p.varKey = "sluice.load_aware." + name
-	val, _, err := loadAwareStates.LoadOrNew(name, func() (caddy.Destructor, error) {
-		return newLoadAwareState(name, p.policyConfig(), p.scraperConfig(), tracker.Config{MaxFails: p.MaxFails, FailDuration: time.Duration(p.FailDuration)}), nil
+	cfg := p.pickerConfig()
+	header := orDefault(p.SessionHeader, "X-Session-Token")
+	log := ctx.Logger()
+	return p.provision(ctx, selectorSpec{
+		module: "load_aware", pool: name, measure: measureFirstByte,
+		maxBody: orDefault(p.MaxBodyBytes, DefaultMaxBodyBytes), session: header,
+		fingerprint: fmt.Sprintf("%+v", cfg),
+		// The client gets the replica's session token back.
+		afterPick: func(w http.ResponseWriter, l lb.Lease) {
+			w.Header().Set(header, p.state.picker.(*loadaware.Picker).SessionToken(l.Replica()))
+		},
+		build: func(key stateKey) (*policyState, error) {
+			pk := loadaware.NewPicker(cfg)
+			pk.Explain = func(e loadaware.Explanation) { logScores(log, name, e) }
+			return newPolicyState(key, pk, func() any { return pk.Config() }, pk.Run, nil), nil
+		},
+		apply: func(st *policyState) {
+			if err := st.picker.(*loadaware.Picker).Configure(cfg); err != nil {
+				log.Error("cannot apply load_aware settings", zap.String("pool", name), zap.Error(err))
+			}
+		},
 	})
-	if err != nil {
-		return err
-	}
-	p.state = val.(*loadAwareState)
-	p.state.policy.Configure(p.policyConfig())
-	p.state.tracker.Configure(tracker.Config{MaxFails: p.MaxFails, FailDuration: time.Duration(p.FailDuration)})
-	registerMetrics(ctx, p.log)
-	return nil
 }
 
-// Cleanup implements caddy.CleanerUpper.
-func (p *LoadAware) Cleanup() error {
-	_, err := loadAwareStates.Delete(poolName(p.Pool))
-	return err
+// logScores writes every scorer's score per replica at debug level.
+func logScores(log *zap.Logger, pool string, e loadaware.Explanation) {
+	if c := log.Check(zap.DebugLevel, "load_aware scores"); c != nil {
+		c.Write(zap.String("pool", pool), zap.String("scores", e.String()))
+	}
 }
 
-// fallbackVar holds a request's remaining fallback order across retries.
-const fallbackVar = "sluice.load_aware.fallback"
-
-// Select implements reverseproxy.Selector.
-func (p *LoadAware) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	a := startAttempt(r, p.varKey, measureFirstByte)
-	if a == nil {
-		return nil
+// loadAwarePickers lists every live picker by pool.
+func loadAwarePickers() map[string]*loadaware.Picker {
+	out := map[string]*loadaware.Picker{}
+	for pool, st := range liveStates("load_aware") {
+		out[pool] = st.(*policyState).picker.(*loadaware.Picker)
 	}
-	st := p.state
-	if !p.pool.Managed() {
-		st.syncStatic(pool)
-	}
-	now := time.Now()
-	// A retry takes the next usable endpoint of the first pick's order.
-	if fb, ok := caddyhttp.GetVar(r.Context(), fallbackVar).([]string); ok {
-		for len(fb) > 0 {
-			addr := fb[0]
-			fb = fb[1:]
-			caddyhttp.SetVar(r.Context(), fallbackVar, fb)
-			if _, usable := st.tracker.Load(addr); usable {
-				if l := st.tracker.AcquireCost(addr, requestInfoFor(r, p.MaxBodyBytes).estimatedTokens()); l != nil {
-					return p.dispatch(a, pool, w, l, addr)
-				}
-			}
-		}
-	}
-
-	// Read the body (it may still be arriving) before looking at the
-	// replicas: the counts must be as fresh as possible when ranked, or a
-	// burst of concurrent picks all rank the same stale zeros and pile onto
-	// one replica.
-	cfg := st.policy.Config()
-	ri := requestInfoFor(r, p.MaxBodyBytes)
-	facts := loadaware.RequestFacts{SessionAddr: st.sessionAddr(r.Header.Get(p.SessionHeader))}
-	if ri.Parsed && ri.Text != "" {
-		d := st.prefixes.Pick(ri.Model, ri.Text, nil)
-		facts.Hot = d.MatchedChars >= cfg.HotPrefixChars
-	}
-	now = time.Now()
-	addrs := *st.addrs.Load()
-	cutoff := now.Add(-cfg.RequestTimeout)
-	cands := make([]loadaware.Candidate, 0, len(addrs))
-	for _, addr := range addrs {
-		if _, usable := st.tracker.Load(addr); !usable {
-			continue
-		}
-		c := loadaware.Candidate{Addr: addr, LastCold: st.policy.LastCold(addr)}
-		c.Active, c.ActiveTokens = st.tracker.Active(addr, cutoff)
-		s, fresh := st.scraper.Get(addr)
-		c.MetricsUnknown = fresh == modelmetrics.Unknown
-		if fresh == modelmetrics.Fresh && s.Have.Waiting {
-			c.Waiting, c.MetricsFresh = s.Waiting, true
-			c.KVCacheUsage = 1 // not exported: no credit for free cache
-			if s.Have.KVCache {
-				c.KVCacheUsage = s.KVCacheUsage
-			}
-		}
-		cands = append(cands, c)
-	}
-	if len(cands) == 0 {
-		err := lb.ErrNoBackends
-		if len(addrs) > 0 {
-			err = lb.ErrAllDown
-		}
-		rf, _ := refusalFor(err, time.Second)
-		a.refuse(r, w, rf)
-		return nil
-	}
-
-	rank := st.policy.Rank(cands, facts)
-	if c := p.log.Check(zap.DebugLevel, "load_aware scores"); c != nil {
-		fields := []zap.Field{zap.String("pool", p.pool.Name()), zap.String("picked", cands[rank.Order[0]].Addr),
-			zap.Bool("hot", facts.Hot), zap.String("session", facts.SessionAddr), zap.Float64("adaptive_shift", st.policy.Shift())}
-		for i, cand := range cands {
-			var b strings.Builder
-			fmt.Fprintf(&b, "total=%.3f", rank.Total[i])
-			for _, name := range loadaware.AllScorers {
-				if s, ok := rank.Scores[name]; ok {
-					fmt.Fprintf(&b, " %s=%.3f", name, s[i])
-				}
-			}
-			fields = append(fields, zap.String(cand.Addr, b.String()))
-		}
-		c.Write(fields...)
-	}
-	cost := ri.estimatedTokens()
-	for k, i := range rank.Order {
-		addr := cands[i].Addr
-		l := st.tracker.AcquireCost(addr, cost)
-		if l == nil {
-			continue
-		}
-		rest := make([]string, 0, len(rank.Order)-k-1)
-		for _, j := range rank.Order[k+1:] {
-			rest = append(rest, cands[j].Addr)
-		}
-		caddyhttp.SetVar(r.Context(), fallbackVar, rest)
-		if !facts.Hot {
-			st.policy.NoteCold(addr, now)
-		}
-		if ri.Parsed && ri.Text != "" {
-			st.prefixes.Insert(ri.Model, ri.Text, addr)
-		}
-		return p.dispatch(a, pool, w, l, addr)
-	}
-	rf, _ := refusalFor(lb.ErrNoBackends, time.Second)
-	a.refuse(r, w, rf)
-	return nil
+	return out
 }
-
-// dispatch records the attempt and hands the session token back.
-func (p *LoadAware) dispatch(a *attempt, pool reverseproxy.UpstreamPool, w http.ResponseWriter, l *tracker.Lease, addr string) *reverseproxy.Upstream {
-	if !a.begin(ttftObserver{l, p.state.policy}) {
-		return nil
-	}
-	w.Header().Set(p.SessionHeader, sessionToken(addr))
-	return upstreamFor(pool, addr)
-}
-
-// ttftObserver feeds adaptive mode with each success's time to first byte.
-type ttftObserver struct {
-	*tracker.Lease
-	policy *loadaware.Policy
-}
-
-func (o ttftObserver) Release(out lb.Outcome) bool {
-	if !o.Lease.Release(out) {
-		return false
-	}
-	if out.Kind == lb.Success {
-		o.policy.ObserveTTFT(out.Latency)
-	}
-	return true
-}
-
-// sessionToken is the opaque, stable token for a replica: a hash, so it
-// reveals no address, survives restarts and is the same on every Sluice
-// instance in front of the pool.
-func sessionToken(addr string) string {
-	sum := sha256.Sum256([]byte("sluice-session:" + addr))
-	return base64.RawURLEncoding.EncodeToString(sum[:12])
-}
-
-var loadAwareStates = caddy.NewUsagePool()
 
 // loadAwareScrapers lists every live scraper by pool, for metrics.
 func loadAwareScrapers() map[string]*modelmetrics.Scraper {
-	return usageByPool(loadAwareStates, func(v any) *modelmetrics.Scraper { return v.(*loadAwareState).scraper })
-}
-
-// scraperFor returns the replica-metrics scraper of a pool served by
-// load_aware, or nil.
-func scraperFor(name string) *modelmetrics.Scraper {
-	if st, ok := usageLookup(loadAwareStates, name).(*loadAwareState); ok {
-		return st.scraper
+	out := map[string]*modelmetrics.Scraper{}
+	for pool, pk := range loadAwarePickers() {
+		out[pool] = pk.Scraper()
 	}
-	return nil
-}
-
-// trackerFor returns the in-flight tracker of a pool served by cache_aware
-// or load_aware, or nil.
-func trackerFor(name string) *tracker.Tracker {
-	if st := cacheAwareStateFor(name); st != nil {
-		return st.tracker
-	}
-	if st, ok := usageLookup(loadAwareStates, name).(*loadAwareState); ok {
-		return st.tracker
-	}
-	return nil
-}
-
-type loadAwareState struct {
-	policy   *loadaware.Policy
-	tracker  *tracker.Tracker
-	scraper  *modelmetrics.Scraper
-	prefixes *cacheaware.Router // which prompts' prefixes were routed already: hot or cold
-	addrs    atomic.Pointer[[]string]
-	tokens   atomic.Pointer[map[string]string] // session token → addr
-	unwatch  func()
-	stop     context.CancelFunc
-	wg       sync.WaitGroup
-
-	static staticSync
-}
-
-func newLoadAwareState(name string, pc loadaware.Config, sc modelmetrics.Config, tc tracker.Config) *loadAwareState {
-	st := &loadAwareState{
-		policy:   loadaware.New(pc),
-		tracker:  tracker.New(tc),
-		scraper:  modelmetrics.New(sc),
-		prefixes: cacheaware.New(cacheaware.Config{MaxTreeSize: 4 << 20}),
-	}
-	empty := []string{}
-	st.addrs.Store(&empty)
-	tokens := map[string]string{}
-	st.tokens.Store(&tokens)
-	ctx, cancel := context.WithCancel(context.Background())
-	st.stop = cancel
-	st.wg.Add(2)
-	go func() { defer st.wg.Done(); st.scraper.Run(ctx) }()
-	go func() { defer st.wg.Done(); st.prefixes.Run(ctx) }()
-	st.unwatch = lb.GetPool(name).Watch(func(set []lb.Backend, managed bool) {
-		if managed {
-			st.setReplicas(set)
-		}
-	})
-	return st
-}
-
-func (st *loadAwareState) setReplicas(set []lb.Backend) {
-	addrs := lb.Dials(set)
-	targets := make(map[string]string, len(set))
-	tokens := make(map[string]string, len(set))
-	keep := make(map[string]bool, len(set))
-	for _, b := range set {
-		targets[b.Dial] = b.URL
-		tokens[sessionToken(b.Dial)] = b.Dial
-		keep[b.Dial] = true
-	}
-	st.tracker.SetReplicas(addrs)
-	st.prefixes.SetReplicas(addrs)
-	st.policy.Forget(keep)
-	st.scraper.SetTargets(targets)
-	st.tokens.Store(&tokens)
-	st.addrs.Store(&addrs)
-}
-
-func (st *loadAwareState) sessionAddr(token string) string {
-	if token == "" {
-		return ""
-	}
-	return (*st.tokens.Load())[token]
-}
-
-func (st *loadAwareState) syncStatic(pool reverseproxy.UpstreamPool) {
-	st.static.sync(pool, st.setReplicas)
-}
-
-// Destruct implements caddy.Destructor: stops the scraper and eviction.
-func (st *loadAwareState) Destruct() error {
-	st.unwatch()
-	st.stop()
-	st.wg.Wait()
-	return nil
+	return out
 }
 
 // UnmarshalCaddyfile sets up the policy from:
@@ -415,83 +171,27 @@ func (st *loadAwareState) Destruct() error {
 //	    fail_duration     <duration|seconds>
 //	}
 func (p *LoadAware) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // policy name
-	if d.NextArg() {
-		return d.Errf("load_aware: takes no arguments, only a block; got %q", d.Val())
-	}
-	for d.NextBlock(0) {
-		opt := d.Val()
-		args := d.RemainingArgs()
-		if opt == "scorer" {
-			if len(args) < 1 || len(args) > 2 {
-				return d.Errf("load_aware: scorer takes a name and an optional weight")
-			}
-			weight := 1.0
-			if len(args) == 2 {
-				var err error
-				weight, err = strconv.ParseFloat(args[1], 64)
-				if err != nil || math.IsNaN(weight) || math.IsInf(weight, 0) || weight < 0 {
-					return d.Errf("load_aware: scorer %s: bad weight %q", args[0], args[1])
-				}
-			}
-			if p.Scorers == nil {
-				p.Scorers = map[string]float64{}
-			}
-			p.Scorers[args[0]] = weight
-			continue
+	return parseModule(d, "load_aware", nil, p, func(opt string, vals []string) (bool, error) {
+		if opt != "scorer" {
+			return false, nil
 		}
-		if len(args) != 1 {
-			return d.Errf("load_aware: %s takes one value", opt)
+		if len(vals) < 1 || len(vals) > 2 {
+			return true, fmt.Errorf("takes a name and an optional weight")
 		}
-		val := args[0]
-		var err error
-		switch opt {
-		case "pool":
-			p.Pool = val
-		case "threshold":
-			p.Threshold, err = strconv.ParseFloat(val, 64)
-			if err == nil && !(p.Threshold >= 1) {
-				err = fmt.Errorf("must be >= 1")
+		weight := 1.0
+		if len(vals) == 2 {
+			w, err := strconv.ParseFloat(vals[1], 64)
+			if err != nil || math.IsNaN(w) || math.IsInf(w, 0) || w < 0 {
+				return true, fmt.Errorf("%s: bad weight %q", vals[0], vals[1])
 			}
-		case "request_timeout":
-			p.RequestTimeout, err = parseSecondsOrDuration(val)
-		case "lru_size":
-			p.LRUSize, err = atLeast(val, 1)
-		case "hot_prefix_chars":
-			p.HotPrefixChars, err = atLeast(val, 1)
-		case "max_num_endpoints":
-			p.MaxNumEndpoints, err = atLeast(val, 1)
-		case "slo":
-			p.SLO, err = parseSecondsOrDuration(val)
-		case "adaptive_step":
-			p.AdaptiveStep, err = strconv.ParseFloat(val, 64)
-			if err == nil && !(p.AdaptiveStep > 0 && p.AdaptiveStep <= 1) {
-				err = fmt.Errorf("must be in (0, 1]")
-			}
-		case "metrics_interval":
-			p.MetricsInterval, err = parseSecondsOrDuration(val)
-		case "metrics_staleness":
-			p.MetricsStaleness, err = parseSecondsOrDuration(val)
-		case "metrics_path":
-			p.MetricsPath = val
-		case "session_header":
-			p.SessionHeader = val
-		case "max_body_bytes":
-			var n int
-			n, err = atLeast(val, 1)
-			p.MaxBodyBytes = int64(n)
-		case "max_fails":
-			p.MaxFails, err = atLeast(val, 1)
-		case "fail_duration":
-			p.FailDuration, err = parseSecondsOrDuration(val)
-		default:
-			return d.Errf("load_aware: unknown option %q", opt)
+			weight = w
 		}
-		if err != nil {
-			return d.Errf("load_aware: bad %s %q: %v", opt, val, err)
+		if p.Scorers == nil {
+			p.Scorers = map[string]float64{}
 		}
-	}
-	return nil
+		p.Scorers[vals[0]] = weight
+		return true, nil
+	})
 }
 
 // Interface guards
@@ -501,5 +201,4 @@ var (
 	_ caddy.CleanerUpper    = (*LoadAware)(nil)
 	_ reverseproxy.Selector = (*LoadAware)(nil)
 	_ caddyfile.Unmarshaler = (*LoadAware)(nil)
-	_ caddy.Destructor      = (*loadAwareState)(nil)
 )

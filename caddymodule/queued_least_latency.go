@@ -1,10 +1,9 @@
 package caddymodule
 
 import (
+	"context"
 	"fmt"
-	"net/http"
-	"strconv"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -12,7 +11,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
-	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/qll"
 )
 
@@ -35,30 +33,25 @@ type QueuedLeastLatency struct {
 	EWMAAlpha float64 `json:"ewma_alpha,omitempty"`
 	// Queue bound (default 1000); when full the oldest waiter is dropped
 	// with 503. -1 disables queueing (429 when every replica is busy).
-	QueueMaxSize int `json:"queue_max_size,omitempty"`
+	QueueMaxSize int `json:"queue_max_size,omitempty" sluice:"min=-1"`
 	// Longest wait in the queue (default 1200s), then 503.
 	QueueTimeout caddy.Duration `json:"queue_timeout,omitempty"`
 	// Interval of the per-replica state log line (default 30s; -1 disables).
 	StateLogInterval caddy.Duration `json:"state_log_interval,omitempty"`
 	// Cap on in-flight requests per replica (default 0: none).
-	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	MaxConcurrency int `json:"max_concurrency,omitempty" sluice:"min=0"`
 	// Requests a replica serves at once without slowing (default 1; the
 	// batch size for LLM servers).
-	Parallelism int `json:"parallelism,omitempty"`
+	Parallelism int `json:"parallelism,omitempty" sluice:"min=1"`
 	// Consecutive failures that mark a replica down (default 1), and for
 	// how long (default 5s, doubling per further failure up to 16×).
-	MaxFails     int            `json:"max_fails,omitempty"`
+	MaxFails     int            `json:"max_fails,omitempty" sluice:"min=1"`
 	FailDuration caddy.Duration `json:"fail_duration,omitempty"`
 	// Which latency feeds the EWMA: auto (default: first byte for
 	// text/event-stream, last byte otherwise), last_byte or first_byte.
 	LatencyMeasure string `json:"latency_measure,omitempty"`
 
-	state   *qll.State
-	pool    *lb.Pool
-	varKey  string
-	measure latencyMeasure
-	log     *zap.Logger
-	stopLog chan struct{}
+	selector
 }
 
 // CaddyModule returns the Caddy module information.
@@ -82,18 +75,25 @@ func (p *QueuedLeastLatency) config() qll.Config {
 	}
 }
 
+func (p *QueuedLeastLatency) logInterval() time.Duration {
+	if p.StateLogInterval == 0 {
+		return 30 * time.Second
+	}
+	return time.Duration(p.StateLogInterval)
+}
+
 // Validate implements caddy.Validator.
 func (p *QueuedLeastLatency) Validate() error {
 	if err := validatePoolName(poolName(p.Pool)); err != nil {
 		return fmt.Errorf("queued_least_latency: %v", err)
 	}
 	if p.QueueMaxSize < -1 {
-		return fmt.Errorf("queued_least_latency: queue_max_size must be -1 (no queue) or more, got %d", p.QueueMaxSize)
+		return fmt.Errorf("queued_least_latency: queue_max_size: must be -1 (no queue) or more, got %d", p.QueueMaxSize)
 	}
 	switch latencyMeasure(p.LatencyMeasure) {
 	case "", measureAuto, measureLastByte, measureFirstByte:
 	default:
-		return fmt.Errorf("queued_least_latency: latency_measure must be auto, last_byte or first_byte, got %q", p.LatencyMeasure)
+		return fmt.Errorf("queued_least_latency: latency_measure: must be auto, last_byte or first_byte, got %q", p.LatencyMeasure)
 	}
 	if err := p.config().WithDefaults().Validate(); err != nil {
 		return fmt.Errorf("queued_least_latency: %v", err)
@@ -101,130 +101,92 @@ func (p *QueuedLeastLatency) Validate() error {
 	return nil
 }
 
-// Provision implements caddy.Provisioner: it attaches to the pool's state
-// (creating it on first use), applies this config to it, and starts the
-// state log.
+// Provision implements caddy.Provisioner.
 func (p *QueuedLeastLatency) Provision(ctx caddy.Context) error {
-	p.log = ctx.Logger()
 	if err := p.Validate(); err != nil {
 		return err
 	}
 	name := poolName(p.Pool)
-	p.measure = latencyMeasure(p.LatencyMeasure)
-	if p.measure == "" {
-		p.measure = measureAuto
+	measure := latencyMeasure(p.LatencyMeasure)
+	if measure == "" {
+		measure = measureAuto
 	}
-	restorePool(name, p.log)
-	p.pool = lb.GetPool(name)
-	p.varKey = "sluice.qll." + name
-	val, _, err := qllStates.LoadOrNew(name, func() (caddy.Destructor, error) {
-		return newPoolState(name, p.config()), nil
+	cfg, every := p.config(), p.logInterval()
+	log := ctx.Logger()
+	return p.provision(ctx, selectorSpec{
+		module: "queued_least_latency", pool: name, measure: measure,
+		fingerprint: fmt.Sprintf("%+v %v", cfg, every),
+		build: func(key stateKey) (*policyState, error) {
+			s := qll.New(cfg)
+			s.SetWaitObserver(qllCollector.WaitObserver(name))
+			lg := &qllStateLog{state: s, pool: name, log: log}
+			lg.every.Store(int64(every))
+			st := newPolicyState(key, s, func() any { return s.Config() }, lg.run, s.Close)
+			st.extra = lg
+			return st, nil
+		},
+		apply: func(st *policyState) {
+			st.picker.(*qll.State).Configure(cfg)
+			st.extra.(*qllStateLog).every.Store(int64(every))
+		},
 	})
-	if err != nil {
-		return err
-	}
-	p.state = val.(*poolState).State
-	p.state.Configure(p.config())
-	registerMetrics(ctx, p.log)
+}
 
-	interval := time.Duration(p.StateLogInterval)
-	if interval == 0 {
-		interval = 30 * time.Second
+// qllStateLog writes one line per interval with the queue and each
+// replica's state; the interval is a setting a reload may change.
+type qllStateLog struct {
+	state *qll.State
+	pool  string
+	log   *zap.Logger
+	every atomic.Int64 // time.Duration; <= 0 disables
+}
+
+func (l *qllStateLog) run(ctx context.Context) {
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	for {
+		every := time.Duration(l.every.Load())
+		wait := every
+		if every <= 0 {
+			wait = time.Second // disabled: look again for a reload that enables it
+		}
+		t.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if every <= 0 {
+			continue
+		}
+		snap := l.state.Snapshot()
+		fields := []zap.Field{zap.String("pool", l.pool), zap.Int("queue_depth", snap.QueueDepth),
+			zap.Duration("oldest_wait", snap.OldestWait), zap.Uint64("dispatched", snap.Counters.Dispatched),
+			zap.Uint64("evicted", snap.Counters.Evicted), zap.Uint64("timed_out", snap.Counters.TimedOut),
+			zap.Uint64("failures", snap.Counters.Failures)}
+		for _, r := range snap.Replicas {
+			fields = append(fields, zap.String(r.Addr, fmt.Sprintf("ewma=%.3fs in_flight=%d down=%t", r.EWMASeconds, r.InFlight, r.Down)))
+		}
+		l.log.Info("queued_least_latency state", fields...)
 	}
-	if interval > 0 {
-		p.stopLog = make(chan struct{})
-		go p.logState(interval, name)
+}
+
+// qllStateFor returns the live state of a pool, or nil if no loaded config
+// uses queued_least_latency on it.
+func qllStateFor(name string) *qll.State {
+	if st, ok := liveState("queued_least_latency", name).(*policyState); ok {
+		return st.picker.(*qll.State)
 	}
 	return nil
 }
 
-// Cleanup implements caddy.CleanerUpper. The state itself lives on while
-// another config (the one replacing this) still uses the pool.
-func (p *QueuedLeastLatency) Cleanup() error {
-	if p.stopLog != nil {
-		close(p.stopLog)
+// qllStatesByPool lists every live state, for the metrics collector.
+func qllStatesByPool() map[string]*qll.State {
+	out := map[string]*qll.State{}
+	for pool, st := range liveStates("queued_least_latency") {
+		out[pool] = st.(*policyState).picker.(*qll.State)
 	}
-	_, err := qllStates.Delete(poolName(p.Pool))
-	return err
-}
-
-func (p *QueuedLeastLatency) logState(every time.Duration, pool string) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.stopLog:
-			return
-		case <-t.C:
-			snap := p.state.Snapshot()
-			fields := []zap.Field{zap.String("pool", pool), zap.Int("queue_depth", snap.QueueDepth),
-				zap.Duration("oldest_wait", snap.OldestWait), zap.Uint64("dispatched", snap.Counters.Dispatched),
-				zap.Uint64("evicted", snap.Counters.Evicted), zap.Uint64("timed_out", snap.Counters.TimedOut),
-				zap.Uint64("failures", snap.Counters.Failures)}
-			for _, r := range snap.Replicas {
-				fields = append(fields, zap.String(r.Addr, fmt.Sprintf("ewma=%.3fs in_flight=%d down=%t", r.EWMASeconds, r.InFlight, r.Down)))
-			}
-			p.log.Info("queued_least_latency state", fields...)
-		}
-	}
-}
-
-// Select implements reverseproxy.Selector. It may block: that is the
-// queue. It returns nil after answering the request itself (JSON error,
-// Retry-After) when the request cannot be dispatched.
-func (p *QueuedLeastLatency) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	a := startAttempt(r, p.varKey, p.measure)
-	if a == nil {
-		return nil
-	}
-	if !p.pool.Managed() {
-		syncStaticUpstreams(p.state, pool)
-	}
-	lease, err := p.state.Acquire(r.Context())
-	if err != nil {
-		if rf, ok := refusalFor(err, p.state.RetryAfter()); ok {
-			p.log.Debug("request refused", zap.String("pool", p.pool.Name()), zap.String("reason", rf.Type))
-			a.refuse(r, w, rf)
-		}
-		return nil
-	}
-	if !a.begin(lease) {
-		return nil
-	}
-	return upstreamFor(pool, lease.Addr)
-}
-
-// syncStaticUpstreams makes the reverse_proxy's own upstream list the
-// state's backend set, for configs without set-backends.
-func syncStaticUpstreams(s *qll.State, pool reverseproxy.UpstreamPool) {
-	if s.SameBackends(len(pool), func(i int) string { return pool[i].Dial }) {
-		return
-	}
-	addrs := make([]string, len(pool))
-	for i, u := range pool {
-		addrs[i] = u.Dial
-	}
-	s.SetBackends(addrs)
-}
-
-// sluiceUpstreams holds upstreams for replicas a request's (stale) pool
-// does not list: a request queued before set-backends added a replica can
-// still be dispatched to it.
-var sluiceUpstreams sync.Map // dial -> *reverseproxy.Upstream
-
-// upstreamFor returns the pool's upstream for dial, so Caddy's own
-// per-host counters and health state apply, or a Sluice-made one.
-func upstreamFor(pool reverseproxy.UpstreamPool, dial string) *reverseproxy.Upstream {
-	for _, u := range pool {
-		if u.Dial == dial {
-			return u
-		}
-	}
-	if u, ok := sluiceUpstreams.Load(dial); ok {
-		return u.(*reverseproxy.Upstream)
-	}
-	u, _ := sluiceUpstreams.LoadOrStore(dial, &reverseproxy.Upstream{Dial: dial, Host: new(reverseproxy.Host)})
-	return u.(*reverseproxy.Upstream)
+	return out
 }
 
 // UnmarshalCaddyfile sets up the policy from Caddyfile tokens:
@@ -247,38 +209,7 @@ func upstreamFor(pool reverseproxy.UpstreamPool, dial string) *reverseproxy.Upst
 // CUSTOM_ROUTER_* variables are written, so `{$CUSTOM_ROUTER_LATENCY_THRESHOLD:3}`
 // works as a value.
 func (p *QueuedLeastLatency) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return parseOptionBlock(d, "queued_least_latency", func(opt, val string) (err error) {
-		switch opt {
-		case "pool":
-			p.Pool = val
-		case "latency_threshold":
-			p.LatencyThreshold, err = parseSecondsOrDuration(val)
-		case "ewma_alpha":
-			p.EWMAAlpha, err = strconv.ParseFloat(val, 64)
-			if err == nil && !(p.EWMAAlpha > 0 && p.EWMAAlpha <= 1) {
-				err = fmt.Errorf("must be in (0, 1]")
-			}
-		case "queue_max_size":
-			p.QueueMaxSize, err = strconv.Atoi(val)
-		case "queue_timeout":
-			p.QueueTimeout, err = parseSecondsOrDuration(val)
-		case "state_log_interval":
-			p.StateLogInterval, err = parseSecondsOrDuration(val)
-		case "max_concurrency":
-			p.MaxConcurrency, err = atLeast(val, 0)
-		case "parallelism":
-			p.Parallelism, err = atLeast(val, 1)
-		case "max_fails":
-			p.MaxFails, err = atLeast(val, 1)
-		case "fail_duration":
-			p.FailDuration, err = parseSecondsOrDuration(val)
-		case "latency_measure":
-			p.LatencyMeasure = val
-		default:
-			return errUnknownOption
-		}
-		return err
-	})
+	return parseModule(d, "queued_least_latency", nil, p, nil)
 }
 
 // Interface guards

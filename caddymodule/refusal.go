@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluice-router/sluice/flow"
 	"github.com/sluice-router/sluice/lb"
 )
 
@@ -21,7 +22,8 @@ type refusal struct {
 	RetryAfter time.Duration // 0: no header
 }
 
-// refusalFor maps a policy error to the contract in DESIGN.md. ok is false
+// refusalFor maps a policy's or flow control's error to the contract in
+// docs/api.md: the one place statuses and types are decided. ok is false
 // for a client that went away: there is nobody to answer.
 func refusalFor(err error, retryAfter time.Duration) (refusal, bool) {
 	switch {
@@ -37,8 +39,14 @@ func refusalFor(err error, retryAfter time.Duration) (refusal, bool) {
 		return refusal{http.StatusServiceUnavailable, "queue_evicted", "dropped from the full queue to make room for a newer request", retryAfter}, true
 	case errors.Is(err, lb.ErrQueueTimeout):
 		return refusal{http.StatusServiceUnavailable, "queue_timeout", "timed out waiting in the queue", retryAfter}, true
-	case errors.Is(err, lb.ErrShutdown):
-		return refusal{http.StatusInternalServerError, "shutdown", "the load-balancing policy is shutting down", 0}, true
+	case errors.Is(err, lb.ErrSaturated):
+		return refusal{http.StatusServiceUnavailable, "pool_saturated", "every replica is at its in-flight limit", retryAfter}, true
+	case errors.Is(err, flow.ErrCapacity):
+		return refusal{http.StatusTooManyRequests, "flow_capacity", "the queue for this priority is full", retryAfter}, true
+	case errors.Is(err, flow.ErrTTL):
+		return refusal{http.StatusServiceUnavailable, "queue_ttl", "the pool stayed saturated for the request's whole time in the queue", retryAfter}, true
+	case errors.Is(err, lb.ErrShutdown), errors.Is(err, flow.ErrShutdown):
+		return refusal{http.StatusInternalServerError, "shutdown", "shutting down", 0}, true
 	default:
 		return refusal{http.StatusInternalServerError, "internal", err.Error(), 0}, true
 	}

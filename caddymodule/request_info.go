@@ -24,36 +24,61 @@ type requestInfo struct {
 	// Parsed is false when the body was over the bound, not JSON, or not
 	// an inference call: policies then route by load alone.
 	Parsed bool
+
+	buf      []byte    // the body's bytes read so far
+	rest     io.Reader // the original body, past buf
+	closer   io.Closer // the original body
+	limit    int64     // the largest bound buf was read with
+	complete bool      // buf is the whole body
 }
 
-// requestInfoFor parses r's body once: it reads up to max bytes, extracts
+// requestInfoFor parses r's body: it reads up to max bytes, extracts
 // model and prompt text, and puts the bytes back in front of the unread
 // rest, so the replica receives the body unchanged whatever happened.
 // Works both in a handler (r is the client's request) and in a selection
-// policy (r is reverse_proxy's clone, whose Body is what gets sent).
+// policy (r is reverse_proxy's clone, whose Body is what gets sent). The
+// result is cached for the request; a later caller with a larger max reads
+// further, so no module's bound decides for another.
 func requestInfoFor(r *http.Request, max int64) *requestInfo {
-	if ri, ok := caddyhttp.GetVar(r.Context(), requestInfoVar).(*requestInfo); ok {
+	ri, ok := caddyhttp.GetVar(r.Context(), requestInfoVar).(*requestInfo)
+	if !ok {
+		ri = &requestInfo{}
+		caddyhttp.SetVar(r.Context(), requestInfoVar, ri)
+		if r.Body == nil || r.Body == http.NoBody || r.Method == http.MethodGet || r.Method == http.MethodHead {
+			ri.complete = true
+			return ri
+		}
+		ri.rest, ri.closer = r.Body, r.Body
+	}
+	if ri.complete || max <= ri.limit {
 		return ri
 	}
-	ri := &requestInfo{}
-	caddyhttp.SetVar(r.Context(), requestInfoVar, ri)
-	if r.Body == nil || r.Body == http.NoBody || r.Method == http.MethodGet || r.Method == http.MethodHead {
-		return ri
-	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, max+1))
-	r.Body = &replayBody{Reader: io.MultiReader(bytes.NewReader(buf), r.Body), closer: r.Body}
-	if err != nil || int64(len(buf)) > max {
+	want := max + 1 - int64(len(ri.buf))
+	more, err := io.ReadAll(io.LimitReader(ri.rest, want))
+	ri.buf = append(ri.buf, more...)
+	ri.limit = max
+	ri.complete = err == nil && int64(len(more)) < want
+	r.Body = &replayBody{Reader: io.MultiReader(bytes.NewReader(ri.buf), ri.rest), closer: ri.closer}
+	if err != nil || int64(len(ri.buf)) > max {
 		return ri // too big or broken: route by load; the body still goes through intact
 	}
-	if req, err := reqtext.Extract(r.URL.Path, buf); err == nil && req.Kind != reqtext.KindOther {
+	if req, err := reqtext.Extract(r.URL.Path, ri.buf); err == nil && req.Kind != reqtext.KindOther {
 		ri.Request, ri.Parsed = req, true
 	}
 	return ri
 }
 
+// bodyFor gives one attempt its own copy of a body read whole, so a retry
+// after a failed attempt (whose transport closed the body it was given)
+// sends the same bytes again. A body not read whole stays as it is.
+func (ri *requestInfo) bodyFor(r *http.Request) {
+	if ri.complete && ri.buf != nil {
+		r.Body = io.NopCloser(bytes.NewReader(ri.buf))
+	}
+}
+
 // replayBody serves the buffered prefix then the rest; Close closes the
-// original body (which, in reverse_proxy, is itself protected from being
-// closed by a failed dial).
+// original body.
 type replayBody struct {
 	io.Reader
 	closer io.Closer
@@ -61,7 +86,7 @@ type replayBody struct {
 
 func (b *replayBody) Close() error { return b.closer.Close() }
 
-// Sizes assumed for active_tokens when the body does not tell.
+// Sizes assumed when the body does not tell.
 const (
 	// assumedOutputTokens stands for a request that sets no output limit
 	// (engines then stop at the context length, but most answers are
@@ -71,9 +96,10 @@ const (
 	assumedRequestTokens = 512
 )
 
-// estimatedTokens is the request's size as active_tokens weighs it: its
-// prompt plus the output it may generate (max_tokens), both of which hold
-// KV cache and take engine steps for as long as it runs.
+// estimatedTokens is the request's size in tokens as every Sluice module
+// weighs it (load_aware's active_tokens, flow control's token
+// concurrency): its prompt plus the output it may generate (max_tokens),
+// both of which hold KV cache and take engine steps while it runs.
 func (ri *requestInfo) estimatedTokens() int64 {
 	if !ri.Parsed {
 		return assumedRequestTokens

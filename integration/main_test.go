@@ -231,3 +231,10 @@ const globals = `{
 	persist_config off
 }
 `
+
+func decodeJSON(resp *http.Response, v any) error {
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}

@@ -35,6 +35,22 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		}
 	}
 }
+
+:9304 {
+	reverse_proxy 127.0.0.1:9301 {
+		lb_policy cache_aware {
+			pool overhead-ca
+		}
+	}
+}
+
+:9305 {
+	reverse_proxy 127.0.0.1:9301 {
+		lb_policy load_aware {
+			pool overhead-la
+		}
+	}
+}
 `)
 	setBackends(b, "http://127.0.0.1:9303", "http://127.0.0.1:9301")
 	tr := &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 256, IdleConnTimeout: time.Minute}
@@ -44,6 +60,8 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		{"direct", "http://127.0.0.1:9301/"},
 		{"caddy_round_robin", "http://127.0.0.1:9302/"},
 		{"sluice_queued_least_latency", "http://127.0.0.1:9303/"},
+		{"sluice_cache_aware", "http://127.0.0.1:9304/"},
+		{"sluice_load_aware", "http://127.0.0.1:9305/"},
 	} {
 		b.Run(target.name, func(b *testing.B) {
 			b.SetParallelism(8)

@@ -56,9 +56,9 @@ func (s *State) Snapshot() Snapshot {
 	return snap
 }
 
-// InFlight is the total of in-flight requests over all replicas, including
+// TotalInFlight is the total of in-flight requests over all replicas, including
 // draining ones: zero once every lease has been released.
-func (s *State) InFlight() int {
+func (s *State) TotalInFlight() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0

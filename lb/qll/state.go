@@ -26,6 +26,9 @@ type State struct {
 	queue    list.List           // of *waiter, oldest first
 	recovery *time.Timer         // re-runs dispatch when a down replica comes back
 	closed   bool
+	// anyUnavailable: some replica is marked unavailable (skips the
+	// refresh in the common case where none ever is).
+	anyUnavailable bool
 
 	now func() time.Time
 
@@ -42,6 +45,7 @@ type replica struct {
 	ewma        float64 // seconds
 	consecFails int
 	downUntil   time.Time
+	unavailable bool // the proxy's own health view excludes it (see Pick)
 
 	dispatched uint64
 	successes  uint64
@@ -181,6 +185,12 @@ func (s *State) RetryAfter() time.Duration {
 // or one of lb.ErrNoBackends, ErrQueueFull, ErrEvicted, ErrQueueTimeout,
 // ErrShutdown.
 func (s *State) Acquire(ctx context.Context) (*Lease, error) {
+	return s.acquire(ctx, nil)
+}
+
+// acquire is Acquire with the proxy's current list of unavailable
+// replicas (see Pick).
+func (s *State) acquire(ctx context.Context, unavailable []string) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -193,6 +203,11 @@ func (s *State) Acquire(ctx context.Context) (*Lease, error) {
 		s.counters.Refused++
 		s.mu.Unlock()
 		return nil, lb.ErrNoBackends
+	}
+	if s.markUnavailableLocked(unavailable) {
+		s.counters.Refused++
+		s.mu.Unlock()
+		return nil, lb.ErrAllDown
 	}
 	now := s.now()
 	// Fast path: nobody is waiting ahead of us and a replica is eligible.

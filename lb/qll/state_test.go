@@ -71,7 +71,7 @@ func TestDispatchIsFIFO(t *testing.T) {
 		cur = r.lease
 	}
 	cur.Release(success(time.Millisecond))
-	if n := s.InFlight(); n != 0 {
+	if n := s.TotalInFlight(); n != 0 {
 		t.Fatalf("in flight after all releases = %d", n)
 	}
 }
@@ -105,8 +105,8 @@ func TestFullQueueEvictsOldest(t *testing.T) {
 	}
 	r.lease.Release(success(time.Millisecond))
 	c := s.Snapshot().Counters
-	if c.Evicted != 1 || c.Dispatched != 3 || s.InFlight() != 0 {
-		t.Fatalf("counters %+v in flight %d", c, s.InFlight())
+	if c.Evicted != 1 || c.Dispatched != 3 || s.TotalInFlight() != 0 {
+		t.Fatalf("counters %+v in flight %d", c, s.TotalInFlight())
 	}
 }
 
@@ -132,7 +132,7 @@ func TestQueueTimeout(t *testing.T) {
 		t.Fatalf("after timeout: depth %d counters %+v", snap.QueueDepth, snap.Counters)
 	}
 	l.Release(success(time.Millisecond))
-	if s.InFlight() != 0 {
+	if s.TotalInFlight() != 0 {
 		t.Fatal("leaked in-flight count")
 	}
 }
@@ -158,8 +158,8 @@ func TestCancelledWaiterLeavesAtOnceAndIsNeverDispatched(t *testing.T) {
 	}
 	r.lease.Release(success(time.Millisecond))
 	c := s.Snapshot().Counters
-	if c.Cancelled != 1 || c.Dispatched != 2 || s.InFlight() != 0 {
-		t.Fatalf("counters %+v in flight %d", c, s.InFlight())
+	if c.Cancelled != 1 || c.Dispatched != 2 || s.TotalInFlight() != 0 {
+		t.Fatalf("counters %+v in flight %d", c, s.TotalInFlight())
 	}
 }
 
@@ -225,7 +225,7 @@ func TestAddedReplicasDrainTheQueueAtOnce(t *testing.T) {
 		}
 		r.lease.Release(success(time.Second))
 	}
-	if s.InFlight() != 0 {
+	if s.TotalInFlight() != 0 {
 		t.Fatal("leaked in-flight count")
 	}
 }
@@ -335,8 +335,8 @@ func TestReleaseIsExactlyOnce(t *testing.T) {
 	wg.Wait()
 	n := 0
 	wins.Range(func(_, _ any) bool { n++; return true })
-	if n != 1 || s.InFlight() != 0 {
-		t.Fatalf("%d releases took effect, in flight %d", n, s.InFlight())
+	if n != 1 || s.TotalInFlight() != 0 {
+		t.Fatalf("%d releases took effect, in flight %d", n, s.TotalInFlight())
 	}
 }
 
@@ -406,8 +406,8 @@ func TestChurnKeepsCountsExact(t *testing.T) {
 	released.Wait()
 	close(stop)
 	snap := s.Snapshot()
-	if snap.QueueDepth != 0 || s.InFlight() != 0 {
-		t.Fatalf("after churn: queue %d, in flight %d", snap.QueueDepth, s.InFlight())
+	if snap.QueueDepth != 0 || s.TotalInFlight() != 0 {
+		t.Fatalf("after churn: queue %d, in flight %d", snap.QueueDepth, s.TotalInFlight())
 	}
 	// Leases dispatched to a waiter whose client had just left are released
 	// by the state itself; every other one by the test, exactly once.

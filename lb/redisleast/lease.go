@@ -43,13 +43,13 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 		return s.fallback(candidates)
 	}
 	// One deadline for the whole call: a retry never extends the wait.
-	deadline := time.Now().Add(s.cfg.ReadTimeout)
+	deadline := time.Now().Add(s.conf().ReadTimeout)
 	resynced, retried := false, false
 	for {
 		ident := s.ident.Load()
 		req := strconv.FormatUint(s.seq.Add(1), 36)
 		args := make([]string, 0, 5+len(candidates))
-		args = append(args, strconv.Itoa(s.cfg.MaxInflight), strconv.FormatInt(s.cfg.LeaseTTL.Milliseconds(), 10),
+		args = append(args, strconv.Itoa(s.conf().MaxInflight), strconv.FormatInt(s.conf().LeaseTTL.Milliseconds(), 10),
 			req, ident.id, strconv.Itoa(rand.IntN(len(candidates))))
 		var res rueidis.RedisResult
 		var wait chan string
@@ -135,7 +135,7 @@ const errBadReply = replyError("redis select: unexpected reply shape")
 // them, the only view there is.
 func (s *Store) fallback(candidates []string) (*Lease, error) {
 	addr, n := s.local.least(candidates, rand.IntN(len(candidates)))
-	if s.cfg.MaxInflight > 0 && n >= int64(s.cfg.MaxInflight) {
+	if s.conf().MaxInflight > 0 && n >= int64(s.conf().MaxInflight) {
 		s.c.shed.Add(1)
 		return nil, ErrSaturated
 	}

@@ -18,13 +18,18 @@ import (
 // stop counting at most LeaseTTL + LeaseTTL/3 after it died.
 func (s *Store) loop() {
 	defer s.wg.Done()
-	t := time.NewTicker(s.reapInterval())
+	every := s.reapInterval()
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.done:
 			return
 		case <-t.C:
+		}
+		if e := s.reapInterval(); e != every { // Configure changed lease_ttl
+			every = e
+			t.Reset(e)
 		}
 		if s.br.isOpen() {
 			continue // the probe takes over
@@ -42,13 +47,13 @@ func (s *Store) loop() {
 	}
 }
 
-func (s *Store) reapInterval() time.Duration { return max(s.cfg.LeaseTTL/3, time.Millisecond) }
+func (s *Store) reapInterval() time.Duration { return max(s.conf().LeaseTTL/3, time.Millisecond) }
 
 // renew extends this instance's liveness key.
 func (s *Store) renew(ctx context.Context) error {
 	id := s.ident.Load()
 	return s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return s.rc().Do(ctx, s.rc().B().Set().Key(id.alive).Value("1").Px(s.cfg.LeaseTTL).Build())
+		return s.rc().Do(ctx, s.rc().B().Set().Key(id.alive).Value("1").Px(s.conf().LeaseTTL).Build())
 	}).Error()
 }
 
@@ -86,7 +91,7 @@ func (s *Store) reap(ctx context.Context) {
 			if s.queueing() {
 				return reapQueueScript.Exec(ctx, s.rc(),
 					[]string{s.k.load, s.k.gone, s.k.alive(id), s.k.inst(id), s.k.insts, s.k.assigned},
-					[]string{id, strconv.Itoa(s.cfg.MaxInflight), s.k.tag})
+					[]string{id, strconv.Itoa(s.conf().MaxInflight), s.k.tag})
 			}
 			return reapScript.Exec(ctx, s.rc(),
 				[]string{s.k.load, s.k.gone, s.k.alive(id), s.k.inst(id), s.k.insts}, []string{id})
@@ -126,12 +131,12 @@ func (s *Store) startProbe() {
 		defer s.wg.Done()
 		defer s.probing.Store(false)
 		ctx := context.Background()
-		for backoffSleep(s.done, s.cfg.BreakerBackoff) {
+		for backoffSleep(s.done, s.conf().BreakerBackoff) {
 			if s.provisional.Load() && !s.reconnect() {
 				s.c.errors.Add(1)
 				continue
 			}
-			cctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
+			cctx, cancel := context.WithTimeout(ctx, s.conf().ReadTimeout)
 			err := s.rc().Do(cctx, s.rc().B().Ping().Build()).Error()
 			cancel()
 			if err != nil {

@@ -2,7 +2,7 @@ package redisleast
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,9 +57,10 @@ import (
 
 // ErrQueueTimeout: the request waited QueueTimeout in the global queue
 // without getting a slot; answer 503.
-var ErrQueueTimeout = errors.New("timed out waiting in the global queue")
+// (errors.Is lb.ErrQueueTimeout).
+var ErrQueueTimeout = fmt.Errorf("timed out waiting in the global queue: %w", lb.ErrQueueTimeout)
 
-func (s *Store) queueing() bool { return s.cfg.QueueTimeout > 0 }
+func (s *Store) queueing() bool { return s.conf().QueueTimeout > 0 }
 
 // waiterSet routes hand-over notifications to the waiting Selects.
 type waiterSet struct {
@@ -138,7 +139,7 @@ func (s *Store) await(ctx context.Context, ident *identity, req string, ch chan 
 	s.qwg.Add(1)
 	s.life.Unlock()
 	defer s.qwg.Done()
-	t := time.NewTimer(s.cfg.QueueTimeout)
+	t := time.NewTimer(s.conf().QueueTimeout)
 	defer t.Stop()
 	select {
 	case rep := <-ch:
@@ -256,7 +257,7 @@ func (s *Store) subscribe() {
 			return
 		default:
 		}
-		if failed && !backoffSleep(s.done, min(s.cfg.BreakerBackoff, 250*time.Millisecond)) {
+		if failed && !backoffSleep(s.done, min(s.conf().BreakerBackoff, 250*time.Millisecond)) {
 			return
 		}
 	}
@@ -287,7 +288,7 @@ func (s *Store) recheck() {
 func (s *Store) kick(ctx context.Context) {
 	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
 		return kickQueueScript.Exec(ctx, s.rc(), []string{s.k.queue, s.k.waiters, s.k.load},
-			[]string{strconv.Itoa(s.cfg.MaxInflight), s.k.tag})
+			[]string{strconv.Itoa(s.conf().MaxInflight), s.k.tag})
 	})
 	if arr, err := res.ToArray(); err == nil && len(arr) == 3 {
 		n, _ := arr[2].AsInt64()
@@ -303,7 +304,7 @@ func (s *Store) execRelease(ctx context.Context, ident *identity, ids []string) 
 			return releaseScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, ident.inst}, ids)
 		}
 		args := make([]string, 0, 3+len(ids))
-		args = append(args, strconv.Itoa(s.cfg.MaxInflight), s.k.tag, ident.id)
+		args = append(args, strconv.Itoa(s.conf().MaxInflight), s.k.tag, ident.id)
 		args = append(args, ids...)
 		return releaseQueueScript.Exec(ctx, s.rc(),
 			[]string{s.k.load, s.k.gone, ident.inst, s.k.queue, s.k.waiters, s.k.assigned}, args)

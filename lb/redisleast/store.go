@@ -12,7 +12,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -21,21 +20,27 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/lb"
 )
 
 // Errors Select returns instead of a lease.
 var (
 	// ErrSaturated: even the least-loaded candidate has MaxInflight
 	// requests in flight; answer 503 with Retry-After.
-	ErrSaturated = errors.New("pool saturated: every candidate is at max_inflight")
-	// ErrNoCandidates: no candidate given, or none is a member of the pool.
-	ErrNoCandidates = errors.New("no candidate replica is a member of the pool")
+	// It is lb.ErrSaturated.
+	ErrSaturated = lb.ErrSaturated
+	// ErrNoCandidates: no candidate given, or none is a member of the
+	// pool (errors.Is lb.ErrNoBackends).
+	ErrNoCandidates = fmt.Errorf("no candidate replica is a member of the pool: %w", lb.ErrNoBackends)
 )
 
 // Store is one pool's shared state as seen by one instance. Safe for
 // concurrent use.
 type Store struct {
-	cfg  Config
+	// cfgp is the configuration in force: Configure swaps it whole; the
+	// connection settings in it never change (see Config.ConnectionKey).
+	cfgp atomic.Pointer[Config]
 	opt  rueidis.ClientOption
 	pool string
 	k    keys
@@ -65,6 +70,7 @@ type Store struct {
 	lastCounts map[string]int64 // global view of the last Counts or Sync
 
 	unreachable atomic.Pointer[error] // why Redis was not usable at New
+	syncErr     atomic.Pointer[error] // the last SetReplicas' error
 
 	life    sync.Mutex // orders starting a probe against Close
 	probing atomic.Bool
@@ -96,7 +102,8 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, opt: opt, pool: pool, k: newKeys(cfg.KeyPrefix, pool), done: make(chan struct{})}
+	s := &Store{opt: opt, pool: pool, k: newKeys(cfg.KeyPrefix, pool), done: make(chan struct{})}
+	s.cfgp.Store(&cfg)
 	s.c.wait.bounds = waitBuckets
 	s.br = breaker{limit: cfg.BreakerFailures, onOpen: s.startProbe}
 	s.pend.max = cfg.PendingMax
@@ -154,7 +161,7 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 func (s *Store) newIdentity() *identity {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	id := s.cfg.InstanceID + "-" + hex.EncodeToString(b[:])
+	id := s.conf().InstanceID + "-" + hex.EncodeToString(b[:])
 	return &identity{id: id, alive: s.k.alive(id), inst: s.k.inst(id)}
 }
 
@@ -166,7 +173,7 @@ func (s *Store) Pool() string { return s.pool }
 
 // call bounds one Redis call by ReadTimeout, times it and feeds the breaker.
 func (s *Store) call(ctx context.Context, fn func(context.Context) rueidis.RedisResult) rueidis.RedisResult {
-	return s.callUntil(ctx, time.Now().Add(s.cfg.ReadTimeout), fn)
+	return s.callUntil(ctx, time.Now().Add(s.conf().ReadTimeout), fn)
 }
 
 // callUntil is call with an explicit deadline, for several tries sharing
@@ -209,7 +216,7 @@ func (s *Store) Sync(ctx context.Context, replicas []string) error {
 	s.mu.Unlock()
 	s.local.retain(replicas)
 	if s.br.isOpen() {
-		return fmt.Errorf("redis %v: circuit breaker open; will sync when it closes", s.cfg.Addrs)
+		return fmt.Errorf("redis %v: circuit breaker open; will sync when it closes", s.conf().Addrs)
 	}
 	return s.sync(ctx, replicas)
 }
@@ -217,7 +224,7 @@ func (s *Store) Sync(ctx context.Context, replicas []string) error {
 func (s *Store) sync(ctx context.Context, replicas []string) error {
 	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
 		if s.queueing() {
-			args := append([]string{strconv.Itoa(s.cfg.MaxInflight), s.k.tag}, replicas...)
+			args := append([]string{strconv.Itoa(s.conf().MaxInflight), s.k.tag}, replicas...)
 			return syncQueueScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, s.k.queue}, args)
 		}
 		return syncScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone}, replicas)
@@ -320,13 +327,13 @@ func (s *Store) connect(opt rueidis.ClientOption) (rueidis.Client, error) {
 		return client, nil
 	}
 	if !transportErr(err) {
-		return nil, fmt.Errorf("redis %v: %w", s.cfg.Addrs, err)
+		return nil, fmt.Errorf("redis %v: %w", s.conf().Addrs, err)
 	}
 	single := opt
 	single.ForceSingleClient = true
 	placeholder, _ := rueidis.NewClient(single) // a client even though the dial failed
 	if placeholder == nil {
-		return nil, fmt.Errorf("redis %v: %w", s.cfg.Addrs, err)
+		return nil, fmt.Errorf("redis %v: %w", s.conf().Addrs, err)
 	}
 	s.provisional.Store(true)
 	s.unreachable.Store(&err)

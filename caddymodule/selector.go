@@ -1,0 +1,192 @@
+package caddymodule
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/sluice-router/sluice/lb"
+)
+
+// selector is the selection-policy adapter every Sluice policy embeds:
+// the attempt lifecycle (start, retry, finish), refusals, static-upstream
+// sync, Caddy's upstream health, and handing back the chosen upstream are
+// written here once. A policy's own file holds its config, its Caddyfile
+// unmarshaler and how to build and configure its lb.Picker.
+type selector struct {
+	module  string
+	pool    *lb.Pool
+	varKey  string
+	measure latencyMeasure
+	maxBody int64  // > 0: the body is read (up to this) for the prompt
+	session string // header carrying a session token, if the policy uses one
+	// afterPick, if set, runs once a lease is taken (e.g. to hand the
+	// client a session token).
+	afterPick func(w http.ResponseWriter, l lb.Lease)
+
+	state  *policyState
+	claims stateClaims
+	log    *zap.Logger
+}
+
+// selectorSpec is what a policy's Provision gives the adapter.
+type selectorSpec struct {
+	module, pool, variant string
+	measure               latencyMeasure
+	maxBody               int64
+	session               string
+	afterPick             func(http.ResponseWriter, lb.Lease)
+	// fingerprint identifies the settings apply gives the shared state;
+	// two blocks of one config that differ on a pool are refused.
+	fingerprint string
+	build       func(key stateKey) (*policyState, error)
+	apply       func(*policyState)
+}
+
+// provision attaches the instance to its pool's shared state (built on
+// first use) and queues its settings for when the config starts. It
+// touches no live setting: a config Caddy refuses later changes nothing.
+func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
+	s.log = ctx.Logger()
+	s.module, s.measure, s.maxBody, s.session, s.afterPick = spec.module, spec.measure, spec.maxBody, spec.session, spec.afterPick
+	restorePool(spec.pool, s.log)
+	s.pool = lb.GetPool(spec.pool)
+	key := stateKey{module: spec.module, pool: spec.pool, variant: spec.variant}
+	s.varKey = fmt.Sprintf("sluice.%s.%s.%s", spec.module, spec.pool, spec.variant)
+	v, err := s.claims.take(key, func() (sharedState, error) { return spec.build(key) })
+	if err != nil {
+		return fmt.Errorf("%s: %v", spec.module, err)
+	}
+	s.state = v.(*policyState)
+	st := s.state
+	if err := applyOnStart(ctx, key, spec.fingerprint, func() { spec.apply(st) }); err != nil {
+		return fmt.Errorf("%s: %v", spec.module, err)
+	}
+	registerMetrics(ctx, s.log)
+	return nil
+}
+
+// Cleanup implements caddy.CleanerUpper: it releases exactly what
+// provision took.
+func (s *selector) Cleanup() error { return s.claims.release() }
+
+// Select implements reverseproxy.Selector. It may block (a queueing
+// policy). When the request cannot be dispatched it answers the client
+// itself (JSON error, Retry-After) and returns nil.
+func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	a := startAttempt(r, s.varKey, s.measure)
+	if a == nil {
+		return nil
+	}
+	st := s.state
+	if !s.pool.Managed() {
+		st.syncStatic(pool)
+	}
+	req := s.request(a, r)
+	req.Unavailable = unavailable(pool, req.Unavailable)
+	lease, err := st.picker.Pick(a.base, req)
+	if err != nil {
+		if rf, ok := refusalFor(err, retryAfter(st.picker)); ok {
+			if c := s.log.Check(zap.DebugLevel, "request refused"); c != nil {
+				c.Write(zap.String("pool", s.pool.Name()), zap.String("reason", rf.Type), zap.Error(err))
+			}
+			a.refuse(r, w, rf)
+		}
+		return nil
+	}
+	if s.maxBody > 0 {
+		requestInfoFor(r, s.maxBody).bodyFor(r)
+	}
+	if !a.begin(lease, r) {
+		return nil
+	}
+	if s.afterPick != nil && w != nil {
+		s.afterPick(w, lease)
+	}
+	return upstreamFor(pool, lease.Replica())
+}
+
+// request is what the policy knows of r, built at the first attempt and
+// kept (with the policy's memo) across retries.
+func (s *selector) request(a *attempt, r *http.Request) *lb.Request {
+	if a.req != nil {
+		a.req.Attempt++
+		return a.req
+	}
+	req := &lb.Request{}
+	if s.maxBody > 0 {
+		ri := requestInfoFor(r, s.maxBody)
+		req.Model, req.Text, req.Parsed, req.Tokens = ri.Model, ri.Text, ri.Parsed, ri.estimatedTokens()
+	}
+	if s.session != "" {
+		req.Session = r.Header.Get(s.session)
+	}
+	a.req = req
+	return req
+}
+
+// unavailable lists the upstreams Caddy itself would not use now (active
+// or passive health checks, max_requests), reusing dst.
+func unavailable(pool reverseproxy.UpstreamPool, dst []string) []string {
+	dst = dst[:0]
+	for _, u := range pool {
+		if !u.Available() {
+			dst = append(dst, u.Dial)
+		}
+	}
+	return dst
+}
+
+func retryAfter(pk lb.Picker) time.Duration {
+	if ra, ok := pk.(lb.RetryAfterer); ok {
+		return ra.RetryAfter()
+	}
+	return time.Second
+}
+
+// sluiceUpstreams holds upstreams for replicas a request's (stale) pool
+// does not list: a request queued before set-backends added a replica can
+// still be dispatched to it.
+var sluiceUpstreams sync.Map // dial -> *reverseproxy.Upstream
+
+// upstreamFor returns the pool's upstream for dial, so Caddy's own
+// per-host counters and health state apply, or a Sluice-made one.
+func upstreamFor(pool reverseproxy.UpstreamPool, dial string) *reverseproxy.Upstream {
+	for _, u := range pool {
+		if u.Dial == dial {
+			return u
+		}
+	}
+	if u, ok := sluiceUpstreams.Load(dial); ok {
+		return u.(*reverseproxy.Upstream)
+	}
+	u, _ := sluiceUpstreams.LoadOrStore(dial, &reverseproxy.Upstream{Dial: dial, Host: new(reverseproxy.Host)})
+	return u.(*reverseproxy.Upstream)
+}
+
+// validateBodyAndHealth checks the options the body-reading policies share.
+func validateBodyAndHealth(module string, maxBody int64, maxFails int, failDuration caddy.Duration) error {
+	switch {
+	case maxBody < 0:
+		return fmt.Errorf("%s: max_body_bytes: must be positive, got %d", module, maxBody)
+	case maxFails < 0:
+		return fmt.Errorf("%s: max_fails: must be at least 1, got %d", module, maxFails)
+	case failDuration < 0:
+		return fmt.Errorf("%s: fail_duration: must be positive, got %s", module, time.Duration(failDuration))
+	}
+	return nil
+}
+
+// orDefault is v, or def when v is unset (zero).
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}

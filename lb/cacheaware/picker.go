@@ -1,0 +1,108 @@
+package cacheaware
+
+import (
+	"context"
+	"slices"
+
+	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/tracker"
+)
+
+// Picker is the cache-aware policy's lb.Picker: the Router (which replica
+// holds which prompt prefixes) together with a tracker of exact in-flight
+// counts and passive health. Safe for concurrent use.
+type Picker struct {
+	router  *Router
+	tracker *tracker.Tracker
+}
+
+// NewPicker returns a picker with no replicas; Run its eviction loop.
+func NewPicker(rc Config, tc tracker.Config) *Picker {
+	return &Picker{router: New(rc), tracker: tracker.New(tc)}
+}
+
+// Configure applies new settings in place, keeping trees and counts.
+func (p *Picker) Configure(rc Config, tc tracker.Config) {
+	p.router.Configure(rc)
+	p.tracker.Configure(tc)
+}
+
+// Run trims the trees periodically until ctx ends.
+func (p *Picker) Run(ctx context.Context) { p.router.Run(ctx) }
+
+// Router and Tracker give metrics and health their view.
+func (p *Picker) Router() *Router           { return p.router }
+func (p *Picker) Tracker() *tracker.Tracker { return p.tracker }
+
+// PickerSettings is what a Picker runs with.
+type PickerSettings struct {
+	Router  Config
+	Tracker tracker.Config
+}
+
+// Settings returns the configuration in force.
+func (p *Picker) Settings() any {
+	return PickerSettings{Router: p.router.Config(), Tracker: p.tracker.Config()}
+}
+
+// SetReplicas implements lb.Picker.
+func (p *Picker) SetReplicas(addrs []string) {
+	p.tracker.SetReplicas(addrs)
+	p.router.SetReplicas(addrs)
+}
+
+// InFlight implements lb.Picker.
+func (p *Picker) InFlight() map[string]int { return p.tracker.PerReplica() }
+
+// pickTries bounds re-picks when the chosen replica is removed between the
+// pick and the acquire (a set-backends racing the request).
+const pickTries = 3
+
+// Pick implements lb.Picker: the longest cached prefix unless the pool is
+// imbalanced or the match is poor (see Router.Pick), among the replicas
+// that are present, healthy and not in req.Unavailable. The prompt is
+// recorded for the replica that got it.
+func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	load := p.tracker.Load
+	if len(req.Unavailable) > 0 {
+		load = func(addr string) (int, bool) {
+			n, ok := p.tracker.Load(addr)
+			return n, ok && !slices.Contains(req.Unavailable, addr)
+		}
+	}
+	text := ""
+	if req.Parsed {
+		text = req.Text
+	}
+	for tries := 0; tries < pickTries; tries++ {
+		d := p.router.Pick(req.Model, text, load)
+		switch {
+		case d.Reason == NoUsable:
+			return nil, lb.ErrAllDown
+		case d.Addr == "":
+			return nil, lb.ErrNoBackends
+		}
+		l := p.tracker.AcquireCost(d.Addr, req.Tokens)
+		if l == nil {
+			continue // removed between pick and acquire: pick again
+		}
+		if text != "" {
+			p.router.Insert(req.Model, text, d.Addr)
+		}
+		req.Memo = d
+		return l, nil
+	}
+	return nil, lb.ErrNoBackends
+}
+
+// Config is the configuration the router runs with now.
+func (r *Router) Config() Config {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.cfg
+}
+
+var _ lb.Picker = (*Picker)(nil)

@@ -1,0 +1,324 @@
+package loadaware
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/cacheaware"
+	"github.com/sluice-router/sluice/lb/modelmetrics"
+	"github.com/sluice-router/sluice/lb/tracker"
+)
+
+// PickerConfig is everything a load_aware pool runs with.
+type PickerConfig struct {
+	Policy  Config
+	Metrics modelmetrics.Config
+	Tracker tracker.Config
+	// PrefixIndexSize bounds the index of routed prompt prefixes that
+	// decides hot or cold for no_hit_lru, in characters (default 4Mi).
+	PrefixIndexSize int
+	// SessionKey keys the session tokens (HMAC): instances that share it
+	// hand out the same token for a replica; empty means a fixed key (the
+	// tokens are then only opaque, not unguessable).
+	SessionKey string
+}
+
+// DefaultPrefixIndexSize is PrefixIndexSize's default.
+const DefaultPrefixIndexSize = 4 << 20
+
+// WithDefaults fills zero fields.
+func (c PickerConfig) WithDefaults() PickerConfig {
+	c.Policy = c.Policy.WithDefaults()
+	c.Metrics = c.Metrics.WithDefaults()
+	if c.PrefixIndexSize == 0 {
+		c.PrefixIndexSize = DefaultPrefixIndexSize
+	}
+	return c
+}
+
+// Validate names the first bad setting.
+func (c PickerConfig) Validate() error {
+	c = c.WithDefaults()
+	if err := c.Policy.Validate(); err != nil {
+		return err
+	}
+	if err := c.Metrics.Validate(); err != nil {
+		return err
+	}
+	if err := (cacheaware.Config{MaxTreeSize: c.PrefixIndexSize}).WithDefaults().Validate(); err != nil {
+		return fmt.Errorf("prefix index: %v", err)
+	}
+	return nil
+}
+
+// Picker is the load-aware policy's lb.Picker: the scorers (Policy), the
+// exact in-flight counts (tracker), the replicas' own metrics (scraper),
+// the prefix index that tells hot from cold, and the session tokens.
+type Picker struct {
+	policy   *Policy
+	tracker  *tracker.Tracker
+	scraper  *modelmetrics.Scraper
+	prefixes *cacheaware.Router
+
+	mu     sync.Mutex // serializes SetBackends and Configure
+	cfg    atomic.Pointer[PickerConfig]
+	addrs  atomic.Pointer[[]string]
+	tokens atomic.Pointer[map[string]string] // session token → addr
+
+	// Explain, if set before the picker is used, receives every ranking
+	// (for a debug log).
+	Explain func(Explanation)
+}
+
+// NewPicker returns a picker with no replicas; Run its loops.
+func NewPicker(cfg PickerConfig) *Picker {
+	cfg = cfg.WithDefaults()
+	p := &Picker{
+		policy:   New(cfg.Policy),
+		tracker:  tracker.New(cfg.Tracker),
+		scraper:  modelmetrics.New(cfg.Metrics),
+		prefixes: cacheaware.New(cacheaware.Config{MaxTreeSize: cfg.PrefixIndexSize}),
+	}
+	p.cfg.Store(&cfg)
+	empty, tokens := []string{}, map[string]string{}
+	p.addrs.Store(&empty)
+	p.tokens.Store(&tokens)
+	return p
+}
+
+// Configure applies every setting in place, keeping counts, samples,
+// the prefix index and session tokens (re-keyed if the key changed).
+func (p *Picker) Configure(cfg PickerConfig) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	cfg = cfg.WithDefaults()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.policy.Configure(cfg.Policy)
+	p.tracker.Configure(cfg.Tracker)
+	p.scraper.Configure(cfg.Metrics)
+	p.prefixes.Configure(cacheaware.Config{MaxTreeSize: cfg.PrefixIndexSize})
+	p.cfg.Store(&cfg)
+	p.retokenLocked(*p.addrs.Load())
+	return nil
+}
+
+// Config is the configuration in force.
+func (p *Picker) Config() PickerConfig { return *p.cfg.Load() }
+
+// Run scrapes metrics and trims the prefix index until ctx ends.
+func (p *Picker) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); p.scraper.Run(ctx) }()
+	go func() { defer wg.Done(); p.prefixes.Run(ctx) }()
+	wg.Wait()
+}
+
+// Tracker, Scraper and Policy give metrics and health their view.
+func (p *Picker) Tracker() *tracker.Tracker      { return p.tracker }
+func (p *Picker) Scraper() *modelmetrics.Scraper { return p.scraper }
+func (p *Picker) Policy() *Policy                { return p.policy }
+
+// SetReplicas implements lb.Picker; metrics are scraped at http://addr.
+func (p *Picker) SetReplicas(addrs []string) {
+	set := make([]lb.Backend, len(addrs))
+	for i, a := range addrs {
+		set[i] = lb.Backend{URL: "http://" + a, Dial: a}
+	}
+	p.SetBackends(set)
+}
+
+// SetBackends makes set the replicas, scraping each at its URL.
+func (p *Picker) SetBackends(set []lb.Backend) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	addrs := lb.Dials(set)
+	targets := make(map[string]string, len(set))
+	keep := make(map[string]bool, len(set))
+	for _, b := range set {
+		targets[b.Dial] = b.URL
+		keep[b.Dial] = true
+	}
+	p.tracker.SetReplicas(addrs)
+	p.prefixes.SetReplicas(addrs)
+	p.policy.Forget(keep)
+	p.scraper.SetTargets(targets)
+	p.retokenLocked(addrs)
+	p.addrs.Store(&addrs)
+}
+
+func (p *Picker) retokenLocked(addrs []string) {
+	tokens := make(map[string]string, len(addrs))
+	for _, a := range addrs {
+		tokens[p.SessionToken(a)] = a
+	}
+	p.tokens.Store(&tokens)
+}
+
+// SessionToken is the opaque, stable token for a replica: an HMAC of its
+// address, so it reveals no address, survives restarts and is the same on
+// every instance configured with the same key.
+func (p *Picker) SessionToken(addr string) string {
+	key := p.Config().SessionKey
+	if key == "" {
+		key = "sluice-session"
+	}
+	m := hmac.New(sha256.New, []byte(key))
+	m.Write([]byte(addr))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:12])
+}
+
+// InFlight implements lb.Picker.
+func (p *Picker) InFlight() map[string]int { return p.tracker.PerReplica() }
+
+// Explanation is one ranking, for a debug log.
+type Explanation struct {
+	Picked     string
+	Hot        bool
+	Session    string
+	Shift      float64
+	Candidates []Candidate
+	Rank       Ranking
+}
+
+// String renders every scorer's score per replica.
+func (e Explanation) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "picked=%s hot=%t session=%q shift=%.3f", e.Picked, e.Hot, e.Session, e.Shift)
+	for i, c := range e.Candidates {
+		fmt.Fprintf(&b, " | %s total=%.3f", c.Addr, e.Rank.Total[i])
+		for _, name := range AllScorers {
+			if s, ok := e.Rank.Scores[name]; ok {
+				fmt.Fprintf(&b, " %s=%.3f", name, s[i])
+			}
+		}
+	}
+	return b.String()
+}
+
+// fallbackMemo is the rest of a request's ranking, tried on retries.
+type fallbackMemo struct{ order []string }
+
+// Pick implements lb.Picker. A retry (req.Attempt > 0) takes the next
+// usable replica of the first pick's order; otherwise every usable
+// replica not in req.Unavailable is scored and the best one that can
+// still be acquired wins, the rest kept as the fallback order.
+func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if fb, ok := req.Memo.(*fallbackMemo); ok && req.Attempt > 0 {
+		for len(fb.order) > 0 {
+			addr := fb.order[0]
+			fb.order = fb.order[1:]
+			if p.usable(addr, req) {
+				if l := p.tracker.AcquireCost(addr, req.Tokens); l != nil {
+					return p.lease(l), nil
+				}
+			}
+		}
+	}
+	cfg := p.policy.Config()
+	facts := RequestFacts{SessionAddr: p.sessionAddr(req.Session)}
+	if req.Parsed && req.Text != "" {
+		d := p.prefixes.Pick(req.Model, req.Text, nil)
+		facts.Hot = d.MatchedChars >= cfg.HotPrefixChars
+	}
+	// Counts are read now, after the body was read: a burst of picks must
+	// rank fresh counts, not the zeros they all saw on arrival.
+	now := time.Now()
+	addrs := *p.addrs.Load()
+	cutoff := now.Add(-cfg.RequestTimeout)
+	cands := make([]Candidate, 0, len(addrs))
+	for _, addr := range addrs {
+		if !p.usable(addr, req) {
+			continue
+		}
+		c := Candidate{Addr: addr, LastCold: p.policy.LastCold(addr)}
+		c.Active, c.ActiveTokens = p.tracker.Active(addr, cutoff)
+		s, fresh := p.scraper.Get(addr)
+		c.MetricsUnknown = fresh == modelmetrics.Unknown
+		if fresh == modelmetrics.Fresh && s.Have.Waiting {
+			c.Waiting, c.MetricsFresh = s.Waiting, true
+			c.KVCacheUsage = 1 // not exported: no credit for free cache
+			if s.Have.KVCache {
+				c.KVCacheUsage = s.KVCacheUsage
+			}
+		}
+		cands = append(cands, c)
+	}
+	if len(cands) == 0 {
+		if len(addrs) > 0 {
+			return nil, lb.ErrAllDown
+		}
+		return nil, lb.ErrNoBackends
+	}
+	rank := p.policy.Rank(cands, facts)
+	if p.Explain != nil {
+		p.Explain(Explanation{Picked: cands[rank.Order[0]].Addr, Hot: facts.Hot, Session: facts.SessionAddr,
+			Shift: p.policy.Shift(), Candidates: cands, Rank: rank})
+	}
+	for k, i := range rank.Order {
+		addr := cands[i].Addr
+		l := p.tracker.AcquireCost(addr, req.Tokens)
+		if l == nil {
+			continue // removed meanwhile
+		}
+		rest := make([]string, 0, len(rank.Order)-k-1)
+		for _, j := range rank.Order[k+1:] {
+			rest = append(rest, cands[j].Addr)
+		}
+		req.Memo = &fallbackMemo{order: rest}
+		if !facts.Hot {
+			p.policy.NoteCold(addr, now)
+		}
+		if req.Parsed && req.Text != "" {
+			p.prefixes.Insert(req.Model, req.Text, addr)
+		}
+		return p.lease(l), nil
+	}
+	return nil, lb.ErrNoBackends
+}
+
+func (p *Picker) usable(addr string, req *lb.Request) bool {
+	_, ok := p.tracker.Load(addr)
+	return ok && !slices.Contains(req.Unavailable, addr)
+}
+
+func (p *Picker) sessionAddr(token string) string {
+	if token == "" {
+		return ""
+	}
+	return (*p.tokens.Load())[token]
+}
+
+func (p *Picker) lease(l *tracker.Lease) lb.Lease { return &ttftLease{Lease: l, policy: p.policy} }
+
+// ttftLease feeds adaptive mode with each success's time to first byte.
+type ttftLease struct {
+	*tracker.Lease
+	policy *Policy
+}
+
+func (l *ttftLease) Release(out lb.Outcome) bool {
+	if !l.Lease.Release(out) {
+		return false
+	}
+	if out.Kind == lb.Success {
+		l.policy.ObserveTTFT(out.Latency)
+	}
+	return true
+}
+
+var _ lb.Picker = (*Picker)(nil)
