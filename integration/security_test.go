@@ -39,12 +39,14 @@ func TestContractEndpointsAnswerOnlyAllowedSources(t *testing.T) {
 	startCaddy(t, globals+`
 :9862 {
 	bind 127.0.0.1
-	custom_router sec2 {
-		token s3cret
-		allowed_sources 10.99.0.0/16
-		backends http://127.0.0.1:9863
+	route {
+		custom_router sec2 {
+			token s3cret
+			allowed_sources 10.99.0.0/16
+			backends http://127.0.0.1:9863
+		}
+		respond "proxied"
 	}
-	respond "proxied"
 }
 `)
 	url := "http://127.0.0.1:9862"
