@@ -10,10 +10,6 @@ import (
 	"github.com/sluice-router/sluice/lb"
 )
 
-func init() {
-	caddy.RegisterModule(AdminAPI{})
-}
-
 // AdminAPI mounts the backend-set and health operations on Caddy's admin
 // endpoint (localhost:2019 by default), which is private by design:
 //
@@ -27,10 +23,7 @@ type AdminAPI struct {
 
 // CaddyModule returns the Caddy module information.
 func (AdminAPI) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "admin.api.custom_router",
-		New: func() caddy.Module { return new(AdminAPI) },
-	}
+	return moduleInfo("admin.api.custom_router", func() caddy.Module { return new(AdminAPI) })
 }
 
 // Provision implements caddy.Provisioner.
@@ -74,9 +67,3 @@ func (a *AdminAPI) pool(w http.ResponseWriter, r *http.Request) error {
 	}
 	return nil
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner = (*AdminAPI)(nil)
-	_ caddy.AdminRouter = (*AdminAPI)(nil)
-)

@@ -8,10 +8,6 @@ import (
 	"go.uber.org/zap"
 )
 
-func init() {
-	caddy.RegisterModule(App{})
-}
-
 // App is the "sluice" Caddy app. Users never configure it: every Sluice
 // module asks its config for it while provisioning, which makes Caddy
 // start it together with the config's other apps. It exists for its
@@ -140,9 +136,3 @@ func configApp(ctx caddy.Context) (app *App, ok bool) {
 	app, ok = v.(*App)
 	return app, ok
 }
-
-// Interface guards
-var (
-	_ caddy.App         = (*App)(nil)
-	_ caddy.Provisioner = (*App)(nil)
-)

@@ -12,7 +12,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/cacheaware"
+	"github.com/sluice-router/sluice/lb/loadaware"
 	"github.com/sluice-router/sluice/lb/modelmetrics"
+	"github.com/sluice-router/sluice/lb/qll"
 	"github.com/sluice-router/sluice/lb/tracker"
 )
 
@@ -134,7 +137,7 @@ func health(name string) healthReport {
 	}
 	stats := map[string]backendHealth{}
 	var draining []backendHealth
-	if s := qllStateFor(name); s != nil {
+	if s, ok := pickersOf[*qll.State]("queued_least_latency")[name]; ok {
 		snap := s.Snapshot()
 		rep.QueueDepth = snap.QueueDepth
 		for _, r := range snap.Replicas {
@@ -198,10 +201,10 @@ func health(name string) healthReport {
 // trackerFor returns the in-flight tracker of a pool served by cache_aware
 // or load_aware, or nil.
 func trackerFor(name string) *tracker.Tracker {
-	if pk, ok := cacheAwarePickers()[name]; ok {
+	if pk, ok := pickersOf[*cacheaware.Picker]("cache_aware")[name]; ok {
 		return pk.Tracker()
 	}
-	if pk, ok := loadAwarePickers()[name]; ok {
+	if pk, ok := pickersOf[*loadaware.Picker]("load_aware")[name]; ok {
 		return pk.Tracker()
 	}
 	return nil
@@ -210,7 +213,7 @@ func trackerFor(name string) *tracker.Tracker {
 // scraperFor returns the replica-metrics scraper of a pool served by
 // load_aware, or nil.
 func scraperFor(name string) *modelmetrics.Scraper {
-	if pk, ok := loadAwarePickers()[name]; ok {
+	if pk, ok := pickersOf[*loadaware.Picker]("load_aware")[name]; ok {
 		return pk.Scraper()
 	}
 	return nil

@@ -6,15 +6,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/sluice-router/sluice/lb/cacheaware"
 	"github.com/sluice-router/sluice/lb/tracker"
 )
-
-func init() {
-	caddy.RegisterModule(CacheAware{})
-}
 
 // CacheAware is SGLang's cache-aware router as a selection policy: per
 // model, an approximate radix tree of the prompts each replica served
@@ -37,22 +32,14 @@ type CacheAware struct {
 	EvictionInterval caddy.Duration `json:"eviction_interval,omitempty" sluice:"positive"`
 	// On a miss: least_load (default) or smallest_tree (the original seed).
 	MissPolicy string `json:"miss_policy,omitempty"`
-	// Bytes of request body buffered to read the prompt (default 4 MiB).
-	MaxBodyBytes int64 `json:"max_body_bytes,omitempty" sluice:"min=1"`
-	// Passive health: consecutive failures that mark a replica down
-	// (default 1) and for how long (default 5s, doubling up to 16×).
-	MaxFails     int            `json:"max_fails,omitempty" sluice:"min=1"`
-	FailDuration caddy.Duration `json:"fail_duration,omitempty"`
-
+	bodyOptions
+	passiveHealth
 	selector
 }
 
 // CaddyModule returns the Caddy module information.
 func (CacheAware) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.reverse_proxy.selection_policies.cache_aware",
-		New: func() caddy.Module { return new(CacheAware) },
-	}
+	return moduleInfo("http.reverse_proxy.selection_policies.cache_aware", func() caddy.Module { return new(CacheAware) })
 }
 
 func (p *CacheAware) routerConfig() cacheaware.Config {
@@ -67,7 +54,7 @@ func (p *CacheAware) routerConfig() cacheaware.Config {
 }
 
 func (p *CacheAware) trackerConfig() tracker.Config {
-	return tracker.Config{MaxFails: p.MaxFails, FailDuration: time.Duration(p.FailDuration)}
+	return p.passiveHealth.trackerConfig()
 }
 
 // Validate implements caddy.Validator.
@@ -78,7 +65,7 @@ func (p *CacheAware) Validate() error {
 	if err := p.routerConfig().WithDefaults().Validate(); err != nil {
 		return fmt.Errorf("cache_aware: %v", err)
 	}
-	return validateBodyAndHealth("cache_aware", p.MaxBodyBytes, p.MaxFails, p.FailDuration)
+	return validateBodyAndHealth("cache_aware", p.bodyOptions, p.passiveHealth)
 }
 
 // Provision implements caddy.Provisioner.
@@ -89,7 +76,7 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 	rc, tc := p.routerConfig(), p.trackerConfig()
 	return p.provision(ctx, selectorSpec{
 		module: "cache_aware", pool: poolName(p.Pool), measure: measureAuto,
-		maxBody:     orDefault(p.MaxBodyBytes, DefaultMaxBodyBytes),
+		maxBody:     p.bodyLimit(),
 		fingerprint: fmt.Sprintf("%+v %+v", rc, tc),
 		build: func(key stateKey) (*policyState, error) {
 			pk := cacheaware.NewPicker(rc, tc)
@@ -97,23 +84,6 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 		},
 		apply: func(st *policyState) { st.picker.(*cacheaware.Picker).Configure(rc, tc) },
 	})
-}
-
-// cacheAwarePickers lists every live picker by pool, for metrics and health.
-func cacheAwarePickers() map[string]*cacheaware.Picker {
-	out := map[string]*cacheaware.Picker{}
-	for pool, st := range liveStates("cache_aware") {
-		out[pool] = st.(*policyState).picker.(*cacheaware.Picker)
-	}
-	return out
-}
-
-func cacheAwareRouters() map[string]*cacheaware.Router {
-	out := map[string]*cacheaware.Router{}
-	for pool, pk := range cacheAwarePickers() {
-		out[pool] = pk.Router()
-	}
-	return out
 }
 
 // UnmarshalCaddyfile sets up the policy from:
@@ -144,12 +114,3 @@ func (p *CacheAware) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return false, nil
 	})
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner     = (*CacheAware)(nil)
-	_ caddy.Validator       = (*CacheAware)(nil)
-	_ caddy.CleanerUpper    = (*CacheAware)(nil)
-	_ reverseproxy.Selector = (*CacheAware)(nil)
-	_ caddyfile.Unmarshaler = (*CacheAware)(nil)
-)

@@ -133,14 +133,21 @@ func setValue(f reflect.Value, vals []string) error {
 	return nil
 }
 
-// fieldByJSONName finds the exported field tagged json:"name", and its
-// sluice tag.
+// fieldByJSONName finds the exported field tagged json:"name" (in
+// embedded option groups too, as encoding/json does), and its sluice tag.
 func fieldByJSONName(v reflect.Value, name string) (reflect.Value, string, bool) {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
-		tag, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-		if tag == name && t.Field(i).IsExported() {
-			return v.Field(i), t.Field(i).Tag.Get("sluice"), true
+		sf := t.Field(i)
+		if sf.Anonymous && sf.Type.Kind() == reflect.Struct && sf.Tag.Get("json") == "" {
+			if f, tag, ok := fieldByJSONName(v.Field(i), name); ok {
+				return f, tag, true
+			}
+			continue
+		}
+		tag, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
+		if tag == name && sf.IsExported() {
+			return v.Field(i), sf.Tag.Get("sluice"), true
 		}
 	}
 	return reflect.Value{}, "", false

@@ -10,18 +10,11 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/lb"
 )
-
-func init() {
-	caddy.RegisterModule(CustomRouter{})
-	httpcaddyfile.RegisterHandlerDirective("custom_router", parseCustomRouterCaddyfile)
-	httpcaddyfile.RegisterDirectiveOrder("custom_router", httpcaddyfile.Before, "reverse_proxy")
-}
 
 // CustomRouter serves the Hugging Face custom-router contract on the
 // listener port, in front of reverse_proxy:
@@ -65,10 +58,7 @@ var privateSources = []string{"127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.
 
 // CaddyModule returns the Caddy module information.
 func (CustomRouter) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.handlers.custom_router",
-		New: func() caddy.Module { return new(CustomRouter) },
-	}
+	return moduleInfo("http.handlers.custom_router", func() caddy.Module { return new(CustomRouter) })
 }
 
 // Provision implements caddy.Provisioner.
@@ -254,29 +244,15 @@ func (h *CustomRouter) serveWorkerChange(w http.ResponseWriter, r *http.Request,
 
 var workersMu sync.Mutex
 
-// parseCustomRouterCaddyfile sets up the handler from:
+// UnmarshalCaddyfile sets up the handler from:
 //
-//	custom_router {
+//	custom_router [<pool>] {
 //	    pool       <name>
 //	    token      <bearer token>
 //	    sglang_api on|off
 //	    backends   <url>...   # initial set, when none was posted or persisted
 //	    allowed_sources <cidr|ip>...  # default: loopback and private ranges
 //	}
-func parseCustomRouterCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	cr := new(CustomRouter)
-	err := cr.UnmarshalCaddyfile(h.Dispenser)
-	return cr, err
-}
-
-// UnmarshalCaddyfile implements caddyfile.Unmarshaler.
 func (h *CustomRouter) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return parseModule(d, "custom_router", &h.Pool, h, nil)
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner           = (*CustomRouter)(nil)
-	_ caddyhttp.MiddlewareHandler = (*CustomRouter)(nil)
-	_ caddyfile.Unmarshaler       = (*CustomRouter)(nil)
-)

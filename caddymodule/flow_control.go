@@ -14,7 +14,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -22,12 +21,6 @@ import (
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/modelmetrics"
 )
-
-func init() {
-	caddy.RegisterModule(FlowControl{})
-	httpcaddyfile.RegisterHandlerDirective("flow_control", parseFlowControlCaddyfile)
-	httpcaddyfile.RegisterDirectiveOrder("flow_control", httpcaddyfile.Before, "reverse_proxy")
-}
 
 // The request headers flow control reads (the Gateway API Inference
 // Extension's names). They are honoured only from trusted sources.
@@ -67,8 +60,7 @@ type FlowControl struct {
 	KVCacheThreshold    float64        `json:"kv_cache_threshold,omitempty" sluice:"min=0"`
 	MetricsStaleness    caddy.Duration `json:"metrics_staleness,omitempty"`
 	MetricsInterval     caddy.Duration `json:"metrics_interval,omitempty"`
-	// Bytes of body read to estimate tokens (tokens mode; default 4 MiB).
-	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
+	bodyOptions
 
 	trusted []netip.Prefix
 	state   *flowState
@@ -90,10 +82,7 @@ type FlowBand struct {
 
 // CaddyModule returns the Caddy module information.
 func (FlowControl) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.handlers.flow_control",
-		New: func() caddy.Module { return new(FlowControl) },
-	}
+	return moduleInfo("http.handlers.flow_control", func() caddy.Module { return new(FlowControl) })
 }
 
 func (h *FlowControl) flowConfig() (flow.Config, error) {
@@ -149,7 +138,10 @@ func (h *FlowControl) Validate() error {
 			return fmt.Errorf("flow_control: trusted_sources: %v", err)
 		}
 	}
-	if h.MaxBodyBytes < 0 || h.MetricsInterval < 0 {
+	if err := validateBodyAndHealth("flow_control", h.bodyOptions, passiveHealth{}); err != nil {
+		return err
+	}
+	if h.MetricsInterval < 0 {
 		return fmt.Errorf("flow_control: max_body_bytes and metrics_interval must be positive")
 	}
 	return nil
@@ -179,7 +171,6 @@ func (h *FlowControl) Provision(ctx caddy.Context) error {
 		p, _ := parsePrefix(s)
 		h.trusted = append(h.trusted, p.Masked())
 	}
-	h.MaxBodyBytes = orDefault(h.MaxBodyBytes, DefaultMaxBodyBytes)
 	h.name = poolName(h.Pool)
 	restorePool(h.name, h.log)
 	cfg, _ := h.flowConfig()
@@ -224,7 +215,7 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	req.Bytes = r.ContentLength
 	if cfg := h.state.config(); cfg.Detector.ConcurrencyMode == flow.ModeTokens || req.Bytes < 0 {
-		ri := requestInfoFor(r, h.MaxBodyBytes)
+		ri := requestInfoFor(r, h.bodyLimit())
 		req.Model = ri.Model
 		if req.Bytes < 0 {
 			req.Bytes = int64(len(ri.Text)) // bounded estimate when no Content-Length
@@ -375,12 +366,6 @@ func flowControllers() map[string]*flow.Controller {
 	return out
 }
 
-func parseFlowControlCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	fc := new(FlowControl)
-	err := fc.UnmarshalCaddyfile(h.Dispenser)
-	return fc, err
-}
-
 // UnmarshalCaddyfile sets up the handler from:
 //
 //	flow_control [<pool>] {
@@ -455,13 +440,3 @@ func parseBand(d *caddyfile.Dispenser, vals []string) (FlowBand, error) {
 	}
 	return b, nil
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner           = (*FlowControl)(nil)
-	_ caddy.Validator             = (*FlowControl)(nil)
-	_ caddy.CleanerUpper          = (*FlowControl)(nil)
-	_ caddyhttp.MiddlewareHandler = (*FlowControl)(nil)
-	_ caddyfile.Unmarshaler       = (*FlowControl)(nil)
-	_ caddy.Destructor            = (*flowState)(nil)
-)

@@ -7,15 +7,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/lb/redisleast"
 )
-
-func init() {
-	caddy.RegisterModule(GlobalRedisLeast{})
-}
 
 // GlobalRedisLeast is Photoroom's distributed least-request balancer: the
 // in-flight count of every replica lives in a Redis sorted set shared by
@@ -59,10 +54,7 @@ type GlobalRedisLeast struct {
 
 // CaddyModule returns the Caddy module information.
 func (GlobalRedisLeast) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.reverse_proxy.selection_policies.global_redis_least",
-		New: func() caddy.Module { return new(GlobalRedisLeast) },
-	}
+	return moduleInfo("http.reverse_proxy.selection_policies.global_redis_least", func() caddy.Module { return new(GlobalRedisLeast) })
 }
 
 func (p *GlobalRedisLeast) storeConfig() redisleast.Config {
@@ -136,16 +128,6 @@ func redactedRedisConfig(cfg redisleast.Config) redisleast.Config {
 	return cfg
 }
 
-// redisStoresByPool lists the live stores for metrics (one per pool; if a
-// pool has several, e.g. two instance ids in one process, the first).
-func redisStoresByPool() map[string]*redisleast.Store {
-	out := map[string]*redisleast.Store{}
-	for pool, st := range liveStates("global_redis_least") {
-		out[pool] = st.(*policyState).picker.(*redisleast.Store)
-	}
-	return out
-}
-
 // UnmarshalCaddyfile sets up the policy from:
 //
 //	lb_policy global_redis_least {
@@ -169,12 +151,3 @@ func redisStoresByPool() map[string]*redisleast.Store {
 func (p *GlobalRedisLeast) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return parseModule(d, "global_redis_least", nil, p, nil)
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner     = (*GlobalRedisLeast)(nil)
-	_ caddy.Validator       = (*GlobalRedisLeast)(nil)
-	_ caddy.CleanerUpper    = (*GlobalRedisLeast)(nil)
-	_ reverseproxy.Selector = (*GlobalRedisLeast)(nil)
-	_ caddyfile.Unmarshaler = (*GlobalRedisLeast)(nil)
-)

@@ -10,17 +10,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sluice-router/sluice/sim"
 )
-
-func init() {
-	caddy.RegisterModule(InferenceSim{})
-	httpcaddyfile.RegisterHandlerDirective("inference_sim", parseInferenceSimCaddyfile)
-	httpcaddyfile.RegisterDirectiveOrder("inference_sim", httpcaddyfile.Before, "respond")
-}
 
 // InferenceSim is a simulated model replica served as a terminal HTTP
 // handler: it answers OpenAI-compatible /v1/completions,
@@ -112,10 +105,7 @@ type InferenceSimLatency struct {
 
 // CaddyModule returns the Caddy module information.
 func (InferenceSim) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.handlers.inference_sim",
-		New: func() caddy.Module { return new(InferenceSim) },
-	}
+	return moduleInfo("http.handlers.inference_sim", func() caddy.Module { return new(InferenceSim) })
 }
 
 // simConfig converts the module's fields to a sim.Config.
@@ -221,14 +211,6 @@ func (reg *inferenceSimReplicas) remove(rp *sim.Replica) {
 	if reg.byName[rp.Name()] == rp {
 		delete(reg.byName, rp.Name())
 	}
-}
-
-// parseInferenceSimCaddyfile builds the handler from the inference_sim
-// directive.
-func parseInferenceSimCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	s := new(InferenceSim)
-	err := s.UnmarshalCaddyfile(h.Dispenser)
-	return s, err
 }
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
@@ -546,13 +528,3 @@ func inferenceSimDuration(d *caddyfile.Dispenser, what, arg string) (time.Durati
 	}
 	return v, nil
 }
-
-// Interface guards
-var (
-	_ caddy.Module                = (*InferenceSim)(nil)
-	_ caddy.Provisioner           = (*InferenceSim)(nil)
-	_ caddy.Validator             = (*InferenceSim)(nil)
-	_ caddy.CleanerUpper          = (*InferenceSim)(nil)
-	_ caddyhttp.MiddlewareHandler = (*InferenceSim)(nil)
-	_ caddyfile.Unmarshaler       = (*InferenceSim)(nil)
-)

@@ -9,18 +9,12 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/loadaware"
 	"github.com/sluice-router/sluice/lb/modelmetrics"
-	"github.com/sluice-router/sluice/lb/tracker"
 )
-
-func init() {
-	caddy.RegisterModule(LoadAware{})
-}
 
 // LoadAware is Heimdall's load-aware routing as a selection policy:
 // weighted scorers rate each replica (higher = lighter), the max-score
@@ -51,21 +45,14 @@ type LoadAware struct {
 	MetricsPath      string         `json:"metrics_path,omitempty"`
 	// Session header carrying the affinity token (default X-Session-Token).
 	SessionHeader string `json:"session_header,omitempty"`
-	// Body buffered to read the prompt (default 4 MiB).
-	MaxBodyBytes int64 `json:"max_body_bytes,omitempty" sluice:"min=1"`
-	// Passive health, as for the other policies.
-	MaxFails     int            `json:"max_fails,omitempty" sluice:"min=1"`
-	FailDuration caddy.Duration `json:"fail_duration,omitempty"`
-
+	bodyOptions
+	passiveHealth
 	selector
 }
 
 // CaddyModule returns the Caddy module information.
 func (LoadAware) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.reverse_proxy.selection_policies.load_aware",
-		New: func() caddy.Module { return new(LoadAware) },
-	}
+	return moduleInfo("http.reverse_proxy.selection_policies.load_aware", func() caddy.Module { return new(LoadAware) })
 }
 
 func (p *LoadAware) pickerConfig() loadaware.PickerConfig {
@@ -80,7 +67,7 @@ func (p *LoadAware) pickerConfig() loadaware.PickerConfig {
 			SLO: time.Duration(p.SLO), AdaptiveStep: p.AdaptiveStep,
 		},
 		Metrics: modelmetrics.Config{Interval: time.Duration(p.MetricsInterval), Staleness: time.Duration(p.MetricsStaleness), Path: p.MetricsPath},
-		Tracker: tracker.Config{MaxFails: p.MaxFails, FailDuration: time.Duration(p.FailDuration)},
+		Tracker: p.passiveHealth.trackerConfig(),
 	}
 }
 
@@ -92,7 +79,7 @@ func (p *LoadAware) Validate() error {
 	if err := p.pickerConfig().Validate(); err != nil {
 		return fmt.Errorf("load_aware: %v", err)
 	}
-	return validateBodyAndHealth("load_aware", p.MaxBodyBytes, p.MaxFails, p.FailDuration)
+	return validateBodyAndHealth("load_aware", p.bodyOptions, p.passiveHealth)
 }
 
 // Provision implements caddy.Provisioner.
@@ -106,7 +93,7 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 	log := ctx.Logger()
 	return p.provision(ctx, selectorSpec{
 		module: "load_aware", pool: name, measure: measureFirstByte,
-		maxBody: orDefault(p.MaxBodyBytes, DefaultMaxBodyBytes), session: header,
+		maxBody: p.bodyLimit(), session: header,
 		fingerprint: fmt.Sprintf("%+v", cfg),
 		// The client gets the replica's session token back.
 		afterPick: func(w http.ResponseWriter, l lb.Lease) {
@@ -130,24 +117,6 @@ func logScores(log *zap.Logger, pool string, e loadaware.Explanation) {
 	if c := log.Check(zap.DebugLevel, "load_aware scores"); c != nil {
 		c.Write(zap.String("pool", pool), zap.String("scores", e.String()))
 	}
-}
-
-// loadAwarePickers lists every live picker by pool.
-func loadAwarePickers() map[string]*loadaware.Picker {
-	out := map[string]*loadaware.Picker{}
-	for pool, st := range liveStates("load_aware") {
-		out[pool] = st.(*policyState).picker.(*loadaware.Picker)
-	}
-	return out
-}
-
-// loadAwareScrapers lists every live scraper by pool, for metrics.
-func loadAwareScrapers() map[string]*modelmetrics.Scraper {
-	out := map[string]*modelmetrics.Scraper{}
-	for pool, pk := range loadAwarePickers() {
-		out[pool] = pk.Scraper()
-	}
-	return out
 }
 
 // UnmarshalCaddyfile sets up the policy from:
@@ -193,12 +162,3 @@ func (p *LoadAware) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return true, nil
 	})
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner     = (*LoadAware)(nil)
-	_ caddy.Validator       = (*LoadAware)(nil)
-	_ caddy.CleanerUpper    = (*LoadAware)(nil)
-	_ reverseproxy.Selector = (*LoadAware)(nil)
-	_ caddyfile.Unmarshaler = (*LoadAware)(nil)
-)

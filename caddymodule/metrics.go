@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-router/sluice/flow"
 	"github.com/sluice-router/sluice/lb/cacheaware"
+	"github.com/sluice-router/sluice/lb/loadaware"
 	"github.com/sluice-router/sluice/lb/modelmetrics"
 	"github.com/sluice-router/sluice/lb/qll"
 	"github.com/sluice-router/sluice/lb/redisleast"
@@ -21,13 +22,21 @@ import (
 // at admin /metrics and through the metrics handler) as that config loads,
 // and on a private registry served at /_custom_router/metrics.
 var (
-	qllCollector        = qll.NewCollector(qllStatesByPool)
-	cacheAwareCollector = cacheaware.NewCollector(cacheAwareRouters)
-	scraperCollector    = modelmetrics.NewCollector(loadAwareScrapers)
-	redisCollector      = redisleast.NewCollector(redisStoresByPool)
-	flowCollector       = flow.NewCollector(flowControllers)
-	sluiceCollectors    = []prometheus.Collector{qllCollector, cacheAwareCollector, scraperCollector, redisCollector, flowCollector}
-	sluiceMetrics       = func() *prometheus.Registry {
+	qllCollector = qll.NewCollector(func() map[string]*qll.State {
+		return pickersOf[*qll.State]("queued_least_latency")
+	})
+	cacheAwareCollector = cacheaware.NewCollector(func() map[string]*cacheaware.Router {
+		return mapped(pickersOf[*cacheaware.Picker]("cache_aware"), (*cacheaware.Picker).Router)
+	})
+	scraperCollector = modelmetrics.NewCollector(func() map[string]*modelmetrics.Scraper {
+		return mapped(pickersOf[*loadaware.Picker]("load_aware"), (*loadaware.Picker).Scraper)
+	})
+	redisCollector = redisleast.NewCollector(func() map[string]*redisleast.Store {
+		return pickersOf[*redisleast.Store]("global_redis_least")
+	})
+	flowCollector    = flow.NewCollector(flowControllers)
+	sluiceCollectors = []prometheus.Collector{qllCollector, cacheAwareCollector, scraperCollector, redisCollector, flowCollector}
+	sluiceMetrics    = func() *prometheus.Registry {
 		r := prometheus.NewRegistry()
 		r.MustRegister(sluiceCollectors...)
 		return r

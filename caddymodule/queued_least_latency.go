@@ -8,15 +8,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/lb/qll"
 )
-
-func init() {
-	caddy.RegisterModule(QueuedLeastLatency{})
-}
 
 // QueuedLeastLatency is Hugging Face's queued-least-latency router as a
 // reverse_proxy selection policy: requests wait in one FIFO queue at the
@@ -43,23 +38,17 @@ type QueuedLeastLatency struct {
 	// Requests a replica serves at once without slowing (default 1; the
 	// batch size for LLM servers).
 	Parallelism int `json:"parallelism,omitempty" sluice:"min=1"`
-	// Consecutive failures that mark a replica down (default 1), and for
-	// how long (default 5s, doubling per further failure up to 16×).
-	MaxFails     int            `json:"max_fails,omitempty" sluice:"min=1"`
-	FailDuration caddy.Duration `json:"fail_duration,omitempty"`
 	// Which latency feeds the EWMA: auto (default: first byte for
 	// text/event-stream, last byte otherwise), last_byte or first_byte.
 	LatencyMeasure string `json:"latency_measure,omitempty"`
 
+	passiveHealth
 	selector
 }
 
 // CaddyModule returns the Caddy module information.
 func (QueuedLeastLatency) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.reverse_proxy.selection_policies.queued_least_latency",
-		New: func() caddy.Module { return new(QueuedLeastLatency) },
-	}
+	return moduleInfo("http.reverse_proxy.selection_policies.queued_least_latency", func() caddy.Module { return new(QueuedLeastLatency) })
 }
 
 func (p *QueuedLeastLatency) config() qll.Config {
@@ -171,24 +160,6 @@ func (l *qllStateLog) run(ctx context.Context) {
 	}
 }
 
-// qllStateFor returns the live state of a pool, or nil if no loaded config
-// uses queued_least_latency on it.
-func qllStateFor(name string) *qll.State {
-	if st, ok := liveState("queued_least_latency", name).(*policyState); ok {
-		return st.picker.(*qll.State)
-	}
-	return nil
-}
-
-// qllStatesByPool lists every live state, for the metrics collector.
-func qllStatesByPool() map[string]*qll.State {
-	out := map[string]*qll.State{}
-	for pool, st := range liveStates("queued_least_latency") {
-		out[pool] = st.(*policyState).picker.(*qll.State)
-	}
-	return out
-}
-
 // UnmarshalCaddyfile sets up the policy from Caddyfile tokens:
 //
 //	lb_policy queued_least_latency {
@@ -211,12 +182,3 @@ func qllStatesByPool() map[string]*qll.State {
 func (p *QueuedLeastLatency) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return parseModule(d, "queued_least_latency", nil, p, nil)
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner     = (*QueuedLeastLatency)(nil)
-	_ caddy.Validator       = (*QueuedLeastLatency)(nil)
-	_ caddy.CleanerUpper    = (*QueuedLeastLatency)(nil)
-	_ reverseproxy.Selector = (*QueuedLeastLatency)(nil)
-	_ caddyfile.Unmarshaler = (*QueuedLeastLatency)(nil)
-)

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/tracker"
 )
 
 // selector is the selection-policy adapter every Sluice policy embeds:
@@ -169,15 +170,37 @@ func upstreamFor(pool reverseproxy.UpstreamPool, dial string) *reverseproxy.Upst
 	return u.(*reverseproxy.Upstream)
 }
 
-// validateBodyAndHealth checks the options the body-reading policies share.
-func validateBodyAndHealth(module string, maxBody int64, maxFails int, failDuration caddy.Duration) error {
+// passiveHealth are the options of Sluice's own passive health check,
+// shared by the policies that keep it.
+type passiveHealth struct {
+	// Consecutive failures that mark a replica down (default 1), and for
+	// how long (default 5s, doubling per further failure up to 16×).
+	MaxFails     int            `json:"max_fails,omitempty" sluice:"min=1"`
+	FailDuration caddy.Duration `json:"fail_duration,omitempty"`
+}
+
+func (h passiveHealth) trackerConfig() tracker.Config {
+	return tracker.Config{MaxFails: h.MaxFails, FailDuration: time.Duration(h.FailDuration)}
+}
+
+// bodyOptions bound how much of a body the modules that read the prompt
+// buffer.
+type bodyOptions struct {
+	// Bytes of request body buffered to read the prompt (default 4 MiB).
+	MaxBodyBytes int64 `json:"max_body_bytes,omitempty" sluice:"min=1"`
+}
+
+func (b bodyOptions) bodyLimit() int64 { return orDefault(b.MaxBodyBytes, DefaultMaxBodyBytes) }
+
+// validateBodyAndHealth checks the shared options.
+func validateBodyAndHealth(module string, b bodyOptions, h passiveHealth) error {
 	switch {
-	case maxBody < 0:
-		return fmt.Errorf("%s: max_body_bytes: must be positive, got %d", module, maxBody)
-	case maxFails < 0:
-		return fmt.Errorf("%s: max_fails: must be at least 1, got %d", module, maxFails)
-	case failDuration < 0:
-		return fmt.Errorf("%s: fail_duration: must be positive, got %s", module, time.Duration(failDuration))
+	case b.MaxBodyBytes < 0:
+		return fmt.Errorf("%s: max_body_bytes: must be positive, got %d", module, b.MaxBodyBytes)
+	case h.MaxFails < 0:
+		return fmt.Errorf("%s: max_fails: must be at least 1, got %d", module, h.MaxFails)
+	case h.FailDuration < 0:
+		return fmt.Errorf("%s: fail_duration: must be positive, got %s", module, time.Duration(h.FailDuration))
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sluice-router/sluice/lb"
 )
 
 // State that outlives a config reload (queues, EWMAs, trees, counters,
@@ -85,5 +87,25 @@ func liveStates(module string) map[string]sharedState {
 		}
 		return true
 	})
+	return out
+}
+
+// pickersOf lists the live picker of a policy module per pool.
+func pickersOf[T lb.Picker](module string) map[string]T {
+	out := map[string]T{}
+	for pool, st := range liveStates(module) {
+		if pk, ok := st.(*policyState).picker.(T); ok {
+			out[pool] = pk
+		}
+	}
+	return out
+}
+
+// mapped applies f to every value of m.
+func mapped[A, B any](m map[string]A, f func(A) B) map[string]B {
+	out := make(map[string]B, len(m))
+	for k, v := range m {
+		out[k] = f(v)
+	}
 	return out
 }

@@ -11,10 +11,6 @@ import (
 	"github.com/sluice-router/sluice/lb"
 )
 
-func init() {
-	caddy.RegisterModule(CustomRouterUpstreams{})
-}
-
 // CustomRouterUpstreams feeds reverse_proxy the backend set of a pool, as
 // last given by set-backends (or the admin API, or restored from disk):
 //
@@ -33,10 +29,7 @@ type CustomRouterUpstreams struct {
 
 // CaddyModule returns the Caddy module information.
 func (CustomRouterUpstreams) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "http.reverse_proxy.upstreams.custom_router",
-		New: func() caddy.Module { return new(CustomRouterUpstreams) },
-	}
+	return moduleInfo("http.reverse_proxy.upstreams.custom_router", func() caddy.Module { return new(CustomRouterUpstreams) })
 }
 
 // Provision implements caddy.Provisioner.
@@ -75,10 +68,3 @@ func (u *CustomRouterUpstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) error
 	}
 	return nil
 }
-
-// Interface guards
-var (
-	_ caddy.Provisioner           = (*CustomRouterUpstreams)(nil)
-	_ reverseproxy.UpstreamSource = (*CustomRouterUpstreams)(nil)
-	_ caddyfile.Unmarshaler       = (*CustomRouterUpstreams)(nil)
-)
