@@ -99,8 +99,9 @@ func (t *Tracker) SetReplicas(addrs []string) {
 func (t *Tracker) Load(addr string) (inFlight int, usable bool) {
 	t.mu.RLock()
 	r, ok := t.reps[addr]
+	ok = ok && r.present // present is written under the write lock
 	t.mu.RUnlock()
-	if !ok || !r.present {
+	if !ok {
 		return 0, false
 	}
 	n := int(r.inFlight.Load())
