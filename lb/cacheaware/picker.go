@@ -3,6 +3,7 @@ package cacheaware
 import (
 	"context"
 	"slices"
+	"sync"
 
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/tracker"
@@ -12,6 +13,10 @@ import (
 // holds which prompt prefixes) together with a tracker of exact in-flight
 // counts and passive health. Safe for concurrent use.
 type Picker struct {
+	// setMu serialises SetReplicas and Configure: each writes the router
+	// and the tracker in turn, and two interleaved calls would leave them
+	// with different sets (every pick then finds its replica unusable).
+	setMu   sync.Mutex
 	router  *Router
 	tracker *tracker.Tracker
 }
@@ -23,6 +28,8 @@ func NewPicker(rc Config, tc tracker.Config) *Picker {
 
 // Configure applies new settings in place, keeping trees and counts.
 func (p *Picker) Configure(rc Config, tc tracker.Config) {
+	p.setMu.Lock()
+	defer p.setMu.Unlock()
 	p.router.Configure(rc)
 	p.tracker.Configure(tc)
 }
@@ -47,6 +54,8 @@ func (p *Picker) Settings() any {
 
 // SetReplicas implements lb.Picker.
 func (p *Picker) SetReplicas(addrs []string) {
+	p.setMu.Lock()
+	defer p.setMu.Unlock()
 	p.tracker.SetReplicas(addrs)
 	p.router.SetReplicas(addrs)
 }
