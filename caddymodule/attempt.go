@@ -75,6 +75,8 @@ type attempt struct {
 
 	// req is what the policy knows of the request, kept across retries.
 	req *lb.Request
+	// failed lists the replicas whose attempts at this request failed.
+	failed []string
 }
 
 // attemptFor returns the request's attempt record for the policy keyed by
@@ -116,6 +118,9 @@ func (a *attempt) retry() {
 	a.mu.Lock()
 	prev := a.lease
 	a.lease, a.trace = nil, nil
+	if prev != nil {
+		a.failed = append(a.failed, prev.Replica())
+	}
 	a.mu.Unlock()
 	if prev != nil {
 		prev.Release(lb.Outcome{Kind: lb.Failure})

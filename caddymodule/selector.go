@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -90,7 +91,16 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	}
 	req := s.request(a, r)
 	req.Unavailable = unavailable(pool, req.Unavailable)
+	// A retry avoids the replicas that already failed this request (a
+	// cache-aware policy would otherwise send it back where its prompt
+	// was recorded), unless no other is left.
+	n := len(req.Unavailable)
+	req.Unavailable = append(req.Unavailable, a.failed...)
 	lease, err := st.picker.Pick(a.base, req)
+	if errors.Is(err, lb.ErrAllDown) && len(req.Unavailable) > n {
+		req.Unavailable = req.Unavailable[:n]
+		lease, err = st.picker.Pick(a.base, req)
+	}
 	if err != nil {
 		if rf, ok := refusalFor(err, retryAfter(st.picker)); ok {
 			if c := s.log.Check(zap.DebugLevel, "request refused"); c != nil {

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"fmt"
+	"io"
+	"strings"
 	"testing"
 )
 
@@ -40,5 +42,45 @@ func TestDeadReplicaIsAFailureEvenWhenHandleErrorsProxiesElsewhere(t *testing.T)
 	b := h.Backends[0]
 	if b.Failures != 1 || !b.Down || b.EWMALatency != 0 {
 		t.Fatalf("the dead replica was credited with the fallback's success: %+v", b)
+	}
+}
+
+// reverse_proxy retries after a dial error; a policy that read the body
+// to route by the prompt must hand the retry the same body again (it used
+// to send the body the failed attempt had closed: 502 on a healthy
+// replica).
+func TestRetryAfterADialErrorResendsTheBody(t *testing.T) {
+	site, sim, dead := 9871, 9872, 9873 // nothing listens on dead
+	for _, policy := range []string{"cache_aware", "load_aware"} {
+		t.Run(policy, func(t *testing.T) {
+			startCaddy(t, globals+fmt.Sprintf(`
+:%d {
+	bind 127.0.0.1
+	reverse_proxy 127.0.0.1:%d 127.0.0.1:%d {
+		lb_policy %s {
+			pool retry-%s
+			max_fails 1000
+		}
+		lb_retries 3
+	}
+}
+`, site, dead, sim, policy, policy)+sims(sim))
+			url := fmt.Sprintf("http://127.0.0.1:%d", site)
+			for i := 0; i < 8; i++ {
+				// A new prompt each time: no cache hit keeps the pick on the
+				// live replica, so about half the first attempts dial the
+				// dead one.
+				body := fmt.Sprintf(`{"prompt":"question %d: %s","max_tokens":4}`, i, strings.Repeat("why ", i+1))
+				resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || resp.Header.Get("X-Sim-Replica") != fmt.Sprintf("sim-%d", sim) {
+					t.Fatalf("request %d: %d from %q", i, resp.StatusCode, resp.Header.Get("X-Sim-Replica"))
+				}
+			}
+		})
 	}
 }
