@@ -14,9 +14,12 @@ func (s *State) SetReplicas(addrs []string) { s.SetBackends(addrs) }
 
 // Pick implements lb.Picker: Acquire, with req.Unavailable (the proxy's
 // own health view, carried by every request) excluded from dispatch, for
-// this request and for those already waiting. When every present replica
-// is unavailable the request fails at once with lb.ErrAllDown rather than
-// waiting for a health check to change its mind.
+// this request and for those already waiting: the latest request's view
+// replaces the previous one. When every present replica is unavailable the
+// request fails at once with lb.ErrAllDown rather than waiting for a
+// health check to change its mind, and so do the requests waiting in the
+// queue. Replicas down after failures (passive health) are different:
+// requests wait for them, since their down time ends on its own.
 func (s *State) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	var unavailable []string
 	if req != nil {
@@ -54,8 +57,11 @@ func (s *State) Config() Config {
 func (l *Lease) Replica() string { return l.Addr }
 
 // markUnavailableLocked refreshes each present replica's unavailable flag
-// from the proxy's list and reports whether none is left to use; a
-// replica that became available again gets the waiting requests.
+// from the proxy's list and reports whether none is left to use. A
+// replica that became available again gets the waiting requests; when
+// none is left, the waiting requests fail with lb.ErrAllDown as the new
+// one does (nothing would wake them otherwise: only a later request's
+// view clears the flags).
 func (s *State) markUnavailableLocked(unavailable []string) (noneLeft bool) {
 	if len(unavailable) == 0 && !s.anyUnavailable {
 		return false
@@ -71,10 +77,25 @@ func (s *State) markUnavailableLocked(unavailable []string) (noneLeft bool) {
 			usable++
 		}
 	}
+	if usable == 0 {
+		s.failAllLocked(lb.ErrAllDown)
+		return true
+	}
 	if freed {
 		s.dispatchLocked()
 	}
-	return usable == 0
+	return false
+}
+
+// allUnavailableLocked reports whether every present replica is flagged
+// unavailable (false for an empty set).
+func (s *State) allUnavailableLocked() bool {
+	for _, r := range s.order {
+		if !r.unavailable {
+			return false
+		}
+	}
+	return len(s.order) > 0
 }
 
 var (

@@ -109,7 +109,9 @@ func (s *State) SetWaitObserver(fn func(time.Duration)) {
 // SetBackends makes addrs the present replicas. Replicas that stay keep
 // their statistics; new ones start untried (so they get work at once);
 // removed ones finish their in-flight requests and are then forgotten.
-// With no replica left, every waiter fails fast with ErrNoBackends.
+// With no replica left, every waiter fails fast with ErrNoBackends; with
+// only replicas the proxy last reported unavailable (see Pick), with
+// lb.ErrAllDown.
 func (s *State) SetBackends(addrs []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -130,12 +132,21 @@ func (s *State) SetBackends(addrs []string) {
 		s.order = append(s.order, r)
 	}
 	for a, r := range s.replicas {
-		if !r.present && r.inFlight == 0 {
-			delete(s.replicas, a)
+		if !r.present {
+			// A replica that comes back later starts with no stale
+			// unavailable flag (the refresh only visits present ones).
+			r.unavailable = false
+			if r.inFlight == 0 {
+				delete(s.replicas, a)
+			}
 		}
 	}
 	if len(s.order) == 0 {
 		s.failAllLocked(lb.ErrNoBackends)
+		return
+	}
+	if s.anyUnavailable && s.allUnavailableLocked() {
+		s.failAllLocked(lb.ErrAllDown)
 		return
 	}
 	s.dispatchLocked()
@@ -183,7 +194,8 @@ func (s *State) RetryAfter() time.Duration {
 // Acquire returns a lease on the best eligible replica, waiting in the FIFO
 // queue when none is eligible. It returns ctx.Err() if the client leaves,
 // or one of lb.ErrNoBackends, ErrQueueFull, ErrEvicted, ErrQueueTimeout,
-// ErrShutdown.
+// ErrShutdown. It is Pick for a request that reports no replica
+// unavailable (so it clears the proxy's last view).
 func (s *State) Acquire(ctx context.Context) (*Lease, error) {
 	return s.acquire(ctx, nil)
 }
