@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -205,6 +206,24 @@ func TestReloadLifecycleEveryModule(t *testing.T) {
 			expectServed(t, url, fmt.Sprintf("sim-%d", c.port+1), "set-backends after the second refused reload")
 			if !c.applied(t, url, c.first) {
 				t.Fatalf("a reload refused after %s was provisioned leaked its setting %s into the running config", c.module, c.refused)
+			}
+
+			// 3b. Every module provisions, then Caddy aborts the start (a
+			// listener cannot bind): the running settings stay.
+			busy, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			loadRefused(t, reloadConfig(c, c.refused, false)+fmt.Sprintf(`
+%s {
+	bind 127.0.0.1
+	respond "never"
+}
+`, busy.Addr().String()[len("127.0.0.1"):]), "", "")
+			busy.Close()
+			expectServed(t, url, fmt.Sprintf("sim-%d", c.port+1), "after a reload whose start was aborted")
+			if !c.applied(t, url, c.first) {
+				t.Fatalf("a reload whose start was aborted left its %s setting %s in force", c.module, c.refused)
 			}
 
 			// 4. A good reload with a changed setting applies it.
