@@ -69,11 +69,17 @@ const pickTries = 3
 
 // Pick implements lb.Picker: the longest cached prefix unless the pool is
 // imbalanced or the match is poor (see Router.Pick), among the replicas
-// that are present, healthy and not in req.Unavailable. The prompt is
-// recorded for the replica that got it.
+// that are present, healthy and not in req.Unavailable: none of those
+// gives lb.ErrAllDown, an empty pool lb.ErrNoBackends. The prompt of a
+// parsed request is recorded for the replica that got it; req.Memo is set
+// to the Decision (for logging). The lease is the tracker's, costed at
+// req.Tokens.
 func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if req == nil {
+		req = &lb.Request{}
 	}
 	load := p.tracker.Load
 	if len(req.Unavailable) > 0 {

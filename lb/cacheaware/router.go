@@ -44,6 +44,10 @@ type Router struct {
 
 	rr                       atomic.Uint64 // rotates tie-breaks
 	hits, misses, imbalanced atomic.Uint64
+
+	// reconf tells Run that Configure changed the settings, so a new
+	// eviction interval applies now rather than after the old one ends.
+	reconf chan struct{}
 }
 
 type replica struct {
@@ -66,6 +70,7 @@ func New(cfg Config) *Router {
 		trees:    map[string]*node{},
 		roots:    map[*node]string{},
 		replicas: map[string]*replica{},
+		reconf:   make(chan struct{}, 1),
 	}
 	r.lru.initLists()
 	return r
@@ -90,6 +95,10 @@ func (r *Router) Configure(cfg Config) {
 	r.cfg.MaxTreeSize = cfg.MaxTreeSize
 	r.evictLocked(cfg.MaxTreeSize, -1) // what inserts added meanwhile
 	r.mu.Unlock()
+	select {
+	case r.reconf <- struct{}{}:
+	default: // Run has a wake-up pending already
+	}
 }
 
 // SetReplicas makes addrs the present replicas, in order. Replicas that
@@ -211,8 +220,8 @@ func (r *Router) evictOnce(ctx context.Context) {
 	r.evictTo(ctx, target)
 }
 
-// Run calls EvictOnce every EvictionInterval until ctx ends. It re-reads
-// the interval after each run, so Configure takes effect.
+// Run calls EvictOnce every EvictionInterval until ctx ends. Configure
+// restarts the wait with the interval it sets (one Run per router).
 func (r *Router) Run(ctx context.Context) {
 	for {
 		r.mu.RLock()
@@ -223,6 +232,8 @@ func (r *Router) Run(ctx context.Context) {
 		case <-ctx.Done():
 			t.Stop()
 			return
+		case <-r.reconf:
+			t.Stop()
 		case <-t.C:
 			r.evictOnce(ctx)
 		}

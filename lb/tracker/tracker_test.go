@@ -142,3 +142,27 @@ func TestCostsReleasedExactlyOnceUnderConcurrency(t *testing.T) {
 		}
 	}
 }
+
+func TestLeaseReplicaAndPerReplicaCounts(t *testing.T) {
+	tr := New(Config{MaxFails: 2})
+	tr.SetReplicas([]string{"a:1", "b:1"})
+	var l lb.Lease = tr.AcquireCost("a:1", 5)
+	if l.Replica() != "a:1" {
+		t.Fatalf("Replica() = %q", l.Replica())
+	}
+	b := tr.Acquire("b:1")
+	b2 := tr.Acquire("b:1")
+	tr.SetReplicas([]string{"a:1"}) // b:1 drains, still counted
+	if got := tr.PerReplica(); len(got) != 2 || got["a:1"] != 1 || got["b:1"] != 2 {
+		t.Fatalf("PerReplica() = %v, want a:1=1 b:1=2", got)
+	}
+	l.Release(lb.Outcome{Kind: lb.Success})
+	b.Release(lb.Outcome{Kind: lb.Cancelled})
+	b2.Release(lb.Outcome{Kind: lb.Cancelled})
+	if got := tr.PerReplica(); len(got) != 0 {
+		t.Fatalf("PerReplica() = %v after all releases, want empty", got)
+	}
+	if c := tr.Config(); c.MaxFails != 2 || c.FailDuration != 5*time.Second {
+		t.Fatalf("Config() = %+v", c)
+	}
+}
