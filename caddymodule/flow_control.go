@@ -202,6 +202,11 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	req := flow.Request{}
 	if h.isTrusted(r) {
 		req.FlowID = r.Header.Get(headerFairnessID)
+		if !flow.ValidFlowID(req.FlowID) {
+			writeJSONError(w, http.StatusBadRequest, "invalid_request",
+				fmt.Sprintf("%s must be valid UTF-8 of at most %d bytes", headerFairnessID, flow.MaxLabelBytes))
+			return nil
+		}
 		req.Priority = h.state.config().Objectives.Priority(r.Header.Get(headerObjective))
 		if ms, err := strconv.ParseFloat(r.Header.Get(headerSLOTTFT), 64); err == nil && ms > 0 {
 			req.SLOTTFT = time.Duration(ms * float64(time.Millisecond))

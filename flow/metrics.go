@@ -21,6 +21,9 @@ type Collector struct {
 
 	queueSize, queueBytes, saturation *prometheus.Desc
 	inFlight, requests                *prometheus.Desc
+
+	// Client-chosen label values, bounded (see labels.go).
+	flowIDs, models labelSet
 }
 
 var (
@@ -66,11 +69,12 @@ type collectorObserver struct {
 }
 
 func (o collectorObserver) Enqueued(r *Request, outcome string, d time.Duration) {
-	o.c.enqueueDuration.WithLabelValues(r.FlowID, strconv.Itoa(r.Priority), outcome).Observe(d.Seconds())
+	o.c.enqueueDuration.WithLabelValues(o.c.flowIDs.value(r.FlowID), strconv.Itoa(r.Priority), outcome).Observe(d.Seconds())
 }
 
 func (o collectorObserver) Finished(r *Request, out Outcome, waited time.Duration) {
-	o.c.queueDuration.WithLabelValues(r.FlowID, strconv.Itoa(r.Priority), out.String(), o.pool, r.Model, r.TargetModel).Observe(waited.Seconds())
+	o.c.queueDuration.WithLabelValues(o.c.flowIDs.value(r.FlowID), strconv.Itoa(r.Priority), out.String(), o.pool,
+		o.c.models.value(r.Model), o.c.models.value(r.TargetModel)).Observe(waited.Seconds())
 }
 
 func (o collectorObserver) DispatchCycle(d time.Duration) { o.c.dispatchCycle.Observe(d.Seconds()) }
@@ -104,14 +108,23 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		} {
 			ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(n), pool, o.String())
 		}
+		// Sanitized and bounded labels can fold several flows into one
+		// series: sum them, or the registry refuses the duplicates.
+		type series struct{ id, prio, model, target string }
+		queued, bytes := map[series]float64{}, map[series]float64{}
 		for _, b := range s.Bands {
 			prio := strconv.Itoa(b.Priority)
 			for _, f := range b.Flows {
 				for _, m := range f.Models {
-					gauge(c.queueSize, float64(m.Queued), f.ID, prio, pool, m.Model, m.TargetModel)
-					gauge(c.queueBytes, float64(m.Bytes), f.ID, prio, pool, m.Model, m.TargetModel)
+					k := series{c.flowIDs.value(f.ID), prio, c.models.value(m.Model), c.models.value(m.TargetModel)}
+					queued[k] += float64(m.Queued)
+					bytes[k] += float64(m.Bytes)
 				}
 			}
+		}
+		for k, n := range queued {
+			gauge(c.queueSize, n, k.id, k.prio, pool, k.model, k.target)
+			gauge(c.queueBytes, bytes[k], k.id, k.prio, pool, k.model, k.target)
 		}
 	}
 }

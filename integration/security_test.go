@@ -3,7 +3,9 @@ package integration
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -100,4 +102,61 @@ func getHealthWithToken(t *testing.T, url, token string) health {
 		t.Fatal(fmt.Errorf("health: %v", err))
 	}
 	return h
+}
+
+// A trusted source's fairness id that is not valid UTF-8 used to panic in
+// the metrics' label code after its slot was admitted: the slot leaked
+// and the pool stayed saturated. It is refused with 400 now, nothing is
+// held, and a flood of distinct tenant ids is bounded in the metrics.
+func TestFlowControlRefusesBadFairnessIDsAndBoundsTenantLabels(t *testing.T) {
+	startCaddy(t, globals+`
+:9881 {
+	bind 127.0.0.1
+	route {
+		flow_control labels {
+			trusted_sources 127.0.0.1/32
+			max_concurrency 1
+		}
+		respond "ok"
+	}
+}
+`)
+	url := "http://127.0.0.1:9881/"
+	send := func(id string) int {
+		req, _ := http.NewRequest("POST", url, nil)
+		req.Header["X-Gateway-Inference-Fairness-Id"] = []string{id}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i := 0; i < 6; i++ {
+		if got := send("tenant-\xff\xfe"); got != 400 {
+			t.Fatalf("invalid UTF-8 fairness id: %d, want 400", got)
+		}
+	}
+	for i := 0; i < 1100; i++ {
+		if got := send(fmt.Sprint("tenant-", i)); got != 200 {
+			t.Fatalf("request %d after the bad ones: %d (a slot leaked?)", i, got)
+		}
+	}
+	resp, err := client.Get(adminURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	ids := map[string]bool{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if i := strings.Index(line, `fairness_id="`); i >= 0 && strings.HasPrefix(line, "inference_extension_flow_control_request_queue_duration_seconds_count") {
+			rest := line[i+len(`fairness_id="`):]
+			ids[rest[:strings.Index(rest, `"`)]] = true
+		}
+	}
+	if len(ids) == 0 || len(ids) > 1001 {
+		t.Fatalf("%d distinct fairness_id label values, want 1..1001 (bounded)", len(ids))
+	}
 }
