@@ -94,11 +94,10 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	// A retry avoids the replicas that already failed this request (a
 	// cache-aware policy would otherwise send it back where its prompt
 	// was recorded), unless no other is left.
-	n := len(req.Unavailable)
-	req.Unavailable = append(req.Unavailable, a.failed...)
+	req.Avoid = a.failed
 	lease, err := st.picker.Pick(a.base, req)
-	if errors.Is(err, lb.ErrAllDown) && len(req.Unavailable) > n {
-		req.Unavailable = req.Unavailable[:n]
+	if errors.Is(err, lb.ErrAllDown) && len(req.Avoid) > 0 {
+		req.Avoid = nil
 		lease, err = st.picker.Pick(a.base, req)
 	}
 	if err != nil {

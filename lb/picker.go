@@ -2,6 +2,7 @@ package lb
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -55,6 +56,10 @@ type Request struct {
 	// (Caddy's active or passive health checks, max_requests). A policy
 	// never picks them.
 	Unavailable []string
+	// Avoid lists replicas that already failed this request (a retry):
+	// a policy picks another when it can. Unlike Unavailable it says
+	// nothing about other requests.
+	Avoid []string
 	// Attempt counts this request's earlier attempts (0: the first pick;
 	// more: a retry after a failed attempt).
 	Attempt int
@@ -63,12 +68,11 @@ type Request struct {
 	Memo any
 }
 
-// IsUnavailable reports whether addr is in r.Unavailable.
-func (r *Request) IsUnavailable(addr string) bool {
-	for _, u := range r.Unavailable {
-		if u == addr {
-			return true
-		}
-	}
-	return false
+// Excluded reports whether addr may not be picked for this request: it
+// is in Unavailable or in Avoid.
+func (r *Request) Excluded(addr string) bool {
+	return slices.Contains(r.Unavailable, addr) || slices.Contains(r.Avoid, addr)
 }
+
+// IsUnavailable reports whether addr is in r.Unavailable.
+func (r *Request) IsUnavailable(addr string) bool { return slices.Contains(r.Unavailable, addr) }

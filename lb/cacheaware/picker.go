@@ -2,7 +2,6 @@ package cacheaware
 
 import (
 	"context"
-	"slices"
 	"sync"
 
 	"github.com/sluice-router/sluice/lb"
@@ -82,10 +81,10 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		req = &lb.Request{}
 	}
 	load := p.tracker.Load
-	if len(req.Unavailable) > 0 {
+	if len(req.Unavailable)+len(req.Avoid) > 0 {
 		load = func(addr string) (int, bool) {
 			n, ok := p.tracker.Load(addr)
-			return n, ok && !slices.Contains(req.Unavailable, addr)
+			return n, ok && !req.Excluded(addr)
 		}
 	}
 	text := ""

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -293,7 +292,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 
 func (p *Picker) usable(addr string, req *lb.Request) bool {
 	_, ok := p.tracker.Load(addr)
-	return ok && !slices.Contains(req.Unavailable, addr)
+	return ok && !req.Excluded(addr)
 }
 
 func (p *Picker) sessionAddr(token string) string {

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -73,6 +72,10 @@ const syncTimeout = 2 * time.Second
 // SetReplicas implements lb.Picker: Sync, bounded. A failure (Redis away)
 // is kept for SyncErr; the store replays the set when Redis answers.
 func (s *Store) SetReplicas(addrs []string) {
+	// One at a time: two interleaved Syncs could leave Redis with one set
+	// and the candidates (s.last) with the other.
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
 	defer cancel()
 	err := s.Sync(ctx, addrs)
@@ -97,10 +100,10 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		return nil, lb.ErrNoBackends
 	}
 	cands := replicas
-	if len(req.Unavailable) > 0 {
+	if len(req.Unavailable)+len(req.Avoid) > 0 {
 		cands = make([]string, 0, len(replicas))
 		for _, r := range replicas {
-			if !slices.Contains(req.Unavailable, r) {
+			if !req.Excluded(r) {
 				cands = append(cands, r)
 			}
 		}

@@ -71,6 +71,7 @@ type Store struct {
 
 	unreachable atomic.Pointer[error] // why Redis was not usable at New
 	syncErr     atomic.Pointer[error] // the last SetReplicas' error
+	setMu       sync.Mutex            // serializes SetReplicas
 
 	life    sync.Mutex // orders starting a probe against Close
 	probing atomic.Bool
