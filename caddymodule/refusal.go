@@ -32,7 +32,7 @@ func refusalFor(err error, retryAfter time.Duration) (refusal, bool) {
 	case errors.Is(err, lb.ErrNoBackends):
 		return refusal{http.StatusServiceUnavailable, "no_backends", "no backends in the pool", time.Second}, true
 	case errors.Is(err, lb.ErrAllDown):
-		return refusal{http.StatusServiceUnavailable, "backends_down", "every backend is marked down after failures; retrying shortly", retryAfter}, true
+		return refusal{http.StatusServiceUnavailable, "backends_down", "every backend is down: after failures, or by the proxy's own health checks; retrying shortly", retryAfter}, true
 	case errors.Is(err, lb.ErrQueueFull):
 		return refusal{http.StatusTooManyRequests, "queue_full", "every backend is busy and queueing is disabled", retryAfter}, true
 	case errors.Is(err, lb.ErrEvicted):

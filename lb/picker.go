@@ -57,8 +57,9 @@ type Request struct {
 	// never picks them.
 	Unavailable []string
 	// Avoid lists replicas that already failed this request (a retry):
-	// a policy picks another when it can. Unlike Unavailable it says
-	// nothing about other requests.
+	// a policy treats them like Unavailable for this request only (the
+	// adapter asks again without Avoid when that leaves nothing). Unlike
+	// Unavailable it says nothing about other requests.
 	Avoid []string
 	// Attempt counts this request's earlier attempts (0: the first pick;
 	// more: a retry after a failed attempt).
