@@ -32,7 +32,7 @@ import (
 // minSnippets is the fewest ```caddyfile blocks the walk must find: fewer
 // means the extraction broke (or the snippets were dropped), and the test
 // would otherwise pass by testing nothing.
-const minSnippets = 12
+const minSnippets = 18
 
 // snippet is one ```caddyfile block: where it starts and its text.
 type snippet struct {
