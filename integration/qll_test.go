@@ -205,6 +205,11 @@ func TestSetBackendsRejectsBadInputAndKeepsTheSet(t *testing.T) {
 		{`{}`, 400},
 		{`{"backends": []} trailing`, 400},
 		{`{"backends": ["` + strings.Repeat("x", 2<<20) + `"]}`, 413},
+		// Never replicas: cloud metadata / link-local, multicast, unspecified.
+		{`{"backends": ["http://169.254.169.254:80"]}`, 400},
+		{`{"backends": ["http://[fe80::1]:8000"]}`, 400},
+		{`{"backends": ["http://224.0.0.1:8000"]}`, 400},
+		{`{"backends": ["http://0.0.0.0:9271"]}`, 400},
 	} {
 		resp, err := client.Post(url+"/_custom_router/set-backends", "application/json", strings.NewReader(c.body))
 		if err != nil {

@@ -5,6 +5,7 @@ package lb
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -66,6 +67,11 @@ func ParseBackend(s string) (Backend, error) {
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return Backend{}, fmt.Errorf("%q: bad port %q", s, port)
 	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if why := forbiddenIP(ip.Unmap()); why != "" {
+			return Backend{}, fmt.Errorf("%q: %s addresses are never backends", s, why)
+		}
+	}
 	dial := net.JoinHostPort(strings.ToLower(host), port)
 	return Backend{URL: u.Scheme + "://" + dial, Dial: dial}, nil
 }
@@ -77,4 +83,19 @@ func Dials(bs []Backend) []string {
 		out[i] = b.Dial
 	}
 	return out
+}
+
+// forbiddenIP names the class of ip if no replica can live there: cloud
+// metadata and other link-local services, multicast, the unspecified
+// address ("this host, any interface").
+func forbiddenIP(ip netip.Addr) string {
+	switch {
+	case ip.IsLinkLocalUnicast():
+		return "link-local (e.g. cloud metadata)"
+	case ip.IsMulticast(), ip.IsLinkLocalMulticast(), ip.IsInterfaceLocalMulticast():
+		return "multicast"
+	case ip.IsUnspecified():
+		return "unspecified"
+	}
+	return ""
 }

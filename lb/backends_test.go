@@ -58,3 +58,24 @@ func TestPoolWatchSeesEverySetInOrder(t *testing.T) {
 		t.Fatal("pool should be managed after Set")
 	}
 }
+
+func TestBackendsThatCanNeverBeReplicasAreRefused(t *testing.T) {
+	for _, bad := range []string{
+		"http://169.254.169.254:80", // cloud metadata
+		"http://[fe80::1]:8000",     // link-local IPv6
+		"http://224.0.0.1:8000",     // multicast
+		"http://[ff02::1]:8000",
+		"http://0.0.0.0:8000", // unspecified
+		"http://[::]:8000",
+		"http://[::ffff:169.254.169.254]:80", // mapped
+	} {
+		if _, err := ParseBackend(bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+	for _, good := range []string{"http://10.0.0.5:8000", "http://127.0.0.1:8001", "http://[::1]:8000", "https://replica-1.internal:443"} {
+		if _, err := ParseBackend(good); err != nil {
+			t.Errorf("%s refused: %v", good, err)
+		}
+	}
+}
