@@ -22,34 +22,56 @@ type refusal struct {
 	RetryAfter time.Duration // 0: no header
 }
 
-// refusalFor maps a policy's or flow control's error to the contract in
-// docs/api.md: the one place statuses and types are decided. ok is false
-// for a client that went away: there is nobody to answer.
-func refusalFor(err error, retryAfter time.Duration) (refusal, bool) {
-	switch {
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+// refusals maps every error a policy or flow control returns to its
+// answer (docs/api.md): the one place statuses and types are decided.
+var refusals = []struct {
+	errs   []error
+	status int
+	typ    string
+	msg    string
+	wait   retryWait
+}{
+	{[]error{lb.ErrNoBackends}, http.StatusServiceUnavailable, "no_backends", "no backends in the pool", waitSecond},
+	{[]error{lb.ErrAllDown}, http.StatusServiceUnavailable, "backends_down", "every backend is down: after failures, or by the proxy's own health checks; retrying shortly", waitEstimate},
+	{[]error{lb.ErrQueueFull}, http.StatusTooManyRequests, "queue_full", "every backend is busy and queueing is disabled", waitEstimate},
+	{[]error{lb.ErrEvicted}, http.StatusServiceUnavailable, "queue_evicted", "dropped from the full queue to make room for a newer request", waitEstimate},
+	{[]error{lb.ErrQueueTimeout}, http.StatusServiceUnavailable, "queue_timeout", "timed out waiting in the queue", waitEstimate},
+	{[]error{lb.ErrSaturated}, http.StatusServiceUnavailable, "pool_saturated", "every replica is at its in-flight limit", waitEstimate},
+	{[]error{flow.ErrCapacity}, http.StatusTooManyRequests, "flow_capacity", "the queue for this priority is full", waitEstimate},
+	{[]error{flow.ErrTTL}, http.StatusServiceUnavailable, "queue_ttl", "the pool stayed saturated for the request's whole time in the queue", waitEstimate},
+	{[]error{lb.ErrShutdown, flow.ErrShutdown}, http.StatusInternalServerError, "shutdown", "shutting down", waitNone},
+}
+
+// retryWait says what Retry-After a refusal carries.
+type retryWait int
+
+const (
+	waitNone     retryWait = iota // no header: waiting does not help
+	waitSecond                    // one second
+	waitEstimate                  // the policy's estimate (e.g. a queue's mean service time)
+)
+
+// refusalFor answers err; ok is false for a client that went away: there
+// is nobody to answer. estimate is the policy's Retry-After estimate.
+func refusalFor(err error, estimate time.Duration) (refusal, bool) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return refusal{}, false
-	case errors.Is(err, lb.ErrNoBackends):
-		return refusal{http.StatusServiceUnavailable, "no_backends", "no backends in the pool", time.Second}, true
-	case errors.Is(err, lb.ErrAllDown):
-		return refusal{http.StatusServiceUnavailable, "backends_down", "every backend is down: after failures, or by the proxy's own health checks; retrying shortly", retryAfter}, true
-	case errors.Is(err, lb.ErrQueueFull):
-		return refusal{http.StatusTooManyRequests, "queue_full", "every backend is busy and queueing is disabled", retryAfter}, true
-	case errors.Is(err, lb.ErrEvicted):
-		return refusal{http.StatusServiceUnavailable, "queue_evicted", "dropped from the full queue to make room for a newer request", retryAfter}, true
-	case errors.Is(err, lb.ErrQueueTimeout):
-		return refusal{http.StatusServiceUnavailable, "queue_timeout", "timed out waiting in the queue", retryAfter}, true
-	case errors.Is(err, lb.ErrSaturated):
-		return refusal{http.StatusServiceUnavailable, "pool_saturated", "every replica is at its in-flight limit", retryAfter}, true
-	case errors.Is(err, flow.ErrCapacity):
-		return refusal{http.StatusTooManyRequests, "flow_capacity", "the queue for this priority is full", retryAfter}, true
-	case errors.Is(err, flow.ErrTTL):
-		return refusal{http.StatusServiceUnavailable, "queue_ttl", "the pool stayed saturated for the request's whole time in the queue", retryAfter}, true
-	case errors.Is(err, lb.ErrShutdown), errors.Is(err, flow.ErrShutdown):
-		return refusal{http.StatusInternalServerError, "shutdown", "shutting down", 0}, true
-	default:
-		return refusal{http.StatusInternalServerError, "internal", err.Error(), 0}, true
 	}
+	for _, r := range refusals {
+		for _, e := range r.errs {
+			if errors.Is(err, e) {
+				var after time.Duration
+				switch r.wait {
+				case waitSecond:
+					after = time.Second
+				case waitEstimate:
+					after = estimate
+				}
+				return refusal{r.status, r.typ, r.msg, after}, true
+			}
+		}
+	}
+	return refusal{http.StatusInternalServerError, "internal", err.Error(), 0}, true
 }
 
 func (rf refusal) write(w http.ResponseWriter) {

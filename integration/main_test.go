@@ -56,10 +56,23 @@ func startCaddy(t testing.TB, caddyfile string) {
 // reload posts a new config to the admin API, the way users hot-reload.
 func reload(t *testing.T, caddyfile string) {
 	t.Helper()
+	if status, body := load(t, adapt(t, caddyfile)); status != 200 {
+		t.Fatalf("reload: %d %s", status, body)
+	}
+}
+
+func adapt(t *testing.T, caddyfile string) []byte {
+	t.Helper()
 	cfg, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
 	if err != nil {
 		t.Fatalf("adapt: %v %v", err, warn)
 	}
+	return cfg
+}
+
+// load posts cfg to the admin API's /load and returns Caddy's answer.
+func load(t *testing.T, cfg []byte) (int, string) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, adminURL+"/load", bytes.NewReader(cfg))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
@@ -68,12 +81,10 @@ func reload(t *testing.T, caddyfile string) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("reload: %d %s", resp.StatusCode, body)
-	}
 	// A changed config replaces the servers: the old ones close their idle
 	// keep-alive connections, and reusing one would read EOF.
 	client.CloseIdleConnections()
+	return resp.StatusCode, strings.TrimSpace(string(body))
 }
 
 type outcome struct {

@@ -4,14 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
 // A reload is a deploy. For every Sluice module, through a real Caddy:
@@ -258,29 +254,18 @@ func expectServed(t *testing.T, url, replica, when string) {
 // /load and expects Caddy to refuse it.
 func loadRefused(t *testing.T, caddyfile, from, to string) {
 	t.Helper()
-	cfg, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
-	if err != nil {
-		t.Fatalf("adapt: %v %v", err, warn)
-	}
+	cfg := adapt(t, caddyfile)
 	if from != "" {
 		if !bytes.Contains(cfg, []byte(from)) {
 			t.Fatalf("the adapted config has no %s:\n%s", from, cfg)
 		}
 		cfg = bytes.Replace(cfg, []byte(from), []byte(to), 1)
 	}
-	req, _ := http.NewRequest(http.MethodPost, adminURL+"/load", bytes.NewReader(cfg))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode == 200 {
+	status, body := load(t, cfg)
+	if status == 200 {
 		t.Fatalf("Caddy accepted a config it must refuse (%s → %s)", from, to)
 	}
-	t.Logf("refused as expected: %d %s", resp.StatusCode, strings.TrimSpace(string(body)))
-	client.CloseIdleConnections()
+	t.Logf("refused as expected: %d %s", status, body)
 }
 
 // settingIs reports whether the pool's health report shows, under the
