@@ -92,9 +92,19 @@ func (h *CustomRouter) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("custom_router: backends: %v", err)
 	}
 	restorePool(h.name, h.log)
-	if pool := lb.GetPool(h.name); len(h.Backends) > 0 && !pool.Managed() {
-		pool.Set(seed)
-		h.log.Info("backend set seeded from config", zap.String("pool", h.name), zap.Strings("backends", urls(seed)))
+	if len(seed) > 0 {
+		// The seed is a setting: it reaches the pool only if this config
+		// starts (a refused config must not give a running one its set).
+		name, log := h.name, h.log
+		err := applyOnStart(ctx, stateKey{module: "custom_router", pool: name}, strings.Join(urls(seed), " "), func() {
+			if pool := lb.GetPool(name); !pool.Managed() {
+				pool.Set(seed)
+				log.Info("backend set seeded from config", zap.String("pool", name), zap.Strings("backends", urls(seed)))
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("custom_router: backends: %v", err)
+		}
 	}
 	registerMetrics(ctx, h.log)
 	return nil

@@ -45,6 +45,10 @@ type LoadAware struct {
 	MetricsPath      string         `json:"metrics_path,omitempty"`
 	// Session header carrying the affinity token (default X-Session-Token).
 	SessionHeader string `json:"session_header,omitempty"`
+	// SessionKey keys the session tokens (HMAC of the replica's address):
+	// set the same secret on every instance ({env.X} works) so tokens are
+	// unguessable and shared; empty: a fixed key (opaque, not secret).
+	SessionKey string `json:"session_key,omitempty"`
 	bodyOptions
 	passiveHealth
 	selector
@@ -66,8 +70,9 @@ func (p *LoadAware) pickerConfig() loadaware.PickerConfig {
 			LRUSize: p.LRUSize, MaxNumEndpoints: p.MaxNumEndpoints, HotPrefixChars: p.HotPrefixChars,
 			SLO: time.Duration(p.SLO), AdaptiveStep: p.AdaptiveStep,
 		},
-		Metrics: modelmetrics.Config{Interval: time.Duration(p.MetricsInterval), Staleness: time.Duration(p.MetricsStaleness), Path: p.MetricsPath},
-		Tracker: p.passiveHealth.trackerConfig(),
+		Metrics:    modelmetrics.Config{Interval: time.Duration(p.MetricsInterval), Staleness: time.Duration(p.MetricsStaleness), Path: p.MetricsPath},
+		Tracker:    p.passiveHealth.trackerConfig(),
+		SessionKey: caddy.NewReplacer().ReplaceKnown(p.SessionKey, ""),
 	}
 }
 
@@ -78,6 +83,9 @@ func (p *LoadAware) Validate() error {
 	}
 	if err := p.pickerConfig().Validate(); err != nil {
 		return fmt.Errorf("load_aware: %v", err)
+	}
+	if p.SessionKey != "" && p.pickerConfig().SessionKey == "" {
+		return fmt.Errorf("load_aware: session_key: resolves to an empty value (an unset environment variable?)")
 	}
 	return validateBodyAndHealth("load_aware", p.bodyOptions, p.passiveHealth)
 }
@@ -102,7 +110,13 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 		build: func(key stateKey) (*policyState, error) {
 			pk := loadaware.NewPicker(cfg)
 			pk.Explain = func(e loadaware.Explanation) { logScores(log, name, e) }
-			return newPolicyState(key, pk, func() any { return pk.Config() }, pk.Run, nil), nil
+			return newPolicyState(key, pk, func() any {
+				c := pk.Config()
+				if c.SessionKey != "" {
+					c.SessionKey = "(set)" // never shown
+				}
+				return c
+			}, pk.Run, nil), nil
 		},
 		apply: func(st *policyState) {
 			if err := st.picker.(*loadaware.Picker).Configure(cfg); err != nil {
@@ -135,6 +149,7 @@ func logScores(log *zap.Logger, pool string, e loadaware.Explanation) {
 //	    metrics_staleness <duration|seconds>
 //	    metrics_path      <path>
 //	    session_header    <header>
+//	    session_key       <secret>          # HMAC key of the session tokens
 //	    max_body_bytes    <bytes>
 //	    max_fails         <n>
 //	    fail_duration     <duration|seconds>

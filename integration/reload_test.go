@@ -326,3 +326,43 @@ func nanos(t *testing.T, s string) string {
 	}
 	return fmt.Sprint(float64(d))
 }
+
+// custom_router's `backends` seeds a pool with no set; a config Caddy
+// refuses must not seed the pool a running config routes with (it used to
+// be seeded during provisioning, and the running config then followed the
+// refused config's set).
+func TestRefusedConfigDoesNotSeedARunningPool(t *testing.T) {
+	site, static, other := 9891, 9892, 9893
+	running := globals + fmt.Sprintf(`
+:%d {
+	bind 127.0.0.1
+	reverse_proxy 127.0.0.1:%d {
+		lb_policy queued_least_latency {
+			pool seeded
+			state_log_interval -1
+		}
+	}
+}
+`, site, static) + sims(static, other)
+	startCaddy(t, running)
+	url := fmt.Sprintf("http://127.0.0.1:%d", site)
+	expectServed(t, url, fmt.Sprintf("sim-%d", static), "the running config")
+	loadRefused(t, globals+fmt.Sprintf(`
+:%d {
+	bind 127.0.0.1
+	route {
+		custom_router seeded {
+			backends http://127.0.0.1:%d
+		}
+		reverse_proxy 127.0.0.1:%d {
+			lb_policy queued_least_latency {
+				pool seeded
+				state_log_interval -1
+			}
+		}
+		%s
+	}
+}
+`, site, other, static, failingModule)+sims(static, other), "", "")
+	expectServed(t, url, fmt.Sprintf("sim-%d", static), "after a refused config that seeds the pool")
+}
