@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -239,28 +238,66 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	return next.ServeHTTP(w, r)
 }
 
-// isTrusted reports whether the request comes from a trusted source: the
-// client IP Caddy determined (honouring its trusted_proxies) in one of
-// TrustedSources.
+// isTrusted reports whether the request comes from a trusted source:
+// its strict client IP (see clientIP) in one of TrustedSources.
 func (h *FlowControl) isTrusted(r *http.Request) bool {
 	if len(h.trusted) == 0 {
 		return false
 	}
-	ipStr, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
-	if ipStr == "" {
-		ipStr, _, _ = net.SplitHostPort(r.RemoteAddr)
-	}
-	ip, err := netip.ParseAddr(ipStr)
-	if err != nil {
+	ip, ok := clientIP(r)
+	if !ok {
 		return false
 	}
-	ip = ip.Unmap()
 	for _, p := range h.trusted {
 		if p.Contains(ip) {
 			return true
 		}
 	}
 	return false
+}
+
+// clientIP is the client as flow control trusts it. From a peer that is
+// not one of the server's trusted_proxies, the peer itself. From a trusted
+// proxy, Caddy's own client IP when the server parses strictly
+// (trusted_proxies_strict); otherwise the right-most address of the
+// client IP headers — what the trusted proxy saw connect to it — not the
+// left-most one, which any client can write.
+func clientIP(r *http.Request) (netip.Addr, bool) {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	ip := peer.Addr().Unmap()
+	ctx := r.Context()
+	srv, _ := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if trusted, _ := caddyhttp.GetVar(ctx, caddyhttp.TrustedProxyVarKey).(bool); !trusted || srv == nil {
+		return ip, true
+	}
+	if srv.TrustedProxiesStrict > 0 {
+		if s, _ := caddyhttp.GetVar(ctx, caddyhttp.ClientIPVarKey).(string); s != "" {
+			if a, err := netip.ParseAddr(s); err == nil {
+				return a.Unmap(), true
+			}
+		}
+		return ip, true
+	}
+	headers := srv.ClientIPHeaders
+	if len(headers) == 0 {
+		headers = []string{"X-Forwarded-For"}
+	}
+	for _, name := range headers {
+		vals := r.Header.Values(name)
+		if len(vals) == 0 {
+			continue
+		}
+		last := vals[len(vals)-1]
+		last = strings.TrimSpace(last[strings.LastIndex(last, ",")+1:])
+		if a, err := netip.ParseAddr(last); err == nil {
+			return a.Unmap(), true
+		}
+		return netip.Addr{}, false // a malformed header from a trusted proxy: trust nothing
+	}
+	return ip, true
 }
 
 // flowState is one pool's controller, its detector inputs and a metrics

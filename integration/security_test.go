@@ -160,3 +160,48 @@ func TestFlowControlRefusesBadFairnessIDsAndBoundsTenantLabels(t *testing.T) {
 		t.Fatalf("%d distinct fairness_id label values, want 1..1001 (bounded)", len(ids))
 	}
 }
+
+// Behind a trusted proxy that appends to X-Forwarded-For, Caddy's
+// (non-strict) client IP is the left-most entry, which the client wrote:
+// flow control must not let it assert a trusted source.
+func TestTrustedSourcesCannotBeSpoofedThroughXForwardedFor(t *testing.T) {
+	startCaddy(t, `{
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+	persist_config off
+	servers {
+		trusted_proxies static 127.0.0.1/32
+	}
+}
+:9885 {
+	bind 127.0.0.1
+	route {
+		flow_control spoof {
+			trusted_sources 10.1.1.1/32
+		}
+		respond "tenant={header.X-Gateway-Inference-Fairness-Id}"
+	}
+}
+`)
+	get := func(xff string) string {
+		req, _ := http.NewRequest("GET", "http://127.0.0.1:9885/", nil)
+		req.Header.Set("X-Gateway-Inference-Fairness-Id", "premium-tenant")
+		req.Header.Set("X-Forwarded-For", xff)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	// The client wrote 10.1.1.1; the trusted proxy appended the address it saw.
+	if got := get("10.1.1.1, 203.0.113.9"); got != "tenant=" {
+		t.Fatalf("a spoofed left-most X-Forwarded-For was trusted: %q", got)
+	}
+	// The trusted proxy saw the trusted source itself.
+	if got := get("203.0.113.9, 10.1.1.1"); got != "tenant=premium-tenant" {
+		t.Fatalf("the trusted source, as the proxy saw it, was not trusted: %q", got)
+	}
+}
