@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -61,7 +62,20 @@ func readSetBackends(w http.ResponseWriter, r *http.Request) ([]lb.Backend, int,
 }
 
 // applyBackends makes bs the pool's set, persists it and logs the change.
+//
+// Every change of a set goes through setsMu, held across the change and
+// its file write: two changes (a set-backends racing an add_worker) must
+// not leave the file with the older set, nor an add_worker's
+// read-modify-write lose a set-backends.
 func applyBackends(name string, bs []lb.Backend, log *zap.Logger) (added, removed []string) {
+	setsMu.Lock()
+	defer setsMu.Unlock()
+	return applyBackendsLocked(name, bs, log)
+}
+
+var setsMu sync.Mutex
+
+func applyBackendsLocked(name string, bs []lb.Backend, log *zap.Logger) (added, removed []string) {
 	added, removed = lb.GetPool(name).Set(bs)
 	persistPool(name, bs, log)
 	log.Info("backend set replaced", zap.String("pool", name), zap.Int("backends", len(bs)),

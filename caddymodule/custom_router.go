@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -227,8 +226,8 @@ func (h *CustomRouter) serveWorkerChange(w http.ResponseWriter, r *http.Request,
 	pool := lb.GetPool(h.name)
 	// Read-modify-write under the pool's own ordering: concurrent worker
 	// changes are rare (operators, autoscalers) and each is logged.
-	workersMu.Lock()
-	defer workersMu.Unlock()
+	setsMu.Lock()
+	defer setsMu.Unlock()
 	set, _ := pool.Backends()
 	next := make([]lb.Backend, 0, len(set)+1)
 	found := false
@@ -248,11 +247,9 @@ func (h *CustomRouter) serveWorkerChange(w http.ResponseWriter, r *http.Request,
 		writeJSONError(w, http.StatusNotFound, "not_found", "worker "+b.URL+" is not in the pool")
 		return
 	}
-	applyBackends(h.name, next, h.log)
+	applyBackendsLocked(h.name, next, h.log)
 	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "urls": urls(next)})
 }
-
-var workersMu sync.Mutex
 
 // UnmarshalCaddyfile sets up the handler from:
 //

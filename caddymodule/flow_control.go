@@ -222,7 +222,9 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		ri := requestInfoFor(r, h.bodyLimit())
 		req.Model = ri.Model
 		if req.Bytes < 0 {
-			req.Bytes = int64(len(ri.Text)) // bounded estimate when no Content-Length
+			// No Content-Length: count what is held in memory for it (at
+			// least the bound, if the body was larger).
+			req.Bytes = int64(len(ri.buf))
 		}
 		req.Tokens = ri.estimatedTokens()
 	}

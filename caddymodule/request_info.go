@@ -94,6 +94,10 @@ const (
 	assumedOutputTokens = 256
 	// assumedRequestTokens stands for a body Sluice could not parse.
 	assumedRequestTokens = 512
+	// maxEstimatedTokens caps an estimate: a client's max_tokens of 4e18
+	// must not close a token gate for everyone (no served model's context
+	// is longer than this).
+	maxEstimatedTokens = 1 << 20
 )
 
 // estimatedTokens is the request's size in tokens as every Sluice module
@@ -108,5 +112,6 @@ func (ri *requestInfo) estimatedTokens() int64 {
 	if out <= 0 {
 		out = assumedOutputTokens
 	}
-	return int64(ri.PromptTokens) + int64(out)
+	// Each part capped first: their sum must not overflow.
+	return min(min(int64(ri.PromptTokens), maxEstimatedTokens)+min(int64(out), maxEstimatedTokens), maxEstimatedTokens)
 }

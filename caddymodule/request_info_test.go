@@ -49,3 +49,18 @@ func TestUnparsedBodyIsEstimatedConservatively(t *testing.T) {
 		t.Fatalf("unparsed body estimated at %d tokens, want %d", got, assumedRequestTokens)
 	}
 }
+
+// A client's huge max_tokens must not make its request weigh more than
+// any model could serve (it closed the token gate for everyone).
+func TestTokenEstimateIsCapped(t *testing.T) {
+	r, _, _ := newRequest(t)
+	r.URL.Path = "/v1/completions"
+	r.Body = io.NopCloser(strings.NewReader(`{"prompt":"hi","max_tokens":9223372036854775807}`))
+	ri := requestInfoFor(r, 1<<20)
+	if !ri.Parsed {
+		t.Fatal("not parsed")
+	}
+	if got := ri.estimatedTokens(); got != maxEstimatedTokens {
+		t.Fatalf("estimate %d, want the cap %d", got, maxEstimatedTokens)
+	}
+}

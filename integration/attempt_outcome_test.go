@@ -84,3 +84,31 @@ func TestRetryAfterADialErrorResendsTheBody(t *testing.T) {
 		})
 	}
 }
+
+// Caddy's header and query policies call their fallback policy without a
+// ResponseWriter: a Sluice fallback that refuses must not panic (it did,
+// and the client lost the connection); reverse_proxy answers 503 itself.
+func TestSluiceAsAnotherPolicysFallbackRefusesWithoutPanicking(t *testing.T) {
+	startCaddy(t, globals+`
+:9895 {
+	bind 127.0.0.1
+	route {
+		custom_router fallback-pool
+		reverse_proxy {
+			dynamic custom_router fallback-pool
+			lb_policy header X-Route {
+				fallback queued_least_latency {
+					pool fallback-pool
+					state_log_interval -1
+				}
+			}
+		}
+	}
+}
+`)
+	// The pool has no backends: the fallback refuses.
+	o := complete("http://127.0.0.1:9895")
+	if o.err != nil || o.status != 503 {
+		t.Fatalf("%+v, want Caddy's 503", o)
+	}
+}
