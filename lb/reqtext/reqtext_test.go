@@ -241,3 +241,14 @@ func BenchmarkExtractCompletions4KB(b *testing.B) {
 		}
 	}
 }
+
+func TestDeepNestingIsRefusedCheaply(t *testing.T) {
+	deep := `{"messages":[` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `]}`
+	if _, err := Extract("/v1/chat/completions", []byte(deep)); err == nil {
+		t.Fatal("a body nested 5000 deep was accepted")
+	}
+	ok := `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`
+	if _, err := Extract("/v1/chat/completions", []byte(ok)); err != nil {
+		t.Fatalf("a normal chat body: %v", err)
+	}
+}

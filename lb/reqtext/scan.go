@@ -27,8 +27,11 @@ type scanner struct {
 	err error
 }
 
-// maxDepth is encoding/json's nesting limit.
-const maxDepth = 10000
+// maxDepth bounds nesting. The scanner recurses, so a body nested 10,000
+// deep (encoding/json's limit) cost megabytes of stack per request; no
+// inference request nests past a handful of levels (messages → content →
+// parts → image_url), so 128 is generous.
+const maxDepth = 128
 
 var errEnd = errors.New("unexpected end of JSON input")
 
