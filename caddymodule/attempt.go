@@ -116,12 +116,13 @@ func startAttempt(r *http.Request, key string, measure latencyMeasure) *attempt 
 // only calls Select again after an attempt failed.
 func (a *attempt) retry() {
 	a.mu.Lock()
-	prev := a.lease
+	prev, pt := a.lease, a.trace
 	a.lease, a.trace = nil, nil
 	if prev != nil {
 		a.failed = append(a.failed, prev.Replica())
 	}
 	a.mu.Unlock()
+	pt.close()
 	if prev != nil {
 		prev.Release(lb.Outcome{Kind: lb.Failure})
 	}
@@ -130,8 +131,11 @@ func (a *attempt) retry() {
 // begin records l as the current attempt and attaches the attempt's trace
 // to r, the request reverse_proxy is about to send. If the request already
 // ended, l is released at once and begin returns false.
-func (a *attempt) begin(l lb.Lease, r *http.Request) bool {
-	t := &attemptTrace{base: a.base}
+//
+// limit (if > 0) bounds the attempt's time to first byte; stats (if not
+// nil) learns the replica's time to first byte.
+func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats *firstByteStats) bool {
+	t := &attemptTrace{base: a.base, ctx: newAttemptContext(a.base), dial: l.Replica(), stats: stats}
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
@@ -143,9 +147,14 @@ func (a *attempt) begin(l lb.Lease, r *http.Request) bool {
 		a.repl.Delete(k)
 	}
 	a.mu.Unlock()
+	if limit > 0 {
+		t.mu.Lock()
+		t.timer = time.AfterFunc(limit, t.expire)
+		t.mu.Unlock()
+	}
 	// Built on the request's own context, not on the previous attempt's
 	// traced one: an old trace must not report on a new attempt.
-	*r = *r.WithContext(httptrace.WithClientTrace(a.base, t.hooks()))
+	*r = *r.WithContext(httptrace.WithClientTrace(t.ctx, t.hooks()))
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &clientBody{ReadCloser: r.Body, t: t}
 	}
@@ -158,6 +167,7 @@ func (a *attempt) finish() {
 	l, t := a.lease, a.trace
 	a.lease, a.trace = nil, nil
 	a.mu.Unlock()
+	t.close()
 	if l != nil {
 		l.Release(a.outcome(l.Replica(), t))
 	}
@@ -216,7 +226,10 @@ func (a *attempt) outcome(dial string, t *attemptTrace) lb.Outcome {
 
 // attemptTrace is what the transport reports about one attempt.
 type attemptTrace struct {
-	base context.Context
+	base  context.Context // the request's
+	ctx   *attemptContext // the attempt's
+	dial  string
+	stats *firstByteStats
 
 	mu           sync.Mutex
 	start        time.Time
@@ -224,6 +237,34 @@ type attemptTrace struct {
 	lastByte     time.Duration
 	transportErr bool
 	clientErr    bool // reading the client's body failed (e.g. a truncated upload)
+	timer        *time.Timer
+}
+
+// expire abandons an attempt still waiting for its first byte.
+func (t *attemptTrace) expire() {
+	t.mu.Lock()
+	hung := t.firstByte == 0
+	if hung {
+		t.transportErr = true // the replica's failure
+	}
+	t.mu.Unlock()
+	if hung {
+		t.ctx.end(errFirstByteTimeout)
+	}
+}
+
+// close ends what the attempt holds: its timer and its context's link to
+// the request's.
+func (t *attemptTrace) close() {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	t.mu.Unlock()
+	t.ctx.stop()
 }
 
 func (t *attemptTrace) hooks() *httptrace.ClientTrace {
@@ -242,10 +283,18 @@ func (t *attemptTrace) hooks() *httptrace.ClientTrace {
 		WroteRequest: func(info httptrace.WroteRequestInfo) { t.failed(info.Err) },
 		GotFirstResponseByte: func() {
 			t.mu.Lock()
-			if t.firstByte == 0 {
+			first := t.firstByte == 0 && !t.transportErr
+			if first {
 				t.firstByte = max(time.Since(t.start), time.Nanosecond)
+				if t.timer != nil {
+					t.timer.Stop()
+				}
 			}
+			d := t.firstByte
 			t.mu.Unlock()
+			if first && t.stats != nil {
+				t.stats.observe(t.dial, d)
+			}
 		},
 		// Called when the response body was read to its end and the
 		// connection went back to the pool (HTTP/1): the last byte.

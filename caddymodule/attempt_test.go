@@ -142,7 +142,7 @@ func TestAttemptTraceTimesTheRealRoundTrip(t *testing.T) {
 	r.RequestURI, r.Host = "", dial
 	a := attemptFor(r, "test", measureLastByte)
 	l := &recordingLease{addr: dial}
-	if !a.begin(l, r) {
+	if !a.begin(l, r, 0, nil) {
 		t.Fatal("begin refused a live request")
 	}
 	repl.Set(keyStatus, 200)
@@ -166,7 +166,7 @@ func TestAttemptTraceTimesTheRealRoundTrip(t *testing.T) {
 	r2.RequestURI = ""
 	a2 := attemptFor(r2, "test", measureLastByte)
 	l2 := &recordingLease{addr: "127.0.0.1:1"}
-	a2.begin(l2, r2)
+	a2.begin(l2, r2, 0, nil)
 	if _, err := http.DefaultTransport.RoundTrip(r2); err == nil {
 		t.Fatal("dial to port 1 succeeded")
 	}
@@ -181,7 +181,7 @@ func TestAttemptRetryReleasesThePreviousAsFailureExactlyOnce(t *testing.T) {
 	r, repl, cancel := newRequest(t)
 	a := attemptFor(r, "test", measureAuto)
 	first, second := &recordingLease{}, &recordingLease{}
-	a.begin(first, r)
+	a.begin(first, r, 0, nil)
 	repl.Set(keyStatus, 200) // stale values from the failed attempt...
 	a.retry()
 	if got := first.get(); len(got) != 1 || got[0].Kind != lb.Failure {
@@ -190,7 +190,7 @@ func TestAttemptRetryReleasesThePreviousAsFailureExactlyOnce(t *testing.T) {
 	if attemptFor(r, "test", measureAuto) != a {
 		t.Fatal("a second Select must find the same attempt record")
 	}
-	a.begin(second, r) // ...are cleared when the next attempt starts
+	a.begin(second, r, 0, nil) // ...are cleared when the next attempt starts
 	cancel()
 	if got := waitOutcomes(t, second, 1); got[0].Kind != lb.Cancelled {
 		t.Fatalf("second attempt %+v, want Cancelled (no response recorded)", got[0])
@@ -215,7 +215,7 @@ func TestAttemptAfterTheRequestEndedIsReleasedAtOnce(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	l := &recordingLease{}
-	if a.begin(l, r) {
+	if a.begin(l, r, 0, nil) {
 		t.Fatal("begin accepted an attempt on a finished request")
 	}
 	if got := l.get(); len(got) != 1 || got[0].Kind != lb.Cancelled {

@@ -34,6 +34,7 @@ type CacheAware struct {
 	MissPolicy string `json:"miss_policy,omitempty"`
 	bodyOptions
 	passiveHealth
+	attemptOptions
 	selector
 }
 
@@ -75,7 +76,8 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 	}
 	rc, tc := p.routerConfig(), p.trackerConfig()
 	return p.provision(ctx, selectorSpec{
-		module: "cache_aware", pool: poolName(p.Pool), measure: measureAuto,
+		attempt: p.attemptOptions,
+		module:  "cache_aware", pool: poolName(p.Pool), measure: measureAuto,
 		maxBody:     p.bodyLimit(),
 		fingerprint: fmt.Sprintf("%+v %+v", rc, tc),
 		build: func(key stateKey) (*policyState, error) {

@@ -49,6 +49,7 @@ type GlobalRedisLeast struct {
 	// InstanceID names this instance in Redis (default: random per start).
 	InstanceID string `json:"instance_id,omitempty"`
 
+	attemptOptions
 	selector
 }
 
@@ -96,7 +97,8 @@ func (p *GlobalRedisLeast) Provision(ctx caddy.Context) error {
 	cfg := p.storeConfig().WithDefaults()
 	log := ctx.Logger()
 	return p.provision(ctx, selectorSpec{
-		module: "global_redis_least", pool: name, variant: cfg.ConnectionKey(), measure: measureAuto,
+		attempt: p.attemptOptions,
+		module:  "global_redis_least", pool: name, variant: cfg.ConnectionKey(), measure: measureAuto,
 		fingerprint: fmt.Sprintf("%+v", cfg),
 		build: func(key stateKey) (*policyState, error) {
 			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -51,6 +51,7 @@ type LoadAware struct {
 	SessionKey string `json:"session_key,omitempty"`
 	bodyOptions
 	passiveHealth
+	attemptOptions
 	selector
 }
 
@@ -100,7 +101,8 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 	header := orDefault(p.SessionHeader, "X-Session-Token")
 	log := ctx.Logger()
 	return p.provision(ctx, selectorSpec{
-		module: "load_aware", pool: name, measure: measureFirstByte,
+		attempt: p.attemptOptions,
+		module:  "load_aware", pool: name, measure: measureFirstByte,
 		maxBody: p.bodyLimit(), session: header,
 		fingerprint: fmt.Sprintf("%+v", cfg),
 		// The client gets the replica's session token back.

@@ -19,6 +19,8 @@ type policyState struct {
 	closer   func()
 	// extra is the policy's own companion state (e.g. a log loop).
 	extra any
+	// firstByte learns each replica's usual time to first byte.
+	firstByte firstByteStats
 
 	static  staticSync
 	unwatch func()

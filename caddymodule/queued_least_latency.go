@@ -43,6 +43,7 @@ type QueuedLeastLatency struct {
 	LatencyMeasure string `json:"latency_measure,omitempty"`
 
 	passiveHealth
+	attemptOptions
 	selector
 }
 
@@ -103,7 +104,8 @@ func (p *QueuedLeastLatency) Provision(ctx caddy.Context) error {
 	cfg, every := p.config(), p.logInterval()
 	log := ctx.Logger()
 	return p.provision(ctx, selectorSpec{
-		module: "queued_least_latency", pool: name, measure: measure,
+		attempt: p.attemptOptions,
+		module:  "queued_least_latency", pool: name, measure: measure,
 		fingerprint: fmt.Sprintf("%+v %v", cfg, every),
 		build: func(key stateKey) (*policyState, error) {
 			s := qll.New(cfg)

@@ -30,6 +30,8 @@ type selector struct {
 	// afterPick, if set, runs once a lease is taken (e.g. to hand the
 	// client a session token).
 	afterPick func(w http.ResponseWriter, l lb.Lease)
+	// firstByte is the configured first-byte limit (0: auto, < 0: none).
+	firstByte time.Duration
 
 	state  *policyState
 	claims stateClaims
@@ -43,6 +45,7 @@ type selectorSpec struct {
 	maxBody               int64
 	session               string
 	afterPick             func(http.ResponseWriter, lb.Lease)
+	attempt               attemptOptions
 	// fingerprint identifies the settings apply gives the shared state;
 	// two blocks of one config that differ on a pool are refused.
 	fingerprint string
@@ -56,6 +59,7 @@ type selectorSpec struct {
 func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
 	s.log = ctx.Logger()
 	s.module, s.measure, s.maxBody, s.session, s.afterPick = spec.module, spec.measure, spec.maxBody, spec.session, spec.afterPick
+	s.firstByte = time.Duration(spec.attempt.FirstByteTimeout)
 	restorePool(spec.pool, s.log)
 	s.pool = lb.GetPool(spec.pool)
 	key := stateKey{module: spec.module, pool: spec.pool, variant: spec.variant}
@@ -112,7 +116,7 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	if s.maxBody > 0 {
 		requestInfoFor(r, s.maxBody).bodyFor(r)
 	}
-	if !a.begin(lease, r) {
+	if !a.begin(lease, r, st.firstByte.limit(lease.Replica(), s.firstByte), &st.firstByte) {
 		return nil
 	}
 	if s.afterPick != nil && w != nil {

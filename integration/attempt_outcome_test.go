@@ -112,3 +112,58 @@ func TestSluiceAsAnotherPolicysFallbackRefusesWithoutPanicking(t *testing.T) {
 		t.Fatalf("%+v, want Caddy's 503", o)
 	}
 }
+
+// A replica that accepts the request and never answers is abandoned after
+// its first-byte limit (the client gets 504 instead of a hang) and marked
+// down, so the next requests go elsewhere. It used to hold every request
+// sent to it, and clients giving up counted as "cancelled", never failed.
+func TestHungReplicaIsAbandonedAndMarkedDown(t *testing.T) {
+	site, good, hung := 9901, 9902, 9903
+	startCaddy(t, globals+fmt.Sprintf(`
+:%d {
+	bind 127.0.0.1
+	route {
+		custom_router hung
+		reverse_proxy {
+			dynamic custom_router hung
+			lb_policy queued_least_latency {
+				pool hung
+				parallelism 4
+				first_byte_timeout 300ms
+				fail_duration 1m
+				state_log_interval -1
+			}
+		}
+	}
+}
+:%d {
+	bind 127.0.0.1
+	inference_sim {
+		name sim-%d
+		latency fixed 20ms
+		stall 1m 1
+	}
+}
+`, site, hung, hung)+sims(good))
+	url := fmt.Sprintf("http://127.0.0.1:%d", site)
+	setBackends(t, url, fmt.Sprintf("http://127.0.0.1:%d", hung), fmt.Sprintf("http://127.0.0.1:%d", good))
+	got504 := 0
+	for i := 0; i < 6; i++ {
+		o := complete(url)
+		switch {
+		case o.status == 504:
+			got504++
+		case o.status != 200 || o.replica != fmt.Sprintf("sim-%d", good):
+			t.Fatalf("request %d: %+v", i, o)
+		}
+	}
+	if got504 != 1 {
+		t.Fatalf("%d requests timed out on the hung replica, want exactly 1 (then it is down)", got504)
+	}
+	for _, b := range getHealth(t, url).Backends {
+		if b.Addr == fmt.Sprintf("127.0.0.1:%d", hung) && (!b.Down || b.Failures != 1) {
+			t.Fatalf("the hung replica: %+v, want down after 1 failure", b)
+		}
+	}
+	drained(t, url)
+}

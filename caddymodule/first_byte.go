@@ -1,0 +1,116 @@
+package caddymodule
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// A replica that accepts connections and never answers would hold every
+// request sent to it until the client gives up, and the client's leaving
+// says nothing against the replica. So each attempt has a limit on its
+// time to first byte: past it the attempt is abandoned (the client gets
+// 504 and may retry) and counted as the replica's failure.
+
+// attemptOptions are the per-attempt settings every policy has.
+type attemptOptions struct {
+	// FirstByteTimeout bounds an attempt's time to first byte. 0 (the
+	// default): derived from the replica's own history — 20× its usual
+	// time to first byte, between 10 s and 10 min; 2 min before it has
+	// answered once. Negative: no limit.
+	FirstByteTimeout caddy.Duration `json:"first_byte_timeout,omitempty"`
+}
+
+const (
+	firstByteFactor   = 20
+	firstByteMin      = 10 * time.Second
+	firstByteMax      = 10 * time.Minute
+	firstByteUnknown  = 2 * time.Minute
+	firstByteEWMAKeep = 0.8 // weight of the history in each new sample
+)
+
+// firstByteStats keeps each replica's usual time to first byte (an EWMA),
+// learned from the attempts' traces; it lives in the pool's shared state.
+type firstByteStats struct {
+	m sync.Map // dial -> *atomic.Int64 (nanoseconds)
+}
+
+func (s *firstByteStats) observe(dial string, d time.Duration) {
+	v, _ := s.m.LoadOrStore(dial, new(atomic.Int64))
+	e := v.(*atomic.Int64)
+	for {
+		old := e.Load()
+		next := int64(d)
+		if old > 0 {
+			next = int64(firstByteEWMAKeep*float64(old) + (1-firstByteEWMAKeep)*float64(d))
+		}
+		if e.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// limit is the attempt's first-byte limit for dial (0: none).
+func (s *firstByteStats) limit(dial string, configured time.Duration) time.Duration {
+	switch {
+	case configured < 0:
+		return 0
+	case configured > 0:
+		return configured
+	}
+	v, ok := s.m.Load(dial)
+	if !ok || v.(*atomic.Int64).Load() == 0 {
+		return firstByteUnknown
+	}
+	return min(max(firstByteFactor*time.Duration(v.(*atomic.Int64).Load()), firstByteMin), firstByteMax)
+}
+
+// errFirstByteTimeout is why an attempt was abandoned. It is a timeout
+// (reverse_proxy answers 504), not a cancellation (which it would take
+// for the client leaving).
+var errFirstByteTimeout = firstByteTimeoutError{}
+
+type firstByteTimeoutError struct{}
+
+func (firstByteTimeoutError) Error() string {
+	return "no first byte from the replica within its first_byte_timeout"
+}
+func (firstByteTimeoutError) Timeout() bool   { return true }
+func (firstByteTimeoutError) Temporary() bool { return true }
+
+// attemptContext is the context of one attempt: the request's, plus an
+// end of its own that the first-byte limit can call. (A deadline would
+// also cut a response that is already streaming.)
+type attemptContext struct {
+	context.Context
+	done chan struct{}
+	mu   sync.Mutex
+	err  error
+	stop func() bool // stops the propagation from the request's context
+}
+
+func newAttemptContext(parent context.Context) *attemptContext {
+	c := &attemptContext{Context: parent, done: make(chan struct{})}
+	c.stop = context.AfterFunc(parent, func() { c.end(parent.Err()) })
+	return c
+}
+
+func (c *attemptContext) Done() <-chan struct{} { return c.done }
+
+func (c *attemptContext) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+func (c *attemptContext) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+		close(c.done)
+	}
+}
