@@ -200,15 +200,10 @@ func (h *FlowControl) Cleanup() error { return h.claims.release() }
 func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	req := flow.Request{}
 	if h.isTrusted(r) {
-		req.FlowID = r.Header.Get(headerFairnessID)
-		if !flow.ValidFlowID(req.FlowID) {
-			writeJSONError(w, http.StatusBadRequest, "invalid_request",
-				fmt.Sprintf("%s must be valid UTF-8 of at most %d bytes", headerFairnessID, flow.MaxLabelBytes))
+		var err error
+		if req, err = trustedFlowHeaders(r.Header, h.state.config().Objectives); err != nil {
+			writeJSONError(w, http.StatusBadRequest, "invalid_request", err.Error())
 			return nil
-		}
-		req.Priority = h.state.config().Objectives.Priority(r.Header.Get(headerObjective))
-		if ms, err := strconv.ParseFloat(r.Header.Get(headerSLOTTFT), 64); err == nil && ms > 0 {
-			req.SLOTTFT = time.Duration(ms * float64(time.Millisecond))
 		}
 	} else {
 		// Untrusted: a client must not assert its own tenant or priority,
@@ -238,6 +233,25 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	defer ticket.Release()
 	return next.ServeHTTP(w, r)
+}
+
+// maxSLOTTFT bounds x-slo-ttft-ms (a day): larger values overflow a
+// duration and mean "no SLO" anyway.
+const maxSLOTTFT = 24 * time.Hour
+
+// trustedFlowHeaders reads the flow-control headers of a trusted request:
+// tenant, priority (through the objectives) and SLO. A fairness id that
+// cannot be a label is an error; an unparsable or absurd SLO is ignored.
+func trustedFlowHeaders(hdr http.Header, objectives flow.Objectives) (flow.Request, error) {
+	req := flow.Request{FlowID: hdr.Get(headerFairnessID)}
+	if !flow.ValidFlowID(req.FlowID) {
+		return req, fmt.Errorf("%s must be valid UTF-8 of at most %d bytes", headerFairnessID, flow.MaxLabelBytes)
+	}
+	req.Priority = objectives.Priority(hdr.Get(headerObjective))
+	if ms, err := strconv.ParseFloat(hdr.Get(headerSLOTTFT), 64); err == nil && ms > 0 && ms <= float64(maxSLOTTFT/time.Millisecond) {
+		req.SLOTTFT = time.Duration(ms * float64(time.Millisecond))
+	}
+	return req, nil
 }
 
 // isTrusted reports whether the request comes from a trusted source:

@@ -71,6 +71,8 @@ func ParseBackend(s string) (Backend, error) {
 		if why := forbiddenIP(ip.Unmap()); why != "" {
 			return Backend{}, fmt.Errorf("%q: %s addresses are never backends", s, why)
 		}
+	} else if !validHostname(host) {
+		return Backend{}, fmt.Errorf("%q: host %q is neither an IP address nor a host name", s, host)
 	}
 	dial := net.JoinHostPort(strings.ToLower(host), port)
 	return Backend{URL: u.Scheme + "://" + dial, Dial: dial}, nil
@@ -98,4 +100,23 @@ func forbiddenIP(ip netip.Addr) string {
 		return "unspecified"
 	}
 	return ""
+}
+
+// validHostname reports whether h is a DNS host name: dot-separated labels
+// of letters, digits, '-' and '_' (not starting or ending with '-').
+func validHostname(h string) bool {
+	if len(h) == 0 || len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+		if len(label) == 0 || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }

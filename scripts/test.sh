@@ -25,3 +25,16 @@ trap 'kill "$SLUICE_TEST_REDIS_PID" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 echo "test redis at $SLUICE_TEST_REDIS_ADDR (pid $SLUICE_TEST_REDIS_PID)"
 
 go test -race -count=1 "$@" ./...
+
+# A short run of every fuzz target of outside input (the committed corpora
+# under testdata/fuzz already ran above as seeds). Skipped when arguments
+# select tests.
+if [ $# -eq 0 ]; then
+	for target in "FuzzSetBackendsBody ./caddymodule" "FuzzTrustedFlowHeaders ./caddymodule" \
+		"FuzzCaddyfileOptions ./caddymodule" "FuzzFirstByteLimit ./caddymodule" \
+		"FuzzParseBackend ./lb" "FuzzExtractMatchesEncodingJSON ./lb/reqtext"; do
+		set -- $target
+		echo "fuzz $1 ($2), ${SLUICE_FUZZTIME:-3s}"
+		go test -run '^$' -fuzz "^$1\$" -fuzztime "${SLUICE_FUZZTIME:-3s}" "$2"
+	done
+fi
