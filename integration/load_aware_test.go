@@ -22,6 +22,10 @@ func TestSessionAffinityRoundTripThroughCaddy(t *testing.T) {
 		lb_policy load_aware {
 			pool la-session
 			metrics_interval 100ms
+			# The test is about the session round trip: a scrape that
+			# runs late on a loaded machine must not make the session's
+			# replica stale (stale metrics score worst, by design).
+			metrics_staleness 30s
 		}
 	}
 }

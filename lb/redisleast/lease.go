@@ -164,8 +164,10 @@ func (l *Lease) Release(lb.Outcome) bool {
 		s.queueRelease(l.ident, l.req)
 		return true
 	}
-	res := s.execRelease(context.Background(), l.ident, []string{l.req})
-	if transportErr(res.Error()) {
+	// Any failure keeps the release for the maintenance loop: a network
+	// error, or an error reply (READONLY in a failover, NOREPLICAS,
+	// LOADING, BUSY, NOPERM) — dropping it would leave the count +1.
+	if err := s.execRelease(context.Background(), l.ident, []string{l.req}).Error(); err != nil && !rueidis.IsRedisNil(err) {
 		s.queueRelease(l.ident, l.req)
 	}
 	return true

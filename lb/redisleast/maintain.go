@@ -39,6 +39,9 @@ func (s *Store) loop() {
 			continue
 		}
 		s.flush(ctx)
+		if s.unsynced.Load() {
+			s.resync(ctx) // a set Redis refused (an error reply) goes again
+		}
 		s.reap(ctx)
 		if s.queueing() {
 			s.kick(ctx)
@@ -63,8 +66,8 @@ func (s *Store) flush(ctx context.Context) {
 	for _, b := range s.pend.take() {
 		for i := 0; i < len(b.ids); i += batch {
 			ids := b.ids[i:min(i+batch, len(b.ids))]
-			res := s.execRelease(ctx, b.ident, ids)
-			if transportErr(res.Error()) {
+			// Error replies too (see Lease.Release): kept until Redis takes them.
+			if err := s.execRelease(ctx, b.ident, ids).Error(); err != nil && !rueidis.IsRedisNil(err) {
 				s.pend.putBack(pendingBatch{b.ident, b.ids[i:]})
 				break
 			}

@@ -72,10 +72,6 @@ const syncTimeout = 2 * time.Second
 // SetReplicas implements lb.Picker: Sync, bounded. A failure (Redis away)
 // is kept for SyncErr; the store replays the set when Redis answers.
 func (s *Store) SetReplicas(addrs []string) {
-	// One at a time: two interleaved Syncs could leave Redis with one set
-	// and the candidates (s.last) with the other.
-	s.setMu.Lock()
-	defer s.setMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
 	defer cancel()
 	err := s.Sync(ctx, addrs)

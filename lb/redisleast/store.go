@@ -71,7 +71,8 @@ type Store struct {
 
 	unreachable atomic.Pointer[error] // why Redis was not usable at New
 	syncErr     atomic.Pointer[error] // the last SetReplicas' error
-	setMu       sync.Mutex            // serializes SetReplicas
+	syncMu      sync.Mutex            // serializes Sync and resync
+	unsynced    atomic.Bool           // the last set has not reached Redis
 
 	life    sync.Mutex // orders starting a probe against Close
 	probing atomic.Bool
@@ -210,13 +211,20 @@ func transportErr(err error) bool {
 // Sync makes replicas the pool's member set in Redis: new replicas join at
 // 0, removed ones leave, staying ones keep their counts. The list is also
 // remembered and replayed if Redis comes back empty (restart).
+//
+// A set given while Redis cannot take it (breaker open, an error) is
+// marked unsynced and applied as soon as Redis answers, whatever Redis
+// still holds.
 func (s *Store) Sync(ctx context.Context, replicas []string) error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
 	replicas = slices.Clone(replicas)
 	s.mu.Lock()
 	s.last = replicas
 	s.mu.Unlock()
 	s.local.retain(replicas)
 	if s.br.isOpen() {
+		s.unsynced.Store(true)
 		return fmt.Errorf("redis %v: circuit breaker open; will sync when it closes", s.conf().Addrs)
 	}
 	return s.sync(ctx, replicas)
@@ -231,8 +239,10 @@ func (s *Store) sync(ctx context.Context, replicas []string) error {
 		return syncScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone}, replicas)
 	})
 	if err := res.Error(); err != nil {
+		s.unsynced.Store(true)
 		return fmt.Errorf("redis sync: %w", err)
 	}
+	s.unsynced.Store(false)
 	_, err := s.Counts(ctx)
 	return err
 }
@@ -240,17 +250,21 @@ func (s *Store) sync(ctx context.Context, replicas []string) error {
 // resync replays the last Sync when Redis holds no member (it restarted
 // without persistence, or the key was deleted). True if it synced.
 func (s *Store) resync(ctx context.Context) bool {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
 	s.mu.Lock()
 	last := s.last
 	s.mu.Unlock()
-	if len(last) == 0 {
-		return false
-	}
-	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return s.rc().Do(ctx, s.rc().B().Zcard().Key(s.k.load).Build())
-	})
-	if n, err := res.AsInt64(); err != nil || n > 0 {
-		return false
+	if !s.unsynced.Load() {
+		if len(last) == 0 {
+			return false
+		}
+		res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+			return s.rc().Do(ctx, s.rc().B().Zcard().Key(s.k.load).Build())
+		})
+		if n, err := res.AsInt64(); err != nil || n > 0 {
+			return false
+		}
 	}
 	return s.sync(ctx, last) == nil
 }
