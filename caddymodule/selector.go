@@ -84,11 +84,29 @@ func (s *selector) Cleanup() error { return s.claims.release() }
 // Select implements reverseproxy.Selector. It may block (a queueing
 // policy). When the request cannot be dispatched it answers the client
 // itself (JSON error, Retry-After) and returns nil.
-func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) (up *reverseproxy.Upstream) {
 	a := startAttempt(r, s.varKey, s.measure)
 	if a == nil {
 		return nil
 	}
+	// A panic in a policy must not take the slot it holds down with the
+	// request: the lease taken but not yet handed to the attempt is
+	// released, the client gets 500 with the JSON body, the log the stack.
+	var lease lb.Lease
+	begun := false
+	defer func() {
+		v := recover()
+		if v == nil {
+			return
+		}
+		s.log.Error("panic in a Sluice policy; the request is answered 500", zap.String("pool", s.pool.Name()),
+			zap.Any("panic", v), zap.Stack("stack"))
+		if lease != nil && !begun {
+			lease.Release(lb.Outcome{Kind: lb.Cancelled})
+		}
+		a.refuse(r, w, refusal{http.StatusInternalServerError, "internal", "internal error in the load-balancing policy", 0})
+		up = nil
+	}()
 	st := s.state
 	if !s.pool.Managed() {
 		st.syncStatic(pool)
@@ -116,6 +134,7 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	if s.maxBody > 0 {
 		requestInfoFor(r, s.maxBody).bodyFor(r)
 	}
+	begun = true
 	if !a.begin(lease, r, st.firstByte.limit(lease.Replica(), s.firstByte), &st.firstByte) {
 		return nil
 	}
