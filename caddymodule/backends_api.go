@@ -58,6 +58,11 @@ func readSetBackends(w http.ResponseWriter, r *http.Request) ([]lb.Backend, int,
 	if err != nil {
 		return nil, http.StatusBadRequest, err
 	}
+	for i, b := range bs {
+		if err := refuseOwnAddress(b, r); err != nil {
+			return nil, http.StatusBadRequest, fmt.Errorf("backends[%d]: %w", i, err)
+		}
+	}
 	return bs, http.StatusOK, nil
 }
 

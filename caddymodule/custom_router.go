@@ -219,6 +219,9 @@ func (h *CustomRouter) serveWorkerChange(w http.ResponseWriter, r *http.Request,
 		return
 	}
 	b, err := lb.ParseBackend(r.URL.Query().Get("url"))
+	if err == nil {
+		err = refuseOwnAddress(b, r)
+	}
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, "invalid_request", "url: "+err.Error())
 		return

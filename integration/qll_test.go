@@ -210,6 +210,10 @@ func TestSetBackendsRejectsBadInputAndKeepsTheSet(t *testing.T) {
 		{`{"backends": ["http://[fe80::1]:8000"]}`, 400},
 		{`{"backends": ["http://224.0.0.1:8000"]}`, 400},
 		{`{"backends": ["http://0.0.0.0:9271"]}`, 400},
+		// Never Caddy itself: its admin endpoint, or this listener (a loop).
+		{`{"backends": ["http://127.0.0.1:2999"]}`, 400},
+		{`{"backends": ["http://localhost:2999"]}`, 400},
+		{`{"backends": ["http://127.0.0.1:9270"]}`, 400},
 	} {
 		resp, err := client.Post(url+"/_custom_router/set-backends", "application/json", strings.NewReader(c.body))
 		if err != nil {
