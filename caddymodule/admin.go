@@ -59,7 +59,7 @@ func (a *AdminAPI) pool(w http.ResponseWriter, r *http.Request) error {
 	switch op {
 	case "set-backends":
 		restorePool(name, a.log)
-		serveSetBackends(w, r, name, a.log)
+		serveSetBackends(w, r, name, nil, a.log)
 	case "health":
 		serveHealth(w, r, name)
 	default:

@@ -33,7 +33,8 @@ type setBackendsRequest struct {
 
 // readSetBackends decodes and validates a set-backends body; the error
 // message is what the client gets with 400.
-func readSetBackends(w http.ResponseWriter, r *http.Request) ([]lb.Backend, int, error) {
+// allowed (if not nil) further restricts each backend.
+func readSetBackends(w http.ResponseWriter, r *http.Request, allowed func(lb.Backend) error) ([]lb.Backend, int, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAPIBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -59,7 +60,11 @@ func readSetBackends(w http.ResponseWriter, r *http.Request) ([]lb.Backend, int,
 		return nil, http.StatusBadRequest, err
 	}
 	for i, b := range bs {
-		if err := refuseOwnAddress(b, r); err != nil {
+		err := refuseOwnAddress(b, r)
+		if err == nil && allowed != nil {
+			err = allowed(b)
+		}
+		if err != nil {
 			return nil, http.StatusBadRequest, fmt.Errorf("backends[%d]: %w", i, err)
 		}
 	}
@@ -88,13 +93,13 @@ func applyBackendsLocked(name string, bs []lb.Backend, log *zap.Logger) (added, 
 	return added, removed
 }
 
-func serveSetBackends(w http.ResponseWriter, r *http.Request, name string, log *zap.Logger) {
+func serveSetBackends(w http.ResponseWriter, r *http.Request, name string, allowed func(lb.Backend) error, log *zap.Logger) {
 	if r.Method != http.MethodPost && r.Method != http.MethodPut {
 		w.Header().Set("Allow", "POST, PUT")
 		writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST")
 		return
 	}
-	bs, status, err := readSetBackends(w, r)
+	bs, status, err := readSetBackends(w, r, allowed)
 	if err != nil {
 		log.Warn("set-backends rejected; previous set kept", zap.String("pool", name), zap.Error(err))
 		writeJSONError(w, status, "invalid_request", err.Error())

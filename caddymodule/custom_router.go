@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"crypto/subtle"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -46,10 +47,15 @@ type CustomRouter struct {
 	// token. Default: loopback and the private ranges, where the HF
 	// platform calls from.
 	AllowedSources []string `json:"allowed_sources,omitempty"`
+	// AllowedBackends, if set, are the only addresses (CIDR or IP) a
+	// backend may have; a backend given by host name is then refused (its
+	// address cannot be checked).
+	AllowedBackends []string `json:"allowed_backends,omitempty"`
 
-	allowed []netip.Prefix
-	name    string
-	log     *zap.Logger
+	allowed  []netip.Prefix
+	backends []netip.Prefix
+	name     string
+	log      *zap.Logger
 }
 
 // privateSources is AllowedSources' default.
@@ -86,6 +92,14 @@ func (h *CustomRouter) Provision(ctx caddy.Context) error {
 		}
 		h.allowed = append(h.allowed, p.Masked())
 	}
+	h.backends = h.backends[:0]
+	for _, src := range h.AllowedBackends {
+		p, err := parsePrefix(src)
+		if err != nil {
+			return fmt.Errorf("custom_router: allowed_backends: %q: %v", src, err)
+		}
+		h.backends = append(h.backends, p.Masked())
+	}
 	seed, err := lb.ParseBackends(h.Backends)
 	if err != nil {
 		return fmt.Errorf("custom_router: backends: %v", err)
@@ -119,7 +133,7 @@ func (h *CustomRouter) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 		switch strings.TrimPrefix(path, hfPrefix) {
 		case "set-backends":
 			if h.mayChange(w, r) {
-				serveSetBackends(w, r, h.name, h.log)
+				serveSetBackends(w, r, h.name, h.allowedBackend, h.log)
 			}
 		case "health":
 			if h.mayRead(w, r) {
@@ -155,6 +169,24 @@ func (h *CustomRouter) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 		return nil
 	}
 	return err
+}
+
+// allowedBackend checks b against AllowedBackends (all pass when unset).
+func (h *CustomRouter) allowedBackend(b lb.Backend) error {
+	if len(h.backends) == 0 {
+		return nil
+	}
+	host, _, _ := net.SplitHostPort(b.Dial)
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return fmt.Errorf("%q: with allowed_backends set, a backend must be an IP address", b.URL)
+	}
+	for _, p := range h.backends {
+		if p.Contains(ip.Unmap()) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is outside allowed_backends", b.URL)
 }
 
 // mayChange admits a call that changes the backend set: from an allowed
@@ -222,6 +254,9 @@ func (h *CustomRouter) serveWorkerChange(w http.ResponseWriter, r *http.Request,
 	if err == nil {
 		err = refuseOwnAddress(b, r)
 	}
+	if err == nil {
+		err = h.allowedBackend(b)
+	}
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, "invalid_request", "url: "+err.Error())
 		return
@@ -262,6 +297,7 @@ func (h *CustomRouter) serveWorkerChange(w http.ResponseWriter, r *http.Request,
 //	    sglang_api on|off
 //	    backends   <url>...   # initial set, when none was posted or persisted
 //	    allowed_sources <cidr|ip>...  # default: loopback and private ranges
+//	    allowed_backends <cidr|ip>... # default: any (but never link-local, multicast, Caddy itself)
 //	}
 func (h *CustomRouter) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return parseModule(d, "custom_router", &h.Pool, h, nil)

@@ -27,7 +27,7 @@ func FuzzSetBackendsBody(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		w := httptest.NewRecorder()
 		r := httptest.NewRequest(http.MethodPost, "/_custom_router/set-backends", bytes.NewReader(body))
-		bs, status, err := readSetBackends(w, r)
+		bs, status, err := readSetBackends(w, r, nil)
 		switch {
 		case err == nil && status != http.StatusOK:
 			t.Fatalf("no error but status %d", status)

@@ -205,3 +205,43 @@ func TestTrustedSourcesCannotBeSpoofedThroughXForwardedFor(t *testing.T) {
 		t.Fatalf("the trusted source, as the proxy saw it, was not trusted: %q", got)
 	}
 }
+
+// allowed_backends narrows where a backend set may point: addresses
+// outside it, and host names (unverifiable), get 400 and the set stays.
+func TestAllowedBackendsNarrowTheSet(t *testing.T) {
+	startCaddy(t, globals+`
+:9905 {
+	bind 127.0.0.1
+	route {
+		custom_router narrow {
+			allowed_backends 127.0.0.0/8
+			backends http://127.0.0.1:9906
+		}
+		respond "proxied"
+	}
+}
+`)
+	url := "http://127.0.0.1:9905"
+	for body, want := range map[string]int{
+		`{"backends":["http://10.1.2.3:8000"]}`:         400,
+		`{"backends":["http://replica.internal:8000"]}`: 400,
+		`{"backends":["http://127.0.0.1:9907"]}`:        200,
+	} {
+		resp, err := client.Post(url+"/_custom_router/set-backends", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("%s: %d, want %d", body, resp.StatusCode, want)
+		}
+	}
+	resp, err := client.Post(url+"/add_worker?url=http://10.9.9.9:8000", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Errorf("add_worker outside allowed_backends: %d, want 400", resp.StatusCode)
+	}
+}
