@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -38,13 +39,7 @@ func TestQuickLocalView(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	tmp := t.TempDir()
-	bin := os.Getenv("SLUICE_CADDY_BIN")
-	if bin == "" {
-		var err error
-		if bin, err = BuildCaddy(ctx, tmp, testLog{t}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	bin := caddyForTests(ctx, t)
 	out := filepath.Join(tmp, "out")
 	res, err := Run(ctx, Options{Scenario: "local-view", Quick: true, OutDir: out, CaddyBin: bin,
 		NoInstall: true, Command: "go test ./bench/", Log: testLog{t}})
@@ -168,5 +163,68 @@ func TestQuantileAndSummary(t *testing.T) {
 	m.stopAll(2 * time.Second)
 	if st := m.snapshot(); st.Stopped != 1 || st.Stuck != 0 || st.Early != 0 {
 		t.Fatalf("%+v", st)
+	}
+}
+
+var (
+	caddyOnce sync.Once
+	caddyBin  string
+	caddyErr  error
+)
+
+// caddyForTests is the Sluice Caddy binary the harness tests run:
+// SLUICE_CADDY_BIN, or one build shared by the tests of this package.
+func caddyForTests(ctx context.Context, t *testing.T) string {
+	if bin := os.Getenv("SLUICE_CADDY_BIN"); bin != "" {
+		return bin
+	}
+	caddyOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sluice-bench-caddy-")
+		if err != nil {
+			caddyErr = err
+			return
+		}
+		caddyBin, caddyErr = BuildCaddy(ctx, dir, testLog{t})
+	})
+	if caddyErr != nil {
+		t.Fatal(caddyErr)
+	}
+	return caddyBin
+}
+
+// The chaos scenario in quick mode: every Sluice policy under cancels,
+// replica kills, set-backends churn, hot reloads (good and refused) and
+// Redis outages ends with nothing lost, nothing leaked, no panic.
+func TestQuickChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	if !haveTool(t, "redis-server", "redis-server") {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("redis-server is missing and could not be installed")
+		}
+		t.Skip("redis-server is missing")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	bin := caddyForTests(ctx, t)
+	res, err := Run(ctx, Options{Scenario: "chaos", Quick: true, OutDir: filepath.Join(t.TempDir(), "out"), CaddyBin: bin,
+		NoInstall: true, Command: "go test ./bench/", Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Err(); err != nil {
+		t.Errorf("chaos run not clean: %v", err)
+	}
+	if len(res.Systems) != 6 {
+		t.Errorf("%d systems ran, want 6", len(res.Systems))
+	}
+	for _, s := range res.Systems {
+		if s.Requests < 1000 || s.Lost != 0 || s.Extra["leaked"] != 0 || s.Extra["panics"] != 0 {
+			t.Errorf("%s: requests %d, lost %d, leaked %v, panics %v", s.System, s.Requests, s.Lost, s.Extra["leaked"], s.Extra["panics"])
+		}
+		if s.Extra["cancelled"] == 0 {
+			t.Errorf("%s: no client gave up: the scenario did not test cancellation", s.System)
+		}
 	}
 }

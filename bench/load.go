@@ -154,7 +154,14 @@ func drive(ctx context.Context, system string, w workload, reqTimeout time.Durat
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			recs[n] = send(client, req.WithContext(ctx), system, n, proxy, start, wrote)
+			rctx := ctx
+			if d, ok := req.Context().Deadline(); ok {
+				// The workload's own deadline (a client that gives up).
+				var cancel context.CancelFunc
+				rctx, cancel = context.WithDeadline(ctx, d)
+				defer cancel()
+			}
+			recs[n] = send(client, req.WithContext(rctx), system, n, proxy, start, wrote)
 			if w.class != nil {
 				recs[n].Class = w.class(n)
 			}
