@@ -3,8 +3,10 @@ package integration
 import (
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The outcome of an attempt comes from that attempt: when the chosen
@@ -166,4 +168,47 @@ func TestHungReplicaIsAbandonedAndMarkedDown(t *testing.T) {
 		}
 	}
 	drained(t, url)
+}
+
+// Clients that announce a body and hang up before sending it used to make
+// the proxy count its 502s against the replica, marking a healthy replica
+// down. A truncated upload is the client's doing: the replica stays up.
+func TestTruncatedUploadsDoNotMarkTheReplicaDown(t *testing.T) {
+	site, sim := 9911, 9912
+	startCaddy(t, globals+fmt.Sprintf(`
+:%d {
+	bind 127.0.0.1
+	route {
+		custom_router truncated
+		reverse_proxy {
+			dynamic custom_router truncated
+			lb_policy queued_least_latency {
+				pool truncated
+				fail_duration 1m
+				state_log_interval -1
+			}
+		}
+	}
+}
+`, site)+sims(sim))
+	url := fmt.Sprintf("http://127.0.0.1:%d", site)
+	setBackends(t, url, fmt.Sprintf("http://127.0.0.1:%d", sim))
+	for i := 0; i < 8; i++ {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", site))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"prompt\":")
+		time.Sleep(20 * time.Millisecond) // the proxy has started the upload
+		c.Close()
+	}
+	eventually(t, "the truncated requests to end", func() bool { return inFlight(getHealth(t, url)) == 0 })
+	for _, b := range getHealth(t, url).Backends {
+		if b.Down || b.Failures != 0 {
+			t.Fatalf("clients' truncated uploads were counted against the replica: %+v", b)
+		}
+	}
+	if o := complete(url); o.status != 200 {
+		t.Fatalf("the replica no longer serves: %+v", o)
+	}
 }
