@@ -113,7 +113,7 @@ func (r *Router) Pick(model, text string, load LoadFunc) Decision {
 	var d Decision
 	var hit *node
 	if total := utf8.RuneCountInString(text); total > 0 {
-		if root := r.trees[model]; root != nil {
+		if root := r.trees[modelKey(model)]; root != nil {
 			hit, d.MatchedChars = match(root, text)
 			d.MatchRate = float64(d.MatchedChars) / float64(total)
 		}

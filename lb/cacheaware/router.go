@@ -156,6 +156,7 @@ func (r *Router) SetReplicas(addrs []string) {
 // holdings are evicted until the size is within the bound again, so the
 // bound holds after every Insert.
 func (r *Router) Insert(model, text, addr string) {
+	model = modelKey(model)
 	text = validText(text)
 	if text == "" {
 		return
@@ -271,6 +272,25 @@ func (r *Router) Stats() Stats {
 
 // validText makes text valid UTF-8 so rune counting and rune-boundary
 // matching agree (JSON-decoded strings already are).
+// maxModelBytes bounds a model name used as a tree's key: the name comes
+// from the client. (The number of trees is bounded already: a tree lives
+// only while it holds text, and text counts against MaxTreeSize.)
+const maxModelBytes = 128
+
+// modelKey is the tree key for a client-given model name: valid UTF-8, at
+// most maxModelBytes (cut on a rune boundary).
+func modelKey(model string) string {
+	model = validText(model)
+	if len(model) <= maxModelBytes {
+		return model
+	}
+	cut := maxModelBytes
+	for cut > 0 && !utf8.RuneStart(model[cut]) {
+		cut--
+	}
+	return model[:cut]
+}
+
 func validText(s string) string {
 	if utf8.ValidString(s) {
 		return s
