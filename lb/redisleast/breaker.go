@@ -104,3 +104,10 @@ func backoffSleep(done <-chan struct{}, d time.Duration) bool {
 		return false
 	}
 }
+
+// setLimit changes the failures that open the breaker (Configure).
+func (b *breaker) setLimit(n int) {
+	b.mu.Lock()
+	b.limit = n
+	b.mu.Unlock()
+}

@@ -1,12 +1,18 @@
 package redisleast
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -14,6 +20,41 @@ import (
 
 // Config is one pool's connection and policy settings. Zero values take
 // the defaults (see WithDefaults).
+//
+// Live or not: Store.Configure applies a setting in place (read at use,
+// race-free) unless it needs a new connection or a new identity in Redis;
+// those need a new Store, and Config.ConnectionKey differs exactly when
+// one of them does.
+//
+//	setting           Caddyfile          live?
+//	Addrs             redis              new store (connection)
+//	Username          username           new store (connection)
+//	Password          password           new store (connection; only a keyed hash enters the key)
+//	DB                db                 new store (connection)
+//	TLS               tls                new store (connection)
+//	CAFile            ca_file            new store (connection; the file is read at New)
+//	DialTimeout       dial_timeout       new store (connection)
+//	KeyPrefix         key_prefix         new store (every Redis key changes)
+//	InstanceID        instance_id        new store (the identity records are kept under)
+//	QueueTimeout      queue_timeout      live while the mode stays the same (> 0 ↔ > 0: a
+//	                                     Select already waiting keeps its deadline);
+//	                                     0 ↔ > 0 switches the queueing mode: new store
+//	                                     (Configure refuses it, naming queue_timeout)
+//	MaxInflight       max_inflight       live: the next Select sheds (or queues) at the new
+//	                                     value; in queueing mode a raise hands the new slots
+//	                                     to waiters at once
+//	LeaseTTL          lease_ttl          live: the liveness key is renewed with the new TTL
+//	                                     at once, renewal and reaping follow (every TTL/3)
+//	BreakerFailures   breaker_failures   live (from the next failed call)
+//	BreakerBackoff    breaker_backoff    live (from the probe's next wait)
+//	ReadTimeout       read_timeout       live (the next call); a raise beyond what the
+//	                                     connection allows (rueidis drops a connection
+//	                                     whose reply takes longer than max(4×read_timeout
+//	                                     at the time, 1s)) makes the store redial in the
+//	                                     background, same identity, no lease lost
+//	PendingMax        pending_max        live (a bound below what is already pending makes
+//	                                     the next queued release rotate the identity, as
+//	                                     any overflow does)
 type Config struct {
 	// Addrs are Redis nodes (host:port); one address of a cluster is enough.
 	Addrs              []string
@@ -150,6 +191,19 @@ func (c Config) tlsConfig() (*tls.Config, error) {
 // script is not a read-only command, and a resent script must never be
 // applied twice (the scripts are idempotent by request id anyway).
 func (c Config) clientOption() (rueidis.ClientOption, error) {
+	return c.clientOptionWith(connTimeout(c.ReadTimeout))
+}
+
+// connTimeout is the connection-level deadline (rueidis's
+// ConnWriteTimeout, also its keep-alive PINGs' timeout) for a read
+// timeout: generous, since each call carries its own ReadTimeout context,
+// but short enough that a dead connection (a failover to another host)
+// is dropped and redialled within about a second.
+func connTimeout(readTimeout time.Duration) time.Duration {
+	return max(4*readTimeout, time.Second)
+}
+
+func (c Config) clientOptionWith(connWriteTimeout time.Duration) (rueidis.ClientOption, error) {
 	tc, err := c.tlsConfig()
 	if err != nil {
 		return rueidis.ClientOption{}, err
@@ -167,8 +221,114 @@ func (c Config) clientOption() (rueidis.ClientOption, error) {
 		// Redis restart only one stale connection has to fail.
 		PipelineMultiplex: -1,
 		DisableCache:      true, // no client-side caching: every read must be the global truth
-		// Connection-level deadline (also for rueidis's keep-alive PINGs):
-		// generous, since each call carries its own ReadTimeout context.
-		ConnWriteTimeout: max(4*c.ReadTimeout, time.Second),
+		ConnWriteTimeout:  connWriteTimeout,
 	}, nil
+}
+
+// connectionFields are the settings that need a new Store, by name (the
+// Caddyfile's), with the value that tells them apart: ConnectionKey and
+// Configure's refusal both come from this one list.
+func (c Config) connectionFields() [][2]string {
+	c = c.WithDefaults()
+	mode := "off"
+	if c.QueueTimeout > 0 {
+		mode = "queueing"
+	}
+	return [][2]string{
+		{"redis", fmt.Sprintf("%q", c.Addrs)},
+		{"username", c.Username},
+		{"password", secretDigest(c.Password)},
+		{"db", strconv.Itoa(c.DB)},
+		{"tls", strconv.FormatBool(c.TLS)},
+		{"ca_file", c.CAFile},
+		{"dial_timeout", c.DialTimeout.String()},
+		{"key_prefix", c.KeyPrefix},
+		{"instance_id", c.InstanceID},
+		{"queue_timeout", mode}, // the queueing mode, not the duration
+	}
+}
+
+// ConnectionKey identifies the settings that need a new Store (see the
+// table at Config): two configs have the same key exactly when those
+// settings are equal (defaults applied), so a store built for one can be
+// Configured with the other. Every value is quoted, so no two different
+// configs share a key. The password enters only as a keyed hash, the key
+// being random per process: the string may be logged or shown, and it is
+// only ever compared within one process.
+func (c Config) ConnectionKey() string {
+	var b strings.Builder
+	for i, f := range c.connectionFields() {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%q", f[0], f[1])
+	}
+	return b.String()
+}
+
+// connectionChange names the first setting that differs between c and
+// o and needs a new store; "" if none does.
+func (c Config) connectionChange(o Config) string {
+	a, b := c.connectionFields(), o.connectionFields()
+	for i := range a {
+		if a[i] != b[i] {
+			return a[i][0]
+		}
+	}
+	return ""
+}
+
+// digestKey keys secretDigest: random per process, so a digest seen in a
+// log cannot be checked against guessed passwords.
+var digestKey = func() []byte {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return b
+}()
+
+func secretDigest(secret string) string {
+	if secret == "" {
+		return ""
+	}
+	m := hmac.New(sha256.New, digestKey)
+	m.Write([]byte(secret))
+	return "hmac:" + hex.EncodeToString(m.Sum(nil)[:12])
+}
+
+// conf is the configuration in force.
+func (s *Store) conf() Config { return *s.cfgp.Load() }
+
+// Config returns the configuration in force (defaults applied).
+func (s *Store) Config() Config { return s.conf() }
+
+// Configure applies cfg's live settings in place (see the table at
+// Config); what a call already under way read keeps its old value. It
+// refuses, changing nothing, a cfg that does not validate, or one whose
+// connection settings (ConnectionKey) differ from the store's: the error
+// names the first such setting, e.g. queue_timeout when the queueing mode
+// would switch on or off.
+func (s *Store) Configure(cfg Config) error {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	s.cfgMu.Lock()
+	defer s.cfgMu.Unlock()
+	if f := s.conf().connectionChange(cfg); f != "" {
+		if f == "queue_timeout" {
+			return errors.New("queue_timeout: switching the queueing mode on or off (0 ↔ > 0) needs a new store")
+		}
+		return fmt.Errorf("%s: a changed %s needs a new store (new connection or identity)", f, f)
+	}
+	s.cfgp.Store(&cfg)
+	s.br.setLimit(cfg.BreakerFailures)
+	s.pend.setMax(cfg.PendingMax)
+	// The loop renews with the new lease TTL, moves its ticker, redials
+	// if the read timeout outgrew the connection, and in queueing mode
+	// hands slots a raised max_inflight freed to the waiters.
+	select {
+	case s.reconf <- struct{}{}:
+	default:
+	}
+	return nil
 }

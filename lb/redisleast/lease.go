@@ -22,6 +22,7 @@ type Lease struct {
 	s        *Store
 	ident    *identity
 	req      string
+	start    time.Time
 	released atomic.Bool
 }
 
@@ -35,11 +36,17 @@ type Lease struct {
 // or finds others already queued, waits in the pool's global queue until
 // a slot is handed to it, ctx is done (ctx.Err()) or QueueTimeout passes
 // (ErrQueueTimeout); see queue.go.
+//
+// After Close it returns lb.ErrShutdown (also to requests still waiting
+// in the queue when Close runs).
 func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error) {
+	if s.closed.Load() {
+		return nil, lb.ErrShutdown
+	}
 	if len(candidates) == 0 {
 		return nil, ErrNoCandidates
 	}
-	if s.closed.Load() || s.br.isOpen() {
+	if s.br.isOpen() {
 		return s.fallback(candidates)
 	}
 	// One deadline for the whole call: a retry never extends the wait.
@@ -89,6 +96,9 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
+			if s.closed.Load() { // Close closed the client under this call
+				return nil, lb.ErrShutdown
+			}
 			// A connection broken by a Redis restart fails once (EOF)
 			// and is redialled: try again within the same deadline.
 			if !retried && transportErr(err) && !errors.Is(err, context.DeadlineExceeded) && !s.br.isOpen() {
@@ -100,7 +110,7 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 		code, _ := arr[0].AsInt64()
 		addr, _ := arr[1].ToString()
 		if wait != nil && code == 4 {
-			return s.await(ctx, ident, req, wait, candidates)
+			return s.await(ctx, ident, req, wait)
 		}
 		if wait != nil {
 			s.waiters.drop(token(ident, req))
@@ -109,7 +119,7 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 		case 1:
 			s.local.get(addr).Add(1)
 			s.c.selections.Add(1)
-			return &Lease{Addr: addr, s: s, ident: ident, req: req}, nil
+			return &Lease{Addr: addr, s: s, ident: ident, req: req, start: time.Now()}, nil
 		case 2:
 			s.c.shed.Add(1)
 			return nil, ErrSaturated
@@ -142,19 +152,22 @@ func (s *Store) fallback(candidates []string) (*Lease, error) {
 	s.local.get(addr).Add(1)
 	s.c.selections.Add(1)
 	s.c.fallbacks.Add(1)
-	return &Lease{Addr: addr, Fallback: true, s: s}, nil
+	return &Lease{Addr: addr, Fallback: true, s: s, start: time.Now()}, nil
 }
 
 // Release ends the request. Only the first call counts (later ones return
 // false). A Redis lease is released in Redis within ReadTimeout, or queued
 // until Redis answers again; call it off the request path (for example
-// from context.AfterFunc). The outcome is not used by this policy:
-// passive health is the tracker's business.
-func (l *Lease) Release(lb.Outcome) bool {
+// from context.AfterFunc). The outcome only feeds RetryAfter (how long
+// successful leases are held): passive health is the tracker's business.
+func (l *Lease) Release(o lb.Outcome) bool {
 	if !l.released.CompareAndSwap(false, true) {
 		return false
 	}
 	s := l.s
+	if o.Kind == lb.Success && !l.start.IsZero() {
+		s.svc.observe(time.Since(l.start))
+	}
 	s.local.get(l.Addr).Add(-1)
 	s.c.releases.Add(1)
 	if l.Fallback || s.closed.Load() {

@@ -8,9 +8,11 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// loop runs every LeaseTTL/3 while the breaker is closed: renew this
-// instance's liveness key, send pending releases, reap dead instances and
-// refresh the global counts the metrics report.
+// loop runs every LeaseTTL/3 while the breaker is closed, and at once
+// after Configure: renew this instance's liveness key, send pending
+// releases, replay a set Redis did not take, reap dead instances, dispatch
+// free slots to waiters (queueing mode) and refresh the global counts the
+// metrics report; and redial if read_timeout outgrew the connection.
 //
 // Reclaim bound: an instance that dies renewed its key at most LeaseTTL/3
 // before; the key expires LeaseTTL after that renewal, and some live
@@ -26,6 +28,7 @@ func (s *Store) loop() {
 		case <-s.done:
 			return
 		case <-t.C:
+		case <-s.reconf:
 		}
 		if e := s.reapInterval(); e != every { // Configure changed lease_ttl
 			every = e
@@ -34,6 +37,7 @@ func (s *Store) loop() {
 		if s.br.isOpen() {
 			continue // the probe takes over
 		}
+		s.fitConnection()
 		ctx := context.Background()
 		if s.renew(ctx) != nil {
 			continue
@@ -109,14 +113,69 @@ func (s *Store) reap(ctx context.Context) {
 // Redis by a real one (with cluster discovery) once Redis answers. No call
 // uses the placeholder meanwhile: the breaker has been open throughout.
 func (s *Store) reconnect() bool {
-	client, err := rueidis.NewClient(s.opt)
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if s.closed.Load() {
+		return false
+	}
+	opt := s.opt
+	opt.ConnWriteTimeout = max(opt.ConnWriteTimeout, connTimeout(s.conf().ReadTimeout))
+	client, err := rueidis.NewClient(opt)
 	if err != nil {
 		return false
 	}
+	s.opt = opt
 	old := s.cl.Swap(&clientRef{client})
 	s.provisional.Store(false)
 	old.Close()
 	return true
+}
+
+// fitConnection gives the store a new client when read_timeout was
+// raised beyond what the current connection allows: rueidis's
+// ConnWriteTimeout, fixed per client, drops a connection whose reply
+// takes longer, which would cap the read timeout silently. Same options
+// otherwise, same identity: nothing recorded in Redis changes hands.
+// The old client is closed after a grace period, so a call that had
+// just loaded it still runs (Close lets queued commands finish anyway).
+// Redis unreachable: it tries again at the next round.
+func (s *Store) fitConnection() {
+	want := connTimeout(s.conf().ReadTimeout)
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if want <= s.opt.ConnWriteTimeout || s.provisional.Load() || s.closed.Load() {
+		return
+	}
+	opt := s.opt
+	opt.ConnWriteTimeout = want
+	client, err := rueidis.NewClient(opt)
+	if err != nil {
+		s.c.errors.Add(1)
+		return
+	}
+	grace := s.opt.ConnWriteTimeout
+	s.opt = opt
+	old := s.cl.Swap(&clientRef{client}).Client
+	if s.retired == nil {
+		s.retired = map[rueidis.Client]bool{}
+	}
+	s.retired[old] = true
+	time.AfterFunc(grace, func() {
+		s.connMu.Lock()
+		mine := s.retired[old]
+		delete(s.retired, old)
+		s.connMu.Unlock()
+		if mine { // else Close took it
+			old.Close()
+		}
+	})
+}
+
+// connWriteTimeout is the current client's connection-level deadline.
+func (s *Store) connWriteTimeout() time.Duration {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	return s.opt.ConnWriteTimeout
 }
 
 // startProbe runs, once per outage, the half-open step: every

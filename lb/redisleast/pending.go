@@ -85,3 +85,10 @@ func (p *pending) len() int {
 	}
 	return n
 }
+
+// setMax changes the bound (Configure); what is already queued stays.
+func (p *pending) setMax(n int) {
+	p.mu.Lock()
+	p.max = n
+	p.mu.Unlock()
+}

@@ -2,83 +2,31 @@ package redisleast
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
-	"strconv"
-	"strings"
+	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-router/sluice/lb"
 )
-
-// Settings, live or not. Configure applies in place, without a new
-// connection or identity, every setting but the connection's:
-//
-//	live (Configure):       max_inflight, lease_ttl, breaker_failures,
-//	                        breaker_backoff, read_timeout, pending_max,
-//	                        queue_timeout (while the mode stays on or off)
-//	new store (a new key):  redis addresses, username, password, db, tls,
-//	                        ca_file, dial_timeout, key_prefix, instance_id,
-//	                        queueing mode on/off (queue_timeout 0 ↔ > 0)
-//
-// ConnectionKey tells the two apart: equal keys, same store.
-
-// ConnectionKey identifies the settings that need a new Store when they
-// change. The password enters as a hash: the key may be logged or shown.
-func (c Config) ConnectionKey() string {
-	c = c.WithDefaults()
-	pw := ""
-	if c.Password != "" {
-		sum := sha256.Sum256([]byte(c.Password))
-		pw = hex.EncodeToString(sum[:8])
-	}
-	return strings.Join([]string{strings.Join(c.Addrs, ","), c.Username, pw, strconv.Itoa(c.DB),
-		strconv.FormatBool(c.TLS), c.CAFile, c.DialTimeout.String(), c.KeyPrefix, c.InstanceID,
-		strconv.FormatBool(c.QueueTimeout > 0)}, "|")
-}
-
-// conf is the configuration in force.
-func (s *Store) conf() Config { return *s.cfgp.Load() }
-
-// Config returns the configuration in force.
-func (s *Store) Config() Config { return s.conf() }
-
-// Configure applies cfg's live settings in place. cfg must have the same
-// ConnectionKey as the store's: a different one needs a new Store.
-func (s *Store) Configure(cfg Config) error {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	if cfg.ConnectionKey() != s.conf().ConnectionKey() {
-		return fmt.Errorf("redis %v: connection settings differ; they need a new store", cfg.Addrs)
-	}
-	s.cfgp.Store(&cfg)
-	s.br.mu.Lock()
-	s.br.limit = cfg.BreakerFailures
-	s.br.mu.Unlock()
-	s.pend.mu.Lock()
-	s.pend.max = cfg.PendingMax
-	s.pend.mu.Unlock()
-	return nil
-}
 
 // The store as the global least-request policy's lb.Picker.
 
 // syncTimeout bounds SetReplicas' round trip to Redis.
 const syncTimeout = 2 * time.Second
 
-// SetReplicas implements lb.Picker: Sync, bounded. A failure (Redis away)
-// is kept for SyncErr; the store replays the set when Redis answers.
+// SetReplicas implements lb.Picker: Sync, bounded by 2s. It returns
+// nothing: a set Redis could not take (away, breaker open, an error
+// reply) is kept and applied as soon as Redis answers, whatever Redis
+// still holds; SyncErr says whether that is still to happen.
 func (s *Store) SetReplicas(addrs []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
 	defer cancel()
-	err := s.Sync(ctx, addrs)
-	s.syncErr.Store(&err)
+	_ = s.Sync(ctx, addrs)
 }
 
-// SyncErr is the last SetReplicas' error, if any.
+// SyncErr is why the last backend set (SetReplicas or Sync) is not in
+// Redis yet; nil once it is (also when it got there later, by the replay
+// after an outage).
 func (s *Store) SyncErr() error {
 	if p := s.syncErr.Load(); p != nil {
 		return *p
@@ -87,8 +35,13 @@ func (s *Store) SyncErr() error {
 }
 
 // Pick implements lb.Picker: Select over the replicas of the last
-// SetReplicas (or Sync) less req.Unavailable.
+// SetReplicas (or Sync) less req.Unavailable and req.Avoid. None at all:
+// lb.ErrNoBackends; none left after those: lb.ErrAllDown; a closed
+// store: lb.ErrShutdown.
 func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
+	if s.closed.Load() {
+		return nil, lb.ErrShutdown
+	}
 	s.mu.Lock()
 	replicas := s.last
 	s.mu.Unlock()
@@ -114,8 +67,9 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	return l, nil
 }
 
-// InFlight implements lb.Picker: this instance's own leases per replica
-// (the pool-wide counts are in Counts and the metrics).
+// InFlight implements lb.Picker: this instance's own leases not yet
+// released, per replica (Redis and fallback leases alike). It never
+// touches Redis; the pool-wide counts are in Counts and Stats.InFlight.
 func (s *Store) InFlight() map[string]int {
 	out := map[string]int{}
 	s.local.mu.RLock()
@@ -128,10 +82,44 @@ func (s *Store) InFlight() map[string]int {
 	return out
 }
 
+// RetryAfter implements lb.RetryAfterer: how long a refused client
+// (saturated, queue timeout) should wait — the mean time this instance's
+// successful leases were held (one request's service, when a slot
+// usually frees), at least one second.
+func (s *Store) RetryAfter() time.Duration {
+	return max(time.Second, s.svc.get())
+}
+
 // Replica implements lb.Lease.
 func (l *Lease) Replica() string { return l.Addr }
 
+// ewma is an exponentially weighted moving average of durations, safe
+// for concurrent use without a lock.
+type ewma struct{ bits atomic.Uint64 } // float64 nanoseconds; 0 = no sample yet
+
+const ewmaWeight = 0.1
+
+func (e *ewma) observe(d time.Duration) {
+	x := float64(max(d, 1))
+	for {
+		old := e.bits.Load()
+		v := x
+		if old != 0 {
+			prev := math.Float64frombits(old)
+			v = prev + ewmaWeight*(x-prev)
+		}
+		if e.bits.CompareAndSwap(old, math.Float64bits(v)) {
+			return
+		}
+	}
+}
+
+func (e *ewma) get() time.Duration {
+	return time.Duration(math.Float64frombits(e.bits.Load()))
+}
+
 var (
-	_ lb.Picker = (*Store)(nil)
-	_ lb.Lease  = (*Lease)(nil)
+	_ lb.Picker       = (*Store)(nil)
+	_ lb.RetryAfterer = (*Store)(nil)
+	_ lb.Lease        = (*Lease)(nil)
 )

@@ -127,14 +127,14 @@ const (
 
 // await waits for the queued request's slot: a notification, or, at
 // ctx done / QueueTimeout / Close, the cancel script's verdict.
-func (s *Store) await(ctx context.Context, ident *identity, req string, ch chan string, candidates []string) (*Lease, error) {
+func (s *Store) await(ctx context.Context, ident *identity, req string, ch chan string) (*Lease, error) {
 	start := time.Now()
 	tok := token(ident, req)
 	s.c.queuedTotal.Add(1)
 	s.life.Lock()
 	if s.closed.Load() {
 		s.life.Unlock()
-		return s.giveUp(ctx, ident, req, start, gaveUpClosed, candidates)
+		return s.giveUp(ctx, ident, req, start, gaveUpClosed)
 	}
 	s.qwg.Add(1)
 	s.life.Unlock()
@@ -146,11 +146,11 @@ func (s *Store) await(ctx context.Context, ident *identity, req string, ch chan 
 		s.waiters.drop(tok)
 		return s.handed(ident, req, rep, start), nil
 	case <-ctx.Done():
-		return s.giveUp(ctx, ident, req, start, gaveUpCancelled, candidates)
+		return s.giveUp(ctx, ident, req, start, gaveUpCancelled)
 	case <-t.C:
-		return s.giveUp(ctx, ident, req, start, gaveUpTimeout, candidates)
+		return s.giveUp(ctx, ident, req, start, gaveUpTimeout)
 	case <-s.done:
-		return s.giveUp(ctx, ident, req, start, gaveUpClosed, candidates)
+		return s.giveUp(ctx, ident, req, start, gaveUpClosed)
 	}
 }
 
@@ -160,12 +160,12 @@ func (s *Store) handed(ident *identity, req, rep string, start time.Time) *Lease
 	s.c.handovers.Add(1)
 	s.local.get(rep).Add(1)
 	s.c.selections.Add(1)
-	return &Lease{Addr: rep, s: s, ident: ident, req: req}
+	return &Lease{Addr: rep, s: s, ident: ident, req: req, start: time.Now()}
 }
 
 // giveUp takes the waiter out of the queue, or claims the slot it was
 // handed meanwhile.
-func (s *Store) giveUp(ctx context.Context, ident *identity, req string, start time.Time, why giveUpReason, candidates []string) (*Lease, error) {
+func (s *Store) giveUp(ctx context.Context, ident *identity, req string, start time.Time, why giveUpReason) (*Lease, error) {
 	tok := token(ident, req)
 	res := s.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
 		return cancelQueueScript.Exec(ctx, s.rc(), []string{s.k.queue, s.k.waiters, s.k.assigned}, []string{tok})
@@ -200,7 +200,7 @@ func (s *Store) giveUp(ctx context.Context, ident *identity, req string, start t
 		s.c.queueCancels.Add(1)
 		return nil, ctx.Err()
 	case gaveUpClosed:
-		return s.fallback(candidates)
+		return nil, lb.ErrShutdown
 	}
 	s.c.queueTimeouts.Add(1)
 	return nil, ErrQueueTimeout

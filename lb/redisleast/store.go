@@ -40,15 +40,21 @@ var (
 type Store struct {
 	// cfgp is the configuration in force: Configure swaps it whole; the
 	// connection settings in it never change (see Config.ConnectionKey).
-	cfgp atomic.Pointer[Config]
-	opt  rueidis.ClientOption
-	pool string
-	k    keys
+	cfgp   atomic.Pointer[Config]
+	cfgMu  sync.Mutex    // serializes Configure
+	reconf chan struct{} // Configure → loop: apply now
+	pool   string
+	k      keys
 	// cl is the Redis client. Started without Redis (unreachable at New),
 	// it is a placeholder until the probe connects and swaps in a real one
-	// (provisional true until then).
+	// (provisional true until then). A read_timeout raised beyond what its
+	// connection allows swaps in a new one too (fitConnection); opt is the
+	// current client's options. connMu orders swaps and Close.
 	cl          atomic.Pointer[clientRef]
 	provisional atomic.Bool
+	connMu      sync.Mutex
+	opt         rueidis.ClientOption
+	retired     map[rueidis.Client]bool // swapped out, closed after a grace period
 
 	ident atomic.Pointer[identity]
 	seq   atomic.Uint64
@@ -56,6 +62,7 @@ type Store struct {
 	pend  pending
 	local localCounts
 	c     counters
+	svc   ewma // hold time of successful leases, for RetryAfter
 
 	// Queueing mode: the subscriber's own client, the waiting Selects.
 	sub      rueidis.Client
@@ -70,7 +77,7 @@ type Store struct {
 	lastCounts map[string]int64 // global view of the last Counts or Sync
 
 	unreachable atomic.Pointer[error] // why Redis was not usable at New
-	syncErr     atomic.Pointer[error] // the last SetReplicas' error
+	syncErr     atomic.Pointer[error] // why the last set is not in Redis yet (nil: it is)
 	syncMu      sync.Mutex            // serializes Sync and resync
 	unsynced    atomic.Bool           // the last set has not reached Redis
 
@@ -104,7 +111,8 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{opt: opt, pool: pool, k: newKeys(cfg.KeyPrefix, pool), done: make(chan struct{})}
+	s := &Store{opt: opt, pool: pool, k: newKeys(cfg.KeyPrefix, pool), done: make(chan struct{}),
+		reconf: make(chan struct{}, 1)}
 	s.cfgp.Store(&cfg)
 	s.c.wait.bounds = waitBuckets
 	s.br = breaker{limit: cfg.BreakerFailures, onOpen: s.startProbe}
@@ -224,8 +232,10 @@ func (s *Store) Sync(ctx context.Context, replicas []string) error {
 	s.mu.Unlock()
 	s.local.retain(replicas)
 	if s.br.isOpen() {
+		err := fmt.Errorf("redis %v: circuit breaker open; will sync when it closes", s.conf().Addrs)
 		s.unsynced.Store(true)
-		return fmt.Errorf("redis %v: circuit breaker open; will sync when it closes", s.conf().Addrs)
+		s.syncErr.Store(&err)
+		return err
 	}
 	return s.sync(ctx, replicas)
 }
@@ -239,10 +249,13 @@ func (s *Store) sync(ctx context.Context, replicas []string) error {
 		return syncScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone}, replicas)
 	})
 	if err := res.Error(); err != nil {
+		err = fmt.Errorf("redis sync: %w", err)
 		s.unsynced.Store(true)
-		return fmt.Errorf("redis sync: %w", err)
+		s.syncErr.Store(&err)
+		return err
 	}
 	s.unsynced.Store(false)
+	s.syncErr.Store(nil)
 	_, err := s.Counts(ctx)
 	return err
 }
@@ -329,6 +342,13 @@ func (s *Store) Close() {
 		s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
 			return s.rc().Do(ctx, s.rc().B().Del().Key(id.alive).Build())
 		})
+	}
+	s.connMu.Lock()
+	retired := s.retired
+	s.retired = nil
+	s.connMu.Unlock()
+	for c := range retired {
+		c.Close()
 	}
 	s.rc().Close()
 }
