@@ -17,8 +17,19 @@ import (
 // error; it used to be dropped, leaving the replica's count +1 (and with
 // max_inflight, shedding for good).
 func TestReleaseAnsweredWithAnErrorReplyIsRetried(t *testing.T) {
+	bothModes(t, testReleaseAnsweredWithAnErrorReplyIsRetried)
+}
+
+// bothModes runs a test in the plain and in the queueing mode (whose
+// scripts differ): cfg makes the mode's config for an address.
+func bothModes(t *testing.T, test func(t *testing.T, cfg func(addr string) Config)) {
+	t.Run("plain", func(t *testing.T) { test(t, func(addr string) Config { return testConfig(t, addr) }) })
+	t.Run("queueing", func(t *testing.T) { test(t, func(addr string) Config { return queueConfig(t, addr) }) })
+}
+
+func testReleaseAnsweredWithAnErrorReplyIsRetried(t *testing.T, mode func(string) Config) {
 	srv := privateRedis(t)
-	cfg := testConfig(t, srv.addr)
+	cfg := mode(srv.addr)
 	cfg.LeaseTTL = 150 * time.Millisecond // the maintenance loop (and its flush) runs every 50 ms
 	s := newStore(t, cfg, "errreply")
 	s.SetReplicas([]string{"10.0.0.1:1"})
@@ -64,8 +75,12 @@ func TestReleaseAnsweredWithAnErrorReplyIsRetried(t *testing.T) {
 // answers again, also when Redis kept its keys (it used to be replayed
 // only into an empty Redis, so the old set stayed and picks failed).
 func TestBackendSetChangedWhileRedisWasAwayIsAppliedOnReturn(t *testing.T) {
+	bothModes(t, testBackendSetChangedWhileRedisWasAwayIsAppliedOnReturn)
+}
+
+func testBackendSetChangedWhileRedisWasAwayIsAppliedOnReturn(t *testing.T, mode func(string) Config) {
 	srv := privateRedis(t)
-	cfg := testConfig(t, srv.addr)
+	cfg := mode(srv.addr)
 	cfg.ReadTimeout, cfg.BreakerBackoff = 200*time.Millisecond, 50*time.Millisecond
 	s := newStore(t, cfg, "away")
 	s.SetReplicas([]string{"10.0.0.1:1"})
@@ -77,6 +92,9 @@ func TestBackendSetChangedWhileRedisWasAwayIsAppliedOnReturn(t *testing.T) {
 	}
 	waitFor(t, "the breaker to open", func() bool { return s.Stats().Breaker == Open })
 	s.SetReplicas([]string{"10.0.0.2:1", "10.0.0.3:1"})
+	if s.SyncErr() == nil {
+		t.Fatal("SyncErr is nil for a set given while the breaker is open")
+	}
 	srv.signal(syscall.SIGCONT)
 	waitFor(t, "the breaker to close", func() bool { return s.Stats().Breaker == Closed })
 	waitFor(t, "the new set in Redis", func() bool {
@@ -85,6 +103,9 @@ func TestBackendSetChangedWhileRedisWasAwayIsAppliedOnReturn(t *testing.T) {
 		_, b := c["10.0.0.2:1"]
 		return err == nil && !old && b && len(c) == 2
 	})
+	if err := s.SyncErr(); err != nil {
+		t.Fatalf("SyncErr once the set is in Redis: %v", err)
+	}
 	l, err := s.Pick(context.Background(), &lb.Request{})
 	if err != nil || l.(*Lease).Fallback {
 		t.Fatalf("pick after the return: %v (fallback %v)", err, l != nil && l.(*Lease).Fallback)
