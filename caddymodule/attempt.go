@@ -22,9 +22,12 @@ import (
 //   - Select runs again for the same request only when reverse_proxy
 //     retries, i.e. the previous attempt failed: that attempt is released
 //     as a Failure before the next pick.
+//   - The transport reports the response body read to its end (HTTP/1,
+//     via the trace below): the replica is done, and the attempt is
+//     released at once, before the client can send its next request.
 //   - context.AfterFunc on the request context fires once the whole
 //     handler chain has returned (or the client has gone): the last
-//     attempt is released then.
+//     attempt, if still held, is released then.
 //
 // What the attempt's outcome is comes from the attempt itself: Select
 // attaches an HTTP client trace to the request reverse_proxy sends, so
@@ -33,7 +36,7 @@ import (
 // only read where they can be checked to belong to this attempt (a second
 // reverse_proxy in handle_errors or handle_response overwrites them).
 //
-// Both release paths take the attempt under one mutex, and a lease's
+// Every release path takes the attempt under one mutex, and a lease's
 // Release is itself idempotent, so every increment is released exactly
 // once: on success, error, retry, client disconnect, panic (the context
 // is still cancelled when net/http recovers) and reload (the state
@@ -136,6 +139,7 @@ func (a *attempt) retry() {
 // nil) learns the replica's time to first byte.
 func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats *firstByteStats) bool {
 	t := &attemptTrace{base: a.base, ctx: newAttemptContext(a.base), dial: l.Replica(), stats: stats}
+	t.bodyRead = func() { a.bodyRead(t) }
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
@@ -159,6 +163,27 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats 
 		r.Body = &clientBody{ReadCloser: r.Body, t: t}
 	}
 	return true
+}
+
+// bodyRead releases the attempt traced by t once the replica's response
+// body was read to its end: the replica's work is done, and the client
+// may send its next request before the handler chain returns (a lease
+// held until then made a sequential client of a max_inflight 1 pool find
+// the slot busy). finish still closes the trace.
+func (a *attempt) bodyRead(t *attemptTrace) {
+	a.mu.Lock()
+	l := a.lease
+	if a.trace != t || l == nil {
+		a.mu.Unlock()
+		return
+	}
+	o := a.outcome(l.Replica(), t)
+	a.lease = nil
+	if o.Kind == lb.Failure { // a 5xx: a retry must avoid it too
+		a.failed = append(a.failed, l.Replica())
+	}
+	a.mu.Unlock()
+	l.Release(o)
 }
 
 func (a *attempt) finish() {
@@ -230,6 +255,8 @@ type attemptTrace struct {
 	ctx   *attemptContext // the attempt's
 	dial  string
 	stats *firstByteStats
+	// bodyRead runs once the response body was read to its end.
+	bodyRead func()
 
 	mu           sync.Mutex
 	start        time.Time
@@ -300,10 +327,14 @@ func (t *attemptTrace) hooks() *httptrace.ClientTrace {
 		// connection went back to the pool (HTTP/1): the last byte.
 		PutIdleConn: func(err error) {
 			t.mu.Lock()
-			if err == nil && t.firstByte > 0 && t.lastByte == 0 {
+			last := err == nil && t.firstByte > 0 && t.lastByte == 0
+			if last {
 				t.lastByte = time.Since(t.start)
 			}
 			t.mu.Unlock()
+			if last && t.bodyRead != nil {
+				t.bodyRead()
+			}
 		},
 	}
 }

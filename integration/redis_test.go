@@ -270,3 +270,42 @@ func TestLoadsAndServesWithRedisDown(t *testing.T) {
 		t.Fatalf("requests per replica %v: the fallback must still spread", seen)
 	}
 }
+
+// A client that sends its requests one after another to a pool of one
+// replica with max_inflight 1 is never shed: the lease is released when
+// the replica's response has been read to its end, not when Caddy's
+// handler chain returns (the client can send its next request before
+// that, and used to find the only slot still held: 503 pool_saturated).
+func TestSequentialClientIsNeverShedAtMaxInflightOne(t *testing.T) {
+	addr := testRedis(t)
+	startCaddy(t, globals+fmt.Sprintf(`
+:9950 {
+	custom_router grl-seq
+	reverse_proxy {
+		dynamic custom_router grl-seq
+		lb_policy global_redis_least {
+			pool grl-seq
+			redis %s
+			key_prefix seq-%d
+			max_inflight 1
+		}
+	}
+}
+`, addr, time.Now().UnixNano()%1e9)+strings.ReplaceAll(sims(9951), "150ms", "1ms"))
+	url := "http://127.0.0.1:9950"
+	setBackends(t, url, "http://127.0.0.1:9951")
+	shed := 0
+	for i := 0; i < 300; i++ {
+		o := complete(url)
+		if o.err != nil {
+			t.Fatalf("request %d: %v", i, o.err)
+		}
+		if o.status != 200 {
+			shed++
+			t.Logf("request %d: %+v", i, o)
+		}
+	}
+	if shed > 0 {
+		t.Fatalf("%d of 300 sequential requests were refused by a pool whose only replica was idle", shed)
+	}
+}
