@@ -113,7 +113,7 @@ func reloadCases() []reloadCase {
 			}
 		}`
 			},
-			first: "1", refused: "7", second: "100",
+			first: "2", refused: "7", second: "100", // not 1: this test checks reloads, not shedding
 			badFrom: `"breaker_backoff":7000000000`, badTo: `"breaker_backoff":-7000000000`,
 			applied: func(t *testing.T, url, s string) bool {
 				return settingIs(t, url, "global_redis_least", "MaxInflight", s)
