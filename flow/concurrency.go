@@ -48,6 +48,20 @@ func (d *ConcurrencyDetector) Saturation(in InFlight) float64 {
 	return used / (d.perReplica * float64(n))
 }
 
+// Capacity implements CapacityReporter: max_concurrency × replicas in
+// requests mode; unknown (0) in tokens mode, where it depends on the
+// requests' sizes.
+func (d *ConcurrencyDetector) Capacity() int64 {
+	if d.tokens {
+		return 0
+	}
+	n := 1
+	if d.replicas != nil {
+		n = d.replicas()
+	}
+	return int64(d.perReplica) * int64(max(n, 0))
+}
+
 // ReplicaLimit is the most one replica should hold, in requests or tokens:
 // the per-replica limit × (1 + headroom). As in the seed, headroom lets a
 // per-replica filter burst above the target for affinity; it does not move

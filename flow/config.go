@@ -43,7 +43,8 @@ type BandConfig struct {
 	// Name labels the band in snapshots (default "priority-<n>").
 	Name string
 	// MaxRequests and MaxBytes bound the band's queue (maxRequests,
-	// maxBytes), isolating it from the others.
+	// maxBytes), isolating it from the others. MaxRequests 0 (the
+	// default) bounds the queue by the pool's capacity: see BandQueueLimit.
 	MaxRequests int64
 	MaxBytes    int64
 	// Fairness picks the flow (fairnessPolicyRef): round_robin or global_strict.
@@ -91,12 +92,24 @@ const (
 )
 
 // Defaults, from the Gateway API Inference Extension where it has them.
+// Two depart from it so that a configuration that sets nothing protects
+// tenants from each other: fairness is round_robin (the seed's
+// global_strict serves a flood before a quiet tenant that came later), and
+// a band's queue is bounded by the pool's capacity rather than 5000
+// requests (which queued a flood for the whole TTL instead of refusing it).
 const (
-	DefaultTTL                 = 60 * time.Second
-	DefaultPollInterval        = 50 * time.Millisecond
-	DefaultBandMaxRequests     = 5000
+	DefaultTTL          = 60 * time.Second
+	DefaultPollInterval = 50 * time.Millisecond
+	// A band with no max_requests queues at most DefaultBandQueueFactor ×
+	// the pool's capacity (the requests it serves at once), and never fewer
+	// than DefaultBandMinRequests: the queue then holds a few service
+	// times of work, enough to keep every replica busy through a burst,
+	// and a flood beyond it is refused with 429 at once.
+	DefaultBandQueueFactor = 4
+	DefaultBandMinRequests = 8
+
 	DefaultBandMaxBytes        = 1_000_000_000
-	DefaultFairness            = policies.GlobalStrict
+	DefaultFairness            = policies.RoundRobin
 	DefaultOrdering            = policies.FCFS
 	DefaultDetector            = DetectorUtilization
 	DefaultMaxConcurrency      = 100
@@ -144,9 +157,6 @@ func (c Config) WithDefaults() Config {
 func (b BandConfig) withDefaults(ttl time.Duration) BandConfig {
 	if b.Name == "" {
 		b.Name = fmt.Sprintf("priority-%d", b.Priority)
-	}
-	if b.MaxRequests == 0 {
-		b.MaxRequests = DefaultBandMaxRequests
 	}
 	if b.MaxBytes == 0 {
 		b.MaxBytes = DefaultBandMaxBytes
@@ -241,6 +251,16 @@ func (d DetectorConfig) validate() error {
 		return fmt.Errorf("metrics_staleness_threshold: must be positive, got %v", d.MetricsStaleness)
 	}
 	return nil
+}
+
+// BandQueueLimit is the most requests a band queues: its max_requests if
+// set, else DefaultBandQueueFactor × capacity (requests the pool serves at
+// once, as the detector sees it), at least DefaultBandMinRequests.
+func BandQueueLimit(b BandConfig, capacity int64) int64 {
+	if b.MaxRequests > 0 {
+		return b.MaxRequests
+	}
+	return max(DefaultBandQueueFactor*capacity, DefaultBandMinRequests)
 }
 
 // band returns the resolved config of priority p: the configured band, or

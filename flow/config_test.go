@@ -12,8 +12,8 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatalf("globals %+v", c)
 	}
 	b := c.Bands[0]
-	if b.Name != "priority-100" || b.MaxRequests != 5000 || b.MaxBytes != 1_000_000_000 ||
-		b.Fairness != "global_strict" || b.Ordering != "fcfs" || b.TTL != 60*time.Second {
+	if b.Name != "priority-100" || b.MaxRequests != 0 || b.MaxBytes != 1_000_000_000 ||
+		b.Fairness != "round_robin" || b.Ordering != "fcfs" || b.TTL != 60*time.Second {
 		t.Fatalf("band defaults %+v", b)
 	}
 	if b := c.Bands[1]; b.TTL != time.Second || b.MaxRequests != 50 {
@@ -28,7 +28,7 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An unconfigured priority gets a default band.
-	if u := c.band(7); u.Priority != 7 || u.MaxRequests != 5000 || u.TTL != time.Minute {
+	if u := c.band(7); u.Priority != 7 || u.MaxRequests != 0 || u.Fairness != "round_robin" || u.TTL != time.Minute {
 		t.Fatalf("unconfigured band %+v", u)
 	}
 }

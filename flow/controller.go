@@ -243,7 +243,7 @@ func (c *Controller) fitsWithoutLocked(b *band, n int64, v *waiter) bool {
 	switch {
 	case g.MaxRequests > 0 && int64(c.queued-1) >= g.MaxRequests,
 		g.MaxBytes > 0 && c.bytes-v.req.Bytes+n > g.MaxBytes,
-		int64(b.queued-1) >= b.cfg.MaxRequests,
+		int64(b.queued-1) >= c.bandLimitLocked(b),
 		b.bytes-v.req.Bytes+n > b.cfg.MaxBytes:
 		return false
 	}
@@ -257,11 +257,30 @@ func (c *Controller) fitsLocked(b *band, n int64) bool {
 	switch {
 	case g.MaxRequests > 0 && int64(c.queued) >= g.MaxRequests,
 		g.MaxBytes > 0 && c.bytes+n > g.MaxBytes,
-		int64(b.queued) >= b.cfg.MaxRequests,
+		int64(b.queued) >= c.bandLimitLocked(b),
 		b.bytes+n > b.cfg.MaxBytes:
 		return false
 	}
 	return true
+}
+
+// bandLimitLocked is band b's queue limit in requests now: a default
+// limit follows the pool's capacity, so it grows and shrinks with the
+// replica count.
+func (c *Controller) bandLimitLocked(b *band) int64 {
+	return BandQueueLimit(b.cfg, c.capacityLocked())
+}
+
+// capacityLocked is the pool's capacity in requests: the detector's if it
+// knows it, else what is in flight (a queue forms only once the pool is
+// full, so that is what the pool holds).
+func (c *Controller) capacityLocked() int64 {
+	if cr, ok := c.det.(CapacityReporter); ok {
+		if n := cr.Capacity(); n > 0 {
+			return n
+		}
+	}
+	return max(c.inFlight.Requests, 1)
 }
 
 func (c *Controller) pushLocked(b *band, req Request, arrival time.Time) *waiter {

@@ -33,7 +33,7 @@ func TestPassThroughWhenNotSaturated(t *testing.T) {
 }
 
 func TestStrictPriority(t *testing.T) {
-	c := newController(t, Config{Bands: []BandConfig{{Priority: 100}, {Priority: 0}, {Priority: -10}}}, slots(1))
+	c := newController(t, Config{Bands: []BandConfig{{Priority: 100}, {Priority: 0}, {Priority: -10, MaxRequests: 1000}}}, slots(1))
 	held, err := c.Enqueue(context.Background(), Request{Priority: -10})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func serveOneByOne(t *testing.T, held *Ticket, out <-chan result, n int) []Reque
 }
 
 func TestRoundRobinFairShares(t *testing.T) {
-	c := newController(t, Config{Bands: []BandConfig{{Priority: 0, Fairness: "round_robin"}}}, slots(1))
+	c := newController(t, Config{Bands: []BandConfig{{Priority: 0, Fairness: "round_robin", MaxRequests: 1000}}}, slots(1))
 	held, _ := c.Enqueue(context.Background(), Request{})
 	out := make(chan result, 300)
 	// The heavy tenant sends ten times more, and first.
@@ -112,7 +112,7 @@ func TestRoundRobinFairShares(t *testing.T) {
 }
 
 func TestGlobalStrictServesArrivalOrder(t *testing.T) {
-	c := newController(t, Config{Bands: []BandConfig{{Priority: 0, Fairness: "global_strict"}}}, slots(1))
+	c := newController(t, Config{Bands: []BandConfig{{Priority: 0, Fairness: "global_strict", MaxRequests: 1000}}}, slots(1))
 	held, _ := c.Enqueue(context.Background(), Request{})
 	out := make(chan result, 100)
 	for i := 0; i < 20; i++ {
@@ -257,7 +257,8 @@ func TestCancelRemovesAtOnce(t *testing.T) {
 }
 
 func TestCloseResolvesEveryWaiter(t *testing.T) {
-	c := newController(t, Config{}, slots(1))
+	big := func(p int) BandConfig { return BandConfig{Priority: p, MaxRequests: 1000} }
+	c := newController(t, Config{Bands: []BandConfig{big(-1), big(0), big(1)}}, slots(1))
 	held, _ := c.Enqueue(context.Background(), Request{})
 	out := make(chan result, 50)
 	for i := 0; i < 30; i++ {

@@ -22,3 +22,12 @@ type InFlight struct {
 // saturation of 1 or more, and closed on NaN (a broken detector must not
 // open the floodgates).
 func saturated(s float64) bool { return !(s < 1) }
+
+// CapacityReporter is implemented by detectors that know how many
+// requests the pool serves at once. The controller sizes the queue of a
+// band without max_requests from it (see BandQueueLimit); for other
+// detectors the requests in flight when the queue forms stand for it.
+type CapacityReporter interface {
+	// Capacity is in requests; 0 means unknown now.
+	Capacity() int64
+}

@@ -27,7 +27,10 @@ type BandSnapshot struct {
 	Name     string
 	Queued   int
 	Bytes    int64
-	Flows    []FlowSnapshot
+	// MaxRequests is the band's queue limit now (a default one follows
+	// the pool's capacity).
+	MaxRequests int64
+	Flows       []FlowSnapshot
 }
 
 // FlowSnapshot is one flow's queue, broken down by model for the metrics'
@@ -57,7 +60,8 @@ func (c *Controller) Snapshot() Snapshot {
 		Saturation: sat, Saturated: saturated(sat), Closed: c.closed, Counters: c.counters,
 	}
 	for _, b := range c.bands {
-		bs := BandSnapshot{Priority: b.cfg.Priority, Name: b.cfg.Name, Queued: b.queued, Bytes: b.bytes}
+		bs := BandSnapshot{Priority: b.cfg.Priority, Name: b.cfg.Name, Queued: b.queued, Bytes: b.bytes,
+			MaxRequests: c.bandLimitLocked(b)}
 		for id, q := range b.flows {
 			bs.Flows = append(bs.Flows, flowSnapshot(id, q))
 		}
