@@ -186,16 +186,21 @@ func runMix(r *runner, script []mixRequest, engine func(*sim.Config)) {
 	sys := oneProxy{r, sysSpec{fleet: fleet, load: load, after: measures}}
 	caddy := sys.caddy
 	systems := append(sys.references(),
-		caddy("sluice_load_aware_default", "Sluice load_aware, default scorers (the five Heimdall scorers), metrics_interval 100ms",
-			"lb_policy load_aware {\n\tpool mix-default\n\tmetrics_interval 100ms\n}"),
+		// Defaults only: no option but the pool (active_request + active_tokens).
+		caddy("sluice_load_aware_default", "Sluice load_aware, defaults (active_request + active_tokens at 1)",
+			"lb_policy load_aware {\n\tpool mix-default\n}"),
+		caddy("sluice_load_aware_heimdall", "Sluice load_aware, preset heimdall (the seed's five scorers), metrics_interval 100ms",
+			"lb_policy load_aware {\n\tpool mix-heimdall\n\tpreset heimdall\n\tmetrics_interval 100ms\n}"),
 		caddy("sluice_load_aware_active_only", "Sluice load_aware, active_request scorer only (Sluice's exact in-flight counts)",
 			"lb_policy load_aware {\n\tpool mix-active\n\tscorer active_request\n}"),
 		caddy("sluice_load_aware_tokens", "Sluice load_aware, active_tokens scorer only (Sluice's in-flight counts weighted by each request's prompt + max_tokens)",
 			"lb_policy load_aware {\n\tpool mix-tokens\n\tscorer active_tokens\n}"),
-		caddy("sluice_load_aware_count_tokens", "Sluice load_aware, active_request + active_tokens (in-flight count and in-flight tokens, equal weights)",
-			"lb_policy load_aware {\n\tpool mix-count-tokens\n\tscorer active_request\n\tscorer active_tokens\n}"),
-		caddy("sluice_load_aware_default_tokens", "Sluice load_aware, the five Heimdall scorers + active_tokens, metrics_interval 100ms",
-			"lb_policy load_aware {\n\tpool mix-default-tokens\n\tmetrics_interval 100ms\n\tscorer queue\n\tscorer load_aware\n\tscorer active_request\n\tscorer session_affinity\n\tscorer no_hit_lru\n\tscorer active_tokens\n}"),
+		caddy("sluice_load_aware_count1_tokens2", "Sluice load_aware, active_request 1 + active_tokens 2",
+			"lb_policy load_aware {\n\tpool mix-c1t2\n\tscorer active_request 1\n\tscorer active_tokens 2\n}"),
+		caddy("sluice_load_aware_count2_tokens1", "Sluice load_aware, active_request 2 + active_tokens 1",
+			"lb_policy load_aware {\n\tpool mix-c2t1\n\tscorer active_request 2\n\tscorer active_tokens 1\n}"),
+		caddy("sluice_load_aware_heimdall_tokens", "Sluice load_aware, preset heimdall's five scorers + active_tokens, metrics_interval 100ms",
+			"lb_policy load_aware {\n\tpool mix-heimdall-tokens\n\tmetrics_interval 100ms\n\tscorer queue\n\tscorer load_aware\n\tscorer active_request\n\tscorer session_affinity\n\tscorer no_hit_lru\n\tscorer active_tokens\n}"),
 	)
 	for _, s := range systems {
 		r.system(s)

@@ -77,12 +77,12 @@ func mixedFleetStream(r *runner) {
 			"lb_policy queued_least_latency {\n\tpool mf-qll\n\tparallelism 8\n}"),
 		caddy("sluice_qll_defaults", "Sluice queued_least_latency, defaults (parallelism 1: each replica taken as serving one request at a time)",
 			"lb_policy queued_least_latency {\n\tpool mf-qll-defaults\n}"),
-		caddy("sluice_load_aware_default", "Sluice load_aware, default scorers (Heimdall's five), metrics_interval 100ms",
-			"lb_policy load_aware {\n\tpool mf-default\n\tmetrics_interval 100ms\n}"),
+		caddy("sluice_load_aware_heimdall", "Sluice load_aware, preset heimdall (the seed's five scorers), metrics_interval 100ms",
+			"lb_policy load_aware {\n\tpool mf-heimdall\n\tpreset heimdall\n\tmetrics_interval 100ms\n}"),
 		caddy("sluice_load_aware_metrics", "Sluice load_aware, queue + kv_cache + active_request, metrics_interval 100ms",
 			"lb_policy load_aware {\n\tpool mf-metrics\n\tmetrics_interval 100ms\n\tscorer queue\n\tscorer kv_cache\n\tscorer active_request\n}"),
-		caddy("sluice_load_aware_count_tokens", "Sluice load_aware, active_request + active_tokens",
-			"lb_policy load_aware {\n\tpool mf-count-tokens\n\tscorer active_request\n\tscorer active_tokens\n}"),
+		caddy("sluice_load_aware_default", "Sluice load_aware, defaults (active_request + active_tokens)",
+			"lb_policy load_aware {\n\tpool mf-default\n}"),
 	)
 	for _, s := range systems {
 		r.system(s)

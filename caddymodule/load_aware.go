@@ -23,8 +23,11 @@ type LoadAware struct {
 	Pool string `json:"pool,omitempty"`
 	// Scorers maps scorer name → weight (queue, load_aware,
 	// active_request, session_affinity, no_hit_lru, kv_cache, and Sluice's
-	// active_tokens). Empty: the five Heimdall scorers at weight 1.
+	// active_tokens). Empty: the preset's scorers.
 	Scorers map[string]float64 `json:"scorers,omitempty"`
+	// Preset picks the scorers when none are listed: "" (default:
+	// active_request + active_tokens) or "heimdall" (the seed's five at 1).
+	Preset string `json:"preset,omitempty"`
 	// load_aware scorer threshold (default 128 waiting requests).
 	Threshold float64 `json:"threshold,omitempty" sluice:"min=1"`
 	// active_request: requests older than this stop counting (default 2m).
@@ -67,7 +70,7 @@ func (p *LoadAware) pickerConfig() loadaware.PickerConfig {
 	}
 	return loadaware.PickerConfig{
 		Policy: loadaware.Config{
-			Weights: w, Threshold: p.Threshold, RequestTimeout: time.Duration(p.RequestTimeout),
+			Weights: w, Preset: p.Preset, Threshold: p.Threshold, RequestTimeout: time.Duration(p.RequestTimeout),
 			LRUSize: p.LRUSize, MaxNumEndpoints: p.MaxNumEndpoints, HotPrefixChars: p.HotPrefixChars,
 			SLO: time.Duration(p.SLO), AdaptiveStep: p.AdaptiveStep,
 		},
@@ -112,6 +115,7 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 		build: func(key stateKey) (*policyState, error) {
 			pk := loadaware.NewPicker(cfg)
 			pk.Explain = func(e loadaware.Explanation) { logScores(log, name, e) }
+			pk.Explaining = func() bool { return log.Core().Enabled(zap.DebugLevel) }
 			return newPolicyState(key, pk, func() any {
 				c := pk.Config()
 				if c.SessionKey != "" {
@@ -139,7 +143,8 @@ func logScores(log *zap.Logger, pool string, e loadaware.Explanation) {
 //
 //	lb_policy load_aware {
 //	    pool              <name>
-//	    scorer            <name> [<weight>]   # repeatable; none: the five Heimdall scorers at 1
+//	    preset            heimdall            # the seed's five scorers at 1, unless scorers are listed
+//	    scorer            <name> [<weight>]   # repeatable; none: the preset (default active_request + active_tokens)
 //	    threshold         <waiting requests>
 //	    request_timeout   <duration|seconds>
 //	    lru_size          <n>

@@ -10,8 +10,11 @@ import (
 // defaults (WithDefaults); Validate names the first bad field.
 type Config struct {
 	// Weights of the enabled scorers; a scorer not listed (or weighted 0)
-	// is off. Nil: the seed's example, the five Heimdall scorers at 1.
+	// is off. Nil: the Preset's weights, or DefaultWeights without one.
 	Weights map[string]float64
+	// Preset names a set of weights used when Weights is nil: "heimdall"
+	// is the seed's five scorers at 1. Explicit weights override it.
+	Preset string
 	// Threshold of the load_aware scorer: waiting requests at which a
 	// replica counts as overloaded (default 128).
 	Threshold float64
@@ -35,15 +38,43 @@ type Config struct {
 	AdaptiveStep float64 // per completed request (default 0.05)
 }
 
-// DefaultWeights is the seed's example: the five Heimdall scorers, equal.
+// DefaultWeights are the scorers used when none are configured: Sluice's
+// exact in-flight count and in-flight tokens. On Heimdall's heavy/short
+// workload over batching replicas they beat the seed's five scorers, which
+// rank replicas by scraped queue lengths that lag a burst and, with
+// no_hit_lru, rotate unique prompts like round robin (bench/results/
+// heavy-short-mix.md, heimdall-published.md).
 func DefaultWeights() map[string]float64 {
+	return map[string]float64{ActiveRequest: 1, ActiveTokens: 1}
+}
+
+// HeimdallWeights is the seed's example: the five Heimdall scorers, equal.
+func HeimdallWeights() map[string]float64 {
 	return map[string]float64{Queue: 1, LoadAware: 1, ActiveRequest: 1, SessionAffinity: 1, NoHitLRU: 1}
 }
 
-// WithDefaults fills zero fields.
+// PresetHeimdall names HeimdallWeights.
+const PresetHeimdall = "heimdall"
+
+// Presets lists the known presets.
+var Presets = []string{PresetHeimdall}
+
+// presetWeights returns a preset's weights; "" is DefaultWeights.
+func presetWeights(name string) (map[string]float64, bool) {
+	switch name {
+	case "":
+		return DefaultWeights(), true
+	case PresetHeimdall:
+		return HeimdallWeights(), true
+	}
+	return nil, false
+}
+
+// WithDefaults fills zero fields. An unknown preset leaves Weights nil
+// for Validate to refuse.
 func (c Config) WithDefaults() Config {
 	if c.Weights == nil {
-		c.Weights = DefaultWeights()
+		c.Weights, _ = presetWeights(c.Preset)
 	}
 	if c.Threshold == 0 {
 		c.Threshold = 128
@@ -68,6 +99,9 @@ func (c Config) WithDefaults() Config {
 
 // Validate names the first bad field.
 func (c Config) Validate() error {
+	if _, ok := presetWeights(c.Preset); !ok {
+		return fmt.Errorf("preset: unknown preset %q (known: %v)", c.Preset, Presets)
+	}
 	known := map[string]bool{}
 	for _, s := range AllScorers {
 		known[s] = true

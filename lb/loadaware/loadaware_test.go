@@ -205,3 +205,82 @@ func TestUnknownMetricsScoreNeutralNotWorstNorBest(t *testing.T) {
 		t.Fatalf("a stale replica must score the worst: %v", r.Total)
 	}
 }
+
+// enabled lists the scorers with a weight above 0.
+func enabled(w map[string]float64) []string {
+	var out []string
+	for _, s := range AllScorers {
+		if w[s] > 0 {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func TestDefaultScorersAreInFlightCountAndTokens(t *testing.T) {
+	cfg := Config{}.WithDefaults()
+	if got := fmt.Sprint(enabled(cfg.Weights)); got != fmt.Sprint([]string{ActiveRequest, ActiveTokens}) {
+		t.Fatalf("default scorers %v, want active_request + active_tokens", got)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// What the set is for: a replica busy with one long generation ranks
+	// below one busy with a short chat, and an idle one above both,
+	// whatever the (lagging) scraped queue lengths say.
+	p := New(Config{MaxNumEndpoints: 3})
+	cs := []Candidate{
+		{Addr: "long", Active: 1, ActiveTokens: 5000, MetricsFresh: true},
+		{Addr: "idle", Active: 0, ActiveTokens: 0, MetricsFresh: true, Waiting: 50},
+		{Addr: "short", Active: 1, ActiveTokens: 60, MetricsFresh: true},
+	}
+	for range 20 {
+		if got := p.Rank(cs, RequestFacts{}).Order; fmt.Sprint(got) != "[1 2 0]" {
+			t.Fatalf("order %v, want idle, short, long", got)
+		}
+	}
+}
+
+func TestHeimdallPresetIsTheSeedsFiveAndScorersOverrideIt(t *testing.T) {
+	cfg := Config{Preset: PresetHeimdall}.WithDefaults()
+	want := []string{Queue, LoadAware, ActiveRequest, SessionAffinity, NoHitLRU}
+	if got := enabled(cfg.Weights); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("heimdall preset scorers %v, want %v", got, want)
+	}
+	for _, s := range want {
+		if cfg.Weights[s] != 1 {
+			t.Fatalf("heimdall preset: %s weighs %v, want 1", s, cfg.Weights[s])
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// Explicit scorers win over the preset.
+	cfg = Config{Preset: PresetHeimdall, Weights: map[string]float64{KVCache: 2}}.WithDefaults()
+	if got := enabled(cfg.Weights); fmt.Sprint(got) != fmt.Sprint([]string{KVCache}) {
+		t.Fatalf("explicit scorers with a preset: %v, want only kv_cache", got)
+	}
+	// Configure switches a live policy to the preset and back.
+	p := New(Config{})
+	p.Configure(Config{Preset: PresetHeimdall})
+	if got := enabled(p.Weights()); len(got) != 5 {
+		t.Fatalf("after Configure(heimdall): %v", got)
+	}
+	p.Configure(Config{})
+	if got := enabled(p.Weights()); fmt.Sprint(got) != fmt.Sprint([]string{ActiveRequest, ActiveTokens}) {
+		t.Fatalf("after Configure(default): %v", got)
+	}
+}
+
+func TestUnknownPresetIsRefusedNamingPreset(t *testing.T) {
+	for _, cfg := range []Config{{Preset: "bogus"}, {Preset: "Heimdall"}} {
+		err := cfg.WithDefaults().Validate()
+		if err == nil || !strings.HasPrefix(err.Error(), "preset:") || !contains(err.Error(), cfg.Preset) {
+			t.Errorf("preset %q: error %v, want one naming preset and the value", cfg.Preset, err)
+		}
+	}
+	// Even with explicit scorers: a typo is not silently ignored.
+	if err := (Config{Preset: "bogus", Weights: map[string]float64{Queue: 1}}).WithDefaults().Validate(); err == nil {
+		t.Error("unknown preset with explicit scorers accepted")
+	}
+}

@@ -72,10 +72,17 @@ type Picker struct {
 	cfg    atomic.Pointer[PickerConfig]
 	addrs  atomic.Pointer[[]string]
 	tokens atomic.Pointer[map[string]string] // session token → addr
+	byAddr atomic.Pointer[map[string]string] // addr → session token (each response carries one)
 
 	// Explain, if set before the picker is used, receives every ranking
-	// (for a debug log).
-	Explain func(Explanation)
+	// (for a debug log); Explaining, if set, says whether it is wanted now
+	// (an explanation costs a map and a slice per scorer on every pick).
+	Explain    func(Explanation)
+	Explaining func() bool
+}
+
+func (p *Picker) explaining() bool {
+	return p.Explain != nil && (p.Explaining == nil || p.Explaining())
 }
 
 // NewPicker returns a picker with no replicas; Run its loops.
@@ -88,9 +95,10 @@ func NewPicker(cfg PickerConfig) *Picker {
 		prefixes: cacheaware.New(cacheaware.Config{MaxTreeSize: cfg.PrefixIndexSize}),
 	}
 	p.cfg.Store(&cfg)
-	empty, tokens := []string{}, map[string]string{}
+	empty, tokens, byAddr := []string{}, map[string]string{}, map[string]string{}
 	p.addrs.Store(&empty)
 	p.tokens.Store(&tokens)
+	p.byAddr.Store(&byAddr)
 	return p
 }
 
@@ -159,16 +167,27 @@ func (p *Picker) SetBackends(set []lb.Backend) {
 
 func (p *Picker) retokenLocked(addrs []string) {
 	tokens := make(map[string]string, len(addrs))
+	byAddr := make(map[string]string, len(addrs))
 	for _, a := range addrs {
-		tokens[p.SessionToken(a)] = a
+		t := p.computeToken(a)
+		tokens[t], byAddr[a] = a, t
 	}
 	p.tokens.Store(&tokens)
+	p.byAddr.Store(&byAddr)
 }
 
 // SessionToken is the opaque, stable token for a replica: an HMAC of its
 // address, so it reveals no address, survives restarts and is the same on
-// every instance configured with the same key.
+// every instance configured with the same key. Tokens of the set's
+// replicas are computed once per set or key change, not per response.
 func (p *Picker) SessionToken(addr string) string {
+	if t, ok := (*p.byAddr.Load())[addr]; ok {
+		return t
+	}
+	return p.computeToken(addr)
+}
+
+func (p *Picker) computeToken(addr string) string {
 	key := p.Config().SessionKey
 	if key == "" {
 		key = "sluice-session"
@@ -230,7 +249,11 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	}
 	cfg := p.policy.Config()
 	facts := RequestFacts{SessionAddr: p.sessionAddr(req.Session)}
-	if req.Parsed && req.Text != "" {
+	// Hot or cold matters only to no_hit_lru: without it the prefix index
+	// and the cold history are not kept (a radix-tree walk and insert per
+	// request, for nothing).
+	lru := cfg.Weights[NoHitLRU] > 0
+	if lru && req.Parsed && req.Text != "" {
 		d := p.prefixes.Pick(req.Model, req.Text, nil)
 		facts.Hot = d.MatchedChars >= cfg.HotPrefixChars
 	}
@@ -244,7 +267,10 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		if !p.usable(addr, req) {
 			continue
 		}
-		c := Candidate{Addr: addr, LastCold: p.policy.LastCold(addr)}
+		c := Candidate{Addr: addr}
+		if lru {
+			c.LastCold = p.policy.LastCold(addr)
+		}
 		c.Active, c.ActiveTokens = p.tracker.Active(addr, cutoff)
 		s, fresh := p.scraper.Get(addr)
 		c.MetricsUnknown = fresh == modelmetrics.Unknown
@@ -263,8 +289,9 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		}
 		return nil, lb.ErrNoBackends
 	}
-	rank := p.policy.Rank(cands, facts)
-	if p.Explain != nil {
+	explain := p.explaining()
+	rank := p.policy.rank(cands, facts, explain)
+	if explain {
 		p.Explain(Explanation{Picked: cands[rank.Order[0]].Addr, Hot: facts.Hot, Session: facts.SessionAddr,
 			Shift: p.policy.Shift(), Candidates: cands, Rank: rank})
 	}
@@ -274,16 +301,22 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		if l == nil {
 			continue // removed meanwhile
 		}
-		rest := make([]string, 0, len(rank.Order)-k-1)
-		for _, j := range rank.Order[k+1:] {
-			rest = append(rest, cands[j].Addr)
+		if k+1 < len(rank.Order) {
+			rest := make([]string, 0, len(rank.Order)-k-1)
+			for _, j := range rank.Order[k+1:] {
+				rest = append(rest, cands[j].Addr)
+			}
+			req.Memo = &fallbackMemo{order: rest}
+		} else {
+			req.Memo = nil // no fallback: a retry ranks afresh
 		}
-		req.Memo = &fallbackMemo{order: rest}
-		if !facts.Hot {
-			p.policy.NoteCold(addr, now)
-		}
-		if req.Parsed && req.Text != "" {
-			p.prefixes.Insert(req.Model, req.Text, addr)
+		if lru {
+			if !facts.Hot {
+				p.policy.NoteCold(addr, now)
+			}
+			if req.Parsed && req.Text != "" {
+				p.prefixes.Insert(req.Model, req.Text, addr)
+			}
 		}
 		return p.lease(l), nil
 	}
@@ -302,7 +335,14 @@ func (p *Picker) sessionAddr(token string) string {
 	return (*p.tokens.Load())[token]
 }
 
-func (p *Picker) lease(l *tracker.Lease) lb.Lease { return &ttftLease{Lease: l, policy: p.policy} }
+// lease wraps l to feed adaptive mode; without an SLO nothing is fed, so
+// the tracker's lease goes as it is.
+func (p *Picker) lease(l *tracker.Lease) lb.Lease {
+	if p.policy.Config().SLO == 0 {
+		return l
+	}
+	return &ttftLease{Lease: l, policy: p.policy}
+}
 
 // ttftLease feeds adaptive mode with each success's time to first byte.
 type ttftLease struct {

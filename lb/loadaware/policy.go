@@ -2,6 +2,7 @@ package loadaware
 
 import (
 	"container/list"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -26,14 +27,21 @@ type coldEntry struct {
 
 // New returns a policy; cfg must be valid.
 func New(cfg Config) *Policy {
-	return &Policy{cfg: cfg.WithDefaults(), cold: map[string]*list.Element{}}
+	return &Policy{cfg: ownWeights(cfg.WithDefaults()), cold: map[string]*list.Element{}}
+}
+
+// ownWeights copies the weights: rank reads them outside the lock, so no
+// caller may keep a handle that writes them.
+func ownWeights(c Config) Config {
+	c.Weights = maps.Clone(c.Weights)
+	return c
 }
 
 // Configure swaps the config, keeping history.
 func (p *Policy) Configure(cfg Config) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.cfg = cfg.WithDefaults()
+	p.cfg = ownWeights(cfg.WithDefaults())
 	for p.coldLRU.Len() > p.cfg.LRUSize {
 		p.evictOldestLocked()
 	}
@@ -129,13 +137,24 @@ func (p *Policy) Weights() map[string]float64 {
 	defer p.mu.Unlock()
 	out := make(map[string]float64, len(p.cfg.Weights))
 	for name, w := range p.cfg.Weights {
-		if isAffinity(name) {
-			out[name] = w * (1 - p.shift)
-		} else {
-			out[name] = w * (1 + p.shift)
-		}
+		out[name] = effectiveWeight(name, w, p.shift)
 	}
 	return out
+}
+
+func effectiveWeight(name string, w, shift float64) float64 {
+	if isAffinity(name) {
+		return w * (1 - shift)
+	}
+	return w * (1 + shift)
+}
+
+// Uses reports whether scorer name has a weight above 0 (adaptive mode
+// scales weights but never turns a scorer on or off).
+func (p *Policy) Uses(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg.Weights[name] > 0
 }
 
 // Ranking is the outcome of scoring one request.
@@ -151,22 +170,42 @@ type Ranking struct {
 // Rank scores every candidate with the enabled scorers and returns the
 // max-score order. Equal totals are broken at random, so equal replicas
 // share the load instead of the first one taking it all.
-func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking {
-	weights := p.Weights()
-	cfg := p.Config()
+func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking { return p.rank(cs, f, true) }
+
+// rank is Rank; without explain, Scores stays nil and every scorer writes
+// into one scratch slice (a pick on the hot path allocates only Total and
+// Order).
+func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool) Ranking {
+	p.mu.Lock()
+	weights, shift := p.cfg.Weights, p.shift
+	threshold, k := p.cfg.Threshold, p.cfg.MaxNumEndpoints
+	p.mu.Unlock()
 	n := len(cs)
-	r := Ranking{Total: make([]float64, n), Scores: make(map[string][]float64, len(weights))}
+	// Total and the scratch scores share one allocation.
+	buf := make([]float64, 2*n)
+	r := Ranking{Total: buf[:n:n]}
+	scratch := buf[n:]
+	if explain {
+		r.Scores = make(map[string][]float64, len(weights))
+	}
 	for _, name := range AllScorers {
 		w := weights[name]
 		if w <= 0 {
 			continue
 		}
-		s := make([]float64, n)
+		w = effectiveWeight(name, w, shift)
+		var s []float64
+		if explain {
+			s = make([]float64, n)
+			r.Scores[name] = s
+		} else {
+			s = scratch
+		}
 		switch name {
 		case Queue:
 			scoreQueue(cs, s)
 		case LoadAware:
-			scoreLoadAware(cs, cfg.Threshold, s)
+			scoreLoadAware(cs, threshold, s)
 		case ActiveRequest:
 			scoreActive(cs, s)
 		case ActiveTokens:
@@ -181,12 +220,11 @@ func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking {
 		if name == Queue || name == LoadAware || name == KVCache {
 			neutralForUnknown(cs, s)
 		}
-		r.Scores[name] = s
 		for i := range s {
 			r.Total[i] += w * s[i]
 		}
 	}
-	r.Order = maxScoreOrder(r.Total, cfg.MaxNumEndpoints)
+	r.Order = maxScoreOrder(r.Total, k)
 	return r
 }
 
