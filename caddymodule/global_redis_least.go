@@ -49,6 +49,9 @@ type GlobalRedisLeast struct {
 	// InstanceID names this instance in Redis (default: random per start).
 	InstanceID string `json:"instance_id,omitempty"`
 
+	// Passive health, kept by each instance for itself: max_fails,
+	// fail_duration (as queued_least_latency's).
+	passiveHealth
 	attemptOptions
 	selector
 }
@@ -69,6 +72,7 @@ func (p *GlobalRedisLeast) storeConfig() redisleast.Config {
 		TLS: p.TLS, CAFile: p.CAFile, DialTimeout: time.Duration(p.DialTimeout), ReadTimeout: time.Duration(p.ReadTimeout),
 		KeyPrefix: p.KeyPrefix, MaxInflight: p.MaxInflight, QueueTimeout: time.Duration(p.QueueTimeout), LeaseTTL: time.Duration(p.LeaseTTL),
 		BreakerFailures: p.BreakerFailures, BreakerBackoff: time.Duration(p.BreakerBackoff), InstanceID: p.InstanceID,
+		MaxFails: p.MaxFails, FailDuration: time.Duration(p.FailDuration),
 	}
 }
 
@@ -76,6 +80,9 @@ func (p *GlobalRedisLeast) storeConfig() redisleast.Config {
 func (p *GlobalRedisLeast) Validate() error {
 	if err := validatePoolName(poolName(p.Pool)); err != nil {
 		return fmt.Errorf("global_redis_least: %v", err)
+	}
+	if err := validateBodyAndHealth("global_redis_least", bodyOptions{}, p.passiveHealth); err != nil {
+		return err
 	}
 	if err := p.storeConfig().WithDefaults().Validate(); err != nil {
 		return fmt.Errorf("global_redis_least: %v", err)
@@ -149,6 +156,8 @@ func redactedRedisConfig(cfg redisleast.Config) redisleast.Config {
 //	    breaker_failures <n>
 //	    breaker_backoff  <duration>
 //	    instance_id      <id>
+//	    max_fails        <n>                # failed attempts that mark a replica down (this instance)
+//	    fail_duration    <duration|seconds>
 //	}
 func (p *GlobalRedisLeast) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return parseModule(d, "global_redis_least", nil, p, nil)

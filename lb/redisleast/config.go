@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/lb/tracker"
 )
 
 // Config is one pool's connection and policy settings. Zero values take
@@ -55,6 +57,8 @@ import (
 //	PendingMax        pending_max        live (a bound below what is already pending makes
 //	                                     the next queued release rotate the identity, as
 //	                                     any overflow does)
+//	MaxFails          max_fails          live (from the next failure)
+//	FailDuration      fail_duration      live (from the next failure)
 type Config struct {
 	// Addrs are Redis nodes (host:port); one address of a cluster is enough.
 	Addrs              []string
@@ -96,6 +100,12 @@ type Config struct {
 	// PendingMax bounds the releases kept while Redis is unreachable
 	// (default 65536); see pending.go for what happens beyond it.
 	PendingMax int
+	// Passive health, this instance's own (not shared through Redis):
+	// MaxFails consecutive failed attempts (transport error or 5xx) mark a
+	// replica down (default 1) for FailDuration (default 5s), doubling on
+	// each further failure up to 16×; then one probe request at a time.
+	MaxFails     int
+	FailDuration time.Duration
 }
 
 // WithDefaults fills zero fields.
@@ -123,6 +133,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.PendingMax == 0 {
 		c.PendingMax = 1 << 16
+	}
+	if c.MaxFails == 0 {
+		c.MaxFails = 1
+	}
+	if c.FailDuration == 0 {
+		c.FailDuration = 5 * time.Second
 	}
 	return c
 }
@@ -160,6 +176,10 @@ func (c Config) Validate() error {
 		return errors.New("queue_timeout: the queueing mode needs max_inflight > 0 (the slots per replica)")
 	case c.PendingMax < 1:
 		return fmt.Errorf("pending_max: must be >= 1, got %d", c.PendingMax)
+	case c.MaxFails < 1:
+		return fmt.Errorf("max_fails: must be >= 1, got %d", c.MaxFails)
+	case c.FailDuration < 0:
+		return fmt.Errorf("fail_duration: must be > 0, got %v", c.FailDuration)
 	}
 	if c.CAFile != "" {
 		if _, err := c.tlsConfig(); err != nil {
@@ -295,6 +315,10 @@ func secretDigest(secret string) string {
 	return "hmac:" + hex.EncodeToString(m.Sum(nil)[:12])
 }
 
+func (c Config) healthConfig() tracker.Config {
+	return tracker.Config{MaxFails: c.MaxFails, FailDuration: c.FailDuration}
+}
+
 // conf is the configuration in force.
 func (s *Store) conf() Config { return *s.cfgp.Load() }
 
@@ -323,6 +347,7 @@ func (s *Store) Configure(cfg Config) error {
 	s.cfgp.Store(&cfg)
 	s.br.setLimit(cfg.BreakerFailures)
 	s.pend.setMax(cfg.PendingMax)
+	s.health.Configure(cfg.healthConfig())
 	// The loop renews with the new lease TTL, moves its ticker, redials
 	// if the read timeout outgrew the connection, and in queueing mode
 	// hands slots a raised max_inflight freed to the waiters.

@@ -17,17 +17,22 @@ package redisleast
 //	{tag}:queue         LIST tokens, oldest first (may hold tokens already cancelled)
 //	{tag}:waiters       HASH token → instance id: the requests still waiting
 //	{tag}:assigned      HASH token → replica: requests the queue handed a slot, until released
+//	{tag}:avoid         HASH token → comma-separated members the waiter must not be handed
+//	                    (down by its instance's passive health, or not among its
+//	                    candidates); only for waiters that have some
 //	{tag}:notify:<id>   pub/sub channel of instance <id>: "<request id> <replica>" per hand-over
 type keys struct {
 	load, gone, insts        string
 	queue, waiters, assigned string
+	avoid                    string
 	tag                      string
 }
 
 func newKeys(prefix, pool string) keys {
 	tag := "{sluice:" + prefix + ":" + pool + "}"
 	return keys{load: tag + ":load", gone: tag + ":gone", insts: tag + ":insts",
-		queue: tag + ":queue", waiters: tag + ":waiters", assigned: tag + ":assigned", tag: tag}
+		queue: tag + ":queue", waiters: tag + ":waiters", assigned: tag + ":assigned",
+		avoid: tag + ":avoid", tag: tag}
 }
 
 func (k keys) alive(id string) string  { return k.tag + ":alive:" + id }

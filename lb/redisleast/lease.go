@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/tracker"
 )
 
 // Lease is one request counted in flight on Addr. Release it exactly once.
@@ -23,6 +26,7 @@ type Lease struct {
 	ident    *identity
 	req      string
 	start    time.Time
+	hl       *tracker.Lease // passive health; nil for a replica the tracker does not know
 	released atomic.Bool
 }
 
@@ -37,6 +41,11 @@ type Lease struct {
 // a slot is handed to it, ctx is done (ctx.Err()) or QueueTimeout passes
 // (ErrQueueTimeout); see queue.go.
 //
+// Candidates this instance marked down after failed attempts (passive
+// health, Config.MaxFails) are left out; none left: lb.ErrAllDown. A
+// queued request is never handed a member left out this way, nor a
+// member of the last Sync that is not a candidate.
+//
 // After Close it returns lb.ErrShutdown (also to requests still waiting
 // in the queue when Close runs).
 func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error) {
@@ -45,6 +54,10 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 	}
 	if len(candidates) == 0 {
 		return nil, ErrNoCandidates
+	}
+	candidates = s.healthy(candidates)
+	if len(candidates) == 0 {
+		return nil, lb.ErrAllDown
 	}
 	if s.br.isOpen() {
 		return s.fallback(candidates)
@@ -64,7 +77,7 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 			// Listen before asking: the hand-over may be published
 			// before the script's reply arrives.
 			wait = s.waiters.add(token(ident, req))
-			args = append(args, s.k.tag)
+			args = append(args, s.k.tag, s.avoidList(candidates))
 			args = append(args, candidates...)
 			// Not cut short by the client: a reply lost to a
 			// cancellation would leave the request queued (or holding a
@@ -72,7 +85,7 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 			// reply, await sees ctx done and leaves the queue at once.
 			res = s.callUntil(context.WithoutCancel(ctx), deadline, func(ctx context.Context) rueidis.RedisResult {
 				return selectQueueScript.Exec(ctx, s.rc(),
-					[]string{s.k.load, ident.alive, ident.inst, s.k.insts, s.k.queue, s.k.waiters, s.k.assigned}, args)
+					[]string{s.k.load, ident.alive, ident.inst, s.k.insts, s.k.queue, s.k.waiters, s.k.assigned, s.k.avoid}, args)
 			})
 		} else {
 			args = append(args, candidates...)
@@ -119,7 +132,7 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 		case 1:
 			s.local.get(addr).Add(1)
 			s.c.selections.Add(1)
-			return &Lease{Addr: addr, s: s, ident: ident, req: req, start: time.Now()}, nil
+			return &Lease{Addr: addr, s: s, ident: ident, req: req, start: time.Now(), hl: s.health.Acquire(addr)}, nil
 		case 2:
 			s.c.shed.Add(1)
 			return nil, ErrSaturated
@@ -152,19 +165,59 @@ func (s *Store) fallback(candidates []string) (*Lease, error) {
 	s.local.get(addr).Add(1)
 	s.c.selections.Add(1)
 	s.c.fallbacks.Add(1)
-	return &Lease{Addr: addr, Fallback: true, s: s, start: time.Now()}, nil
+	return &Lease{Addr: addr, Fallback: true, s: s, start: time.Now(), hl: s.health.Acquire(addr)}, nil
+}
+
+// healthy is candidates less the replicas passive health has down (the
+// input itself when none is).
+func (s *Store) healthy(candidates []string) []string {
+	for i, a := range candidates {
+		if s.health.Down(a) {
+			out := slices.Clone(candidates[:i])
+			for _, b := range candidates[i+1:] {
+				if !s.health.Down(b) {
+					out = append(out, b)
+				}
+			}
+			return out
+		}
+	}
+	return candidates
+}
+
+// avoidList names, comma-separated, the members of the last Sync that a
+// queued request picking among candidates must not be handed (down, or
+// excluded by the caller); "" when there are none.
+func (s *Store) avoidList(candidates []string) string {
+	s.mu.Lock()
+	members := s.last
+	s.mu.Unlock()
+	var b strings.Builder
+	for _, m := range members {
+		if !slices.Contains(candidates, m) {
+			if b.Len() > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(m)
+		}
+	}
+	return b.String()
 }
 
 // Release ends the request. Only the first call counts (later ones return
 // false). A Redis lease is released in Redis within ReadTimeout, or queued
 // until Redis answers again; call it off the request path (for example
-// from context.AfterFunc). The outcome only feeds RetryAfter (how long
-// successful leases are held): passive health is the tracker's business.
+// from context.AfterFunc). The outcome feeds this instance's passive
+// health (a Failure counts against the replica) and RetryAfter (how long
+// successful leases are held).
 func (l *Lease) Release(o lb.Outcome) bool {
 	if !l.released.CompareAndSwap(false, true) {
 		return false
 	}
 	s := l.s
+	if l.hl != nil {
+		l.hl.Release(o)
+	}
 	if o.Kind == lb.Success && !l.start.IsZero() {
 		s.svc.observe(time.Since(l.start))
 	}

@@ -330,7 +330,9 @@ func TestConfigureReadTimeoutBeyondTheConnectionsDeadline(t *testing.T) {
 // RetryAfter: a second with nothing measured, then the mean hold time of
 // successful leases; failures and cancellations do not count.
 func TestRetryAfterFollowsTheHoldTime(t *testing.T) {
-	s := newStore(t, testConfig(t, testRedis(t)), "retry")
+	cfg := testConfig(t, testRedis(t))
+	cfg.MaxFails = 10 // the failure below must not take "a" down (passive health)
+	s := newStore(t, cfg, "retry")
 	if d := s.RetryAfter(); d != time.Second {
 		t.Fatalf("RetryAfter with no sample: %v, want 1s", d)
 	}

@@ -160,7 +160,7 @@ func (s *Store) handed(ident *identity, req, rep string, start time.Time) *Lease
 	s.c.handovers.Add(1)
 	s.local.get(rep).Add(1)
 	s.c.selections.Add(1)
-	return &Lease{Addr: rep, s: s, ident: ident, req: req, start: time.Now()}
+	return &Lease{Addr: rep, s: s, ident: ident, req: req, start: time.Now(), hl: s.health.Acquire(rep)}
 }
 
 // giveUp takes the waiter out of the queue, or claims the slot it was
@@ -168,7 +168,7 @@ func (s *Store) handed(ident *identity, req, rep string, start time.Time) *Lease
 func (s *Store) giveUp(ctx context.Context, ident *identity, req string, start time.Time, why giveUpReason) (*Lease, error) {
 	tok := token(ident, req)
 	res := s.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return cancelQueueScript.Exec(ctx, s.rc(), []string{s.k.queue, s.k.waiters, s.k.assigned}, []string{tok})
+		return cancelQueueScript.Exec(ctx, s.rc(), []string{s.k.queue, s.k.waiters, s.k.assigned, s.k.avoid}, []string{tok})
 	})
 	s.waiters.drop(tok)
 	arr, err := res.ToArray()
@@ -307,6 +307,6 @@ func (s *Store) execRelease(ctx context.Context, ident *identity, ids []string) 
 		args = append(args, strconv.Itoa(s.conf().MaxInflight), s.k.tag, ident.id)
 		args = append(args, ids...)
 		return releaseQueueScript.Exec(ctx, s.rc(),
-			[]string{s.k.load, s.k.gone, ident.inst, s.k.queue, s.k.waiters, s.k.assigned}, args)
+			[]string{s.k.load, s.k.gone, ident.inst, s.k.queue, s.k.waiters, s.k.assigned, s.k.avoid}, args)
 	})
 }

@@ -13,35 +13,56 @@ import "github.com/redis/rueidis"
 // being passed in KEYS. They share the pool's hash tag, hence its slot.
 
 // dispatchFn hands free slots to the oldest waiters: while the queue is
-// non-empty, drop a cancelled head (no longer in waiters); else, if the
-// least-loaded member is under maxIn, pop the head and, unless its
-// instance is dead (liveness key gone) or the request was barred (a
+// non-empty, drop a cancelled head (no longer in waiters) or one whose
+// instance is dead (liveness key gone); else, if the least-loaded member
+// is under maxIn, pop the head and, unless the request was barred (a
 // tombstone: its select was given up as lost), count the request on that
 // member, record it under the waiter's instance (so the reaper reclaims it
 // if that instance dies), note the assignment and PUBLISH "<request id>
 // <replica>" on the waiter instance's channel. Returns how many it handed.
 //
-// Queued requests may be given any member: their candidate list is not
-// kept (see Select).
+// A waiter is given any member except those its avoid entry names (the
+// replicas its instance had down, or that were not among its candidates):
+// the least loaded of the others, once one is under maxIn. The head waits
+// for such a slot (FIFO: nobody overtakes it).
 const dispatchFn = `
 local function dispatch(tag, maxIn)
   local load, queue, waiters, assigned = tag .. ':load', tag .. ':queue', tag .. ':waiters', tag .. ':assigned'
+  local avoidKey = tag .. ':avoid'
   local n = 0
   while true do
     local head = redis.call('LINDEX', queue, 0)
     if not head then break end
     local inst = redis.call('HGET', waiters, head)
+    if inst and redis.call('EXISTS', tag .. ':alive:' .. inst) == 0 then
+      -- its instance died: drop it now, whatever slot it would wait for
+      redis.call('HDEL', waiters, head)
+      inst = nil
+    end
     if not inst then
       redis.call('LPOP', queue)
+      redis.call('HDEL', avoidKey, head)
     else
-      local top = redis.call('ZRANGE', load, 0, 0, 'WITHSCORES')
-      if #top == 0 or tonumber(top[2]) >= maxIn then break end
+      local rep
+      local avoid = redis.call('HGET', avoidKey, head)
+      if avoid then
+        local skip = {}
+        for m in string.gmatch(avoid, '[^,]+') do skip[m] = true end
+        local free = redis.call('ZRANGEBYSCORE', load, '-inf', '(' .. maxIn)
+        for i = 1, #free do
+          if not skip[free[i]] then rep = free[i] break end
+        end
+      else
+        local top = redis.call('ZRANGE', load, 0, 0, 'WITHSCORES')
+        if #top > 0 and tonumber(top[2]) < maxIn then rep = top[1] end
+      end
+      if not rep then break end
       redis.call('LPOP', queue)
       redis.call('HDEL', waiters, head)
+      redis.call('HDEL', avoidKey, head)
       local req = string.match(head, ':([^:]*)$')
       local ikey = tag .. ':inst:' .. inst
-      if redis.call('EXISTS', tag .. ':alive:' .. inst) == 1 and redis.call('HEXISTS', ikey, req) == 0 then
-        local rep = top[1]
+      if redis.call('HEXISTS', ikey, req) == 0 then
         redis.call('ZINCRBY', load, 1, rep)
         redis.call('HSET', ikey, req, rep)
         redis.call('SADD', tag .. ':insts', inst)
@@ -61,8 +82,9 @@ end
 // global queue and the script dispatches (which hands it a slot at once if
 // one is free and it is first in line).
 //
-// KEYS: load, alive:<id>, inst:<id>, insts, queue, waiters, assigned
-// ARGV: maxInflight (> 0), leaseTTL ms, request id, instance id, offset, tag, candidates...
+// KEYS: load, alive:<id>, inst:<id>, insts, queue, waiters, assigned, avoid
+// ARGV: maxInflight (> 0), leaseTTL ms, request id, instance id, offset, tag,
+// avoid ("" or comma-separated members it must not be handed), candidates...
 // Reply: {1, replica} selected (directly or handed over at once);
 // {4, ""} queued: the replica comes by notification;
 // {0, ""} no candidate is a member; {3, ""} barred (as selectScript).
@@ -73,11 +95,11 @@ if prev then return {1, prev} end
 local tok = ARGV[4] .. ':' .. ARGV[3]
 if redis.call('HEXISTS', KEYS[6], tok) == 1 then return {4, ''} end
 local maxIn = tonumber(ARGV[1])
-local n = #ARGV - 6
+local n = #ARGV - 7
 local off = tonumber(ARGV[5])
 local best, bestScore
 for i = 0, n - 1 do
-  local c = ARGV[7 + (i + off) % n]
+  local c = ARGV[8 + (i + off) % n]
   local s = redis.call('ZSCORE', KEYS[1], c)
   if s then
     s = tonumber(s)
@@ -96,6 +118,7 @@ if bestScore < maxIn and redis.call('LLEN', KEYS[5]) == 0 then
 end
 redis.call('RPUSH', KEYS[5], tok)
 redis.call('HSET', KEYS[6], tok, ARGV[4])
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[8], tok, ARGV[7]) end
 dispatch(ARGV[6], maxIn)
 local got = redis.call('HGET', KEYS[3], ARGV[3])
 if got and got ~= '' then return {1, got} end
@@ -107,7 +130,7 @@ return {3, ''}
 // the requests' assignments, takes a lost select ("?id") out of the queue
 // if it is still waiting there, and dispatches the freed slots.
 //
-// KEYS: load, gone, inst:<id>, queue, waiters, assigned
+// KEYS: load, gone, inst:<id>, queue, waiters, assigned, avoid
 // ARGV: maxInflight, tag, instance id, request ids...
 // Reply: how many records existed.
 var releaseQueueScript = rueidis.NewLuaScript(decr + dispatchFn + `
@@ -118,7 +141,10 @@ for i = 4, #ARGV do
   if string.sub(id, 1, 1) == '?' then id, lost = string.sub(id, 2), true end
   local tok = me .. ':' .. id
   redis.call('HDEL', KEYS[6], tok)
-  if lost and redis.call('HDEL', KEYS[5], tok) == 1 then redis.call('LREM', KEYS[4], 1, tok) end
+  if lost and redis.call('HDEL', KEYS[5], tok) == 1 then
+    redis.call('LREM', KEYS[4], 1, tok)
+    redis.call('HDEL', KEYS[7], tok)
+  end
   local rep = redis.call('HGET', KEYS[3], id)
   if rep and rep ~= '' then
     redis.call('HDEL', KEYS[3], id)
@@ -135,7 +161,7 @@ return n
 // cancelQueueScript takes a waiter out of the queue (its client gave up,
 // or its QueueTimeout passed).
 //
-// KEYS: queue, waiters, assigned
+// KEYS: queue, waiters, assigned, avoid
 // ARGV: token
 // Reply: {0, ""} it was still queued and is removed; {1, replica} it was
 // handed a slot meanwhile (the caller owns that lease); {2, ""} neither
@@ -143,6 +169,7 @@ return n
 var cancelQueueScript = rueidis.NewLuaScript(`
 if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[1], 1, ARGV[1])
+  redis.call('HDEL', KEYS[4], ARGV[1])
   return {0, ''}
 end
 local a = redis.call('HGET', KEYS[3], ARGV[1])

@@ -22,6 +22,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/tracker"
 )
 
 // Errors Select returns instead of a lease.
@@ -63,6 +64,11 @@ type Store struct {
 	local localCounts
 	c     counters
 	svc   ewma // hold time of successful leases, for RetryAfter
+	// health is this instance's passive health of the replicas (failed
+	// attempts mark one down); its in-flight counts serve only the
+	// half-open probe (one request at a time to a replica whose down
+	// time is over).
+	health *tracker.Tracker
 
 	// Queueing mode: the subscriber's own client, the waiting Selects.
 	sub      rueidis.Client
@@ -117,6 +123,7 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 	s.c.wait.bounds = waitBuckets
 	s.br = breaker{limit: cfg.BreakerFailures, onOpen: s.startProbe}
 	s.pend.max = cfg.PendingMax
+	s.health = tracker.New(cfg.healthConfig())
 	s.ident.Store(s.newIdentity())
 	client, err := s.connect(opt)
 	if err != nil {
@@ -231,6 +238,7 @@ func (s *Store) Sync(ctx context.Context, replicas []string) error {
 	s.last = replicas
 	s.mu.Unlock()
 	s.local.retain(replicas)
+	s.health.SetReplicas(replicas)
 	if s.br.isOpen() {
 		err := fmt.Errorf("redis %v: circuit breaker open; will sync when it closes", s.conf().Addrs)
 		s.unsynced.Store(true)

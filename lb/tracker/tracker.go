@@ -113,6 +113,21 @@ func (t *Tracker) Load(addr string) (inFlight int, usable bool) {
 	return n, true
 }
 
+// Down reports whether addr is a replica that failures marked down and
+// that may not take a request now: its down time is not over, or it is
+// over and a probe is in flight. Unknown addresses are not down (unlike
+// Load, for callers that pick among addresses the tracker may not know).
+func (t *Tracker) Down(addr string) bool {
+	t.mu.RLock()
+	r, ok := t.reps[addr]
+	t.mu.RUnlock()
+	if !ok {
+		return false
+	}
+	until := r.downUntil.Load()
+	return until != 0 && (t.now().UnixNano() < until || r.inFlight.Load() > 0)
+}
+
 // Lease is one attempt on a replica; Release it exactly once (later calls
 // are no-ops and return false).
 type Lease struct {

@@ -65,6 +65,33 @@ func TestFailureMarksDownThenOneProbeThenRecovery(t *testing.T) {
 	}
 }
 
+// Down agrees with Load for known replicas and is false for unknown ones.
+func TestDownFollowsHealthAndIgnoresUnknownAddresses(t *testing.T) {
+	now := time.Unix(0, 0)
+	tr := New(Config{FailDuration: 10 * time.Second})
+	tr.now = func() time.Time { return now }
+	tr.SetReplicas([]string{"a:1"})
+	if tr.Down("a:1") || tr.Down("unknown:1") {
+		t.Fatal("down before any failure")
+	}
+	tr.Acquire("a:1").Release(lb.Outcome{Kind: lb.Failure})
+	if !tr.Down("a:1") || tr.Down("unknown:1") {
+		t.Fatal("a failed replica must be down, an unknown one not")
+	}
+	now = now.Add(11 * time.Second)
+	if tr.Down("a:1") {
+		t.Fatal("down time over: a probe may go")
+	}
+	probe := tr.Acquire("a:1")
+	if !tr.Down("a:1") {
+		t.Fatal("one probe at a time")
+	}
+	probe.Release(lb.Outcome{Kind: lb.Success})
+	if tr.Down("a:1") {
+		t.Fatal("a successful probe brings it back")
+	}
+}
+
 func TestRemovedReplicaDrainsThenIsForgotten(t *testing.T) {
 	tr := New(Config{})
 	tr.SetReplicas([]string{"a:1"})
