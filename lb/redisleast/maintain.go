@@ -3,6 +3,7 @@ package redisleast
 import (
 	"context"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -43,6 +44,7 @@ func (s *Store) loop() {
 			continue
 		}
 		s.flush(ctx)
+		s.sweepTombstones(ctx)
 		if s.unsynced.Load() {
 			s.resync(ctx) // a set Redis refused (an error reply) goes again
 		}
@@ -73,6 +75,43 @@ func (s *Store) flush(ctx context.Context) {
 			// Error replies too (see Lease.Release): kept until Redis takes them.
 			if err := s.execRelease(ctx, b.ident, ids).Error(); err != nil && !rueidis.IsRedisNil(err) {
 				s.pend.putBack(pendingBatch{b.ident, b.ids[i:]})
+				break
+			}
+			var lost []string
+			for _, id := range ids {
+				if rest, ok := strings.CutPrefix(id, "?"); ok {
+					lost = append(lost, rest)
+				}
+			}
+			if len(lost) > 0 {
+				s.tombs.add(b.ident, lost, time.Now())
+			}
+		}
+	}
+}
+
+// tombAge is how long a lost select's tombstone is kept: until no late
+// select can arrive. A command runs on its connection in order, and a
+// connection without an answer is dropped after connTimeout; whatever a
+// dropped connection still carried ran before Redis answered anything
+// newer. Twice that, and at least a lease TTL, is a wide margin.
+func (s *Store) tombAge() time.Duration {
+	c := s.conf()
+	return max(c.LeaseTTL, 2*connTimeout(c.ReadTimeout))
+}
+
+// sweepTombstones deletes the tombstones old enough (tombAge) that the
+// flush recorded; what fails is tried again at the next round.
+func (s *Store) sweepTombstones(ctx context.Context) {
+	const batch = 256
+	for _, b := range s.tombs.takeOlder(time.Now().Add(-s.tombAge())) {
+		for i := 0; i < len(b.ids); i += batch {
+			ids := b.ids[i:min(i+batch, len(b.ids))]
+			res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+				return dropTombstonesScript.Exec(ctx, s.rc(), []string{b.ident.inst}, ids)
+			})
+			if err := res.Error(); err != nil && !rueidis.IsRedisNil(err) {
+				s.tombs.putBack(pendingBatch{b.ident, b.ids[i:]})
 				break
 			}
 		}

@@ -1,6 +1,9 @@
 package redisleast
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // identity is the name under which an instance records its requests.
 type identity struct {
@@ -91,4 +94,84 @@ func (p *pending) setMax(n int) {
 	p.mu.Lock()
 	p.max = n
 	p.mu.Unlock()
+}
+
+// tombstones remembers the lost selects ("?id") this instance flushed:
+// each may have left an empty-valued record (a tombstone, see
+// releaseScript) in its instance hash, which nothing else removes while
+// the instance lives. Once no late select can arrive any more (tombAge)
+// the maintenance loop deletes the ones still empty, so an instance that
+// lives through many Redis faults does not accumulate them.
+type tombstones struct {
+	mu  sync.Mutex
+	max int
+	ids map[*identity][]tomb
+}
+
+type tomb struct {
+	id string
+	at time.Time
+}
+
+// add records flushed lost-select ids (without their "?"); beyond the
+// bound they are not tracked (each then stays in Redis, a few bytes,
+// until the instance's hash goes).
+func (t *tombstones) add(ident *identity, ids []string, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, l := range t.ids {
+		n += len(l)
+	}
+	for _, id := range ids {
+		if n >= t.max {
+			return
+		}
+		if t.ids == nil {
+			t.ids = map[*identity][]tomb{}
+		}
+		t.ids[ident] = append(t.ids[ident], tomb{id, now})
+		n++
+	}
+}
+
+// takeOlder removes and returns the ids recorded before cutoff.
+func (t *tombstones) takeOlder(cutoff time.Time) []pendingBatch {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []pendingBatch
+	for ident, l := range t.ids {
+		i := 0
+		for i < len(l) && l[i].at.Before(cutoff) { // appended in time order
+			i++
+		}
+		if i == 0 {
+			continue
+		}
+		b := pendingBatch{ident: ident, ids: make([]string, i)}
+		for j := range i {
+			b.ids[j] = l[j].id
+		}
+		out = append(out, b)
+		if i == len(l) {
+			delete(t.ids, ident)
+		} else {
+			t.ids[ident] = l[i:]
+		}
+	}
+	return out
+}
+
+// putBack re-records ids whose deletion failed, as old (tried again at
+// the next round).
+func (t *tombstones) putBack(b pendingBatch) { t.add(b.ident, b.ids, time.Time{}) }
+
+func (t *tombstones) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, l := range t.ids {
+		n += len(l)
+	}
+	return n
 }

@@ -70,7 +70,8 @@ return {1, best}
 // may have run, or may still be on its way over another connection. If it
 // has no record, the release leaves an empty-valued record (a tombstone) so
 // that the late select, when it arrives, does nothing. Tombstones are only
-// written for lost selects (outages) and go with the instance's hash.
+// written for lost selects (outages); the instance deletes them once no
+// late select can arrive (sweepTombstones), else they go with its hash.
 //
 // KEYS: load, gone, inst:<id>
 // ARGV: request ids...
@@ -87,6 +88,24 @@ for i = 1, #ARGV do
     n = n + 1
   elseif lost and not rep then
     redis.call('HSET', KEYS[3], id, '')
+  end
+end
+return n
+`)
+
+// dropTombstonesScript deletes the tombstones among the given request ids
+// of one instance's hash (fields whose value is still empty); a field that
+// holds a replica (a record) is left alone.
+//
+// KEYS: inst:<id>
+// ARGV: request ids...
+// Reply: how many it deleted.
+var dropTombstonesScript = rueidis.NewLuaScript(`
+local n = 0
+for i = 1, #ARGV do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == '' then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    n = n + 1
   end
 end
 return n

@@ -61,6 +61,7 @@ type Store struct {
 	seq   atomic.Uint64
 	br    breaker
 	pend  pending
+	tombs tombstones
 	local localCounts
 	c     counters
 	svc   ewma // hold time of successful leases, for RetryAfter
@@ -123,6 +124,7 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 	s.c.wait.bounds = waitBuckets
 	s.br = breaker{limit: cfg.BreakerFailures, onOpen: s.startProbe}
 	s.pend.max = cfg.PendingMax
+	s.tombs.max = cfg.PendingMax
 	s.health = tracker.New(cfg.healthConfig())
 	s.ident.Store(s.newIdentity())
 	client, err := s.connect(opt)
