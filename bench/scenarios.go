@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -122,11 +125,16 @@ var scenarios = []scenario{
 	},
 	{
 		name:  "overhead",
-		title: "Proxy overhead: tiny requests at 1000 req/s (open loop) over 4 instant replicas",
-		about: "4 replicas answering at once (fixed 0 latency, 256 at a time, 1 output token); Poisson 1000 req/s for 6 s, " +
-			"against the replicas directly and through each proxy. The latency above `direct` is the proxy's cost " +
-			"(on the same 2 cores as the load generator and the replicas).",
-		run: overhead,
+		title: "Proxy overhead: tiny requests at 2000 req/s (open loop) over 4 instant replicas",
+		about: "4 replicas answering at once (fixed 0 latency, 256 at a time, 1 output token); Poisson 2000 req/s for 10 s " +
+			"(20,000 requests), against the replicas directly and through each proxy; a tiny /v1/completions body. " +
+			"proxy CPU/req is the CPU time (user + system, every thread, from /proc) the proxy process spent over the run " +
+			"divided by the requests it answered: what each request costs the proxy, the inverse of the throughput it can " +
+			"reach on a core of its own. capacity vs RR = Caddy round_robin's CPU/req ÷ the system's, measured in the same " +
+			"rep (≥ 1: cheaper than round_robin). Throughput is the offered rate for every system that keeps up (the load " +
+			"generator, the replicas and the proxy share 2 cores, so a saturated run measures the machine, not the proxy).",
+		extras: []extraCol{{"proxy_cpu_us", "proxy CPU/req", "%.1f µs"}, {"capacity_vs_rr", "capacity vs RR", "%.3f×"}},
+		run:    overhead,
 	},
 }
 
@@ -594,12 +602,18 @@ func perClass(classes ...string) func(_ []*sim.Server, recs []Record, s *Summary
 // ---- overhead ------------------------------------------------------------
 
 func overhead(r *runner) {
-	arrivals := poisson(1000, r.dur(6*time.Second, 1*time.Second), 5)
+	arrivals := poisson(2000, r.dur(10*time.Second, 1*time.Second), 5)
 	fleet := make([]sim.Config, 4)
 	for i := range fleet {
 		fleet[i] = sim.Config{Name: fmt.Sprintf("ov-%d", i), Concurrency: 256, MaxTokens: 1, Seed: uint64(i + 1)}
 	}
+	// CPU of the system's proxies when its load starts; Caddy
+	// round_robin's CPU per request in the current rep (it runs first in
+	// every rep, and again last: the report's ratio for it is last vs
+	// first, the drift over one rep).
+	var cpuAtStart, rrCPU time.Duration
 	load := func(_ []*sim.Server, proxies []string) workload {
+		cpuAtStart = r.proxyCPU()
 		return workload{arrivals: arrivals, build: func(n int) (*http.Request, int) {
 			p := n % len(proxies)
 			req, _ := http.NewRequest(http.MethodPost, proxies[p]+"/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":1}`))
@@ -607,17 +621,74 @@ func overhead(r *runner) {
 			return req, p
 		}}
 	}
-	sys := oneProxy{r, sysSpec{fleet: fleet, load: load}}
+	after := func(_ []*sim.Server, _ []Record, s *Summary) {
+		if s.Proxies == 0 || s.OK == 0 {
+			return
+		}
+		per := (r.proxyCPU() - cpuAtStart) / time.Duration(s.OK)
+		s.Extra["proxy_cpu_us"] = float64(per) / float64(time.Microsecond)
+		if s.System == "caddy_round_robin" {
+			rrCPU = per
+			s.Extra["capacity_vs_rr"] = 1
+			return
+		}
+		if rrCPU > 0 && per > 0 {
+			s.Extra["capacity_vs_rr"] = float64(rrCPU) / float64(per)
+		}
+	}
+	sys := oneProxy{r, sysSpec{fleet: fleet, load: load, after: after}}
 	caddy := sys.caddy
+	keyPrefix := fmt.Sprintf("bench-ov-%d", time.Now().UnixNano()%1e9)
+	grl := caddy("sluice_global_redis_least", "Sluice global_redis_least, defaults (one private Redis)", "")
+	grl.start = func(f []*sim.Server) ([]string, error) {
+		addr, err := r.redisAddr()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errSkipped, err)
+		}
+		return r.caddyProxies(grl.name, 1, func(int) string {
+			return staticProxy(addrs(f), fmt.Sprintf("lb_policy global_redis_least {\n\tpool ov-grl\n\tredis %s\n\tkey_prefix %s\n}", addr, keyPrefix))
+		})
+	}
 	systems := []sysSpec{
+		// round_robin first: the others' capacity is relative to it.
+		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
 		{name: "direct", desc: "no proxy: the client spreads requests round-robin over the replicas", proxies: 0, fleet: fleet, load: load,
 			start: func(f []*sim.Server) ([]string, error) { return urls(f), nil }},
-		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
 		sys.haproxyLeastconn(),
 		caddy("sluice_qll", "Sluice queued_least_latency, defaults", "lb_policy queued_least_latency {\n\tpool ov-qll\n}"),
 		caddy("sluice_cache_aware", "Sluice cache_aware, defaults", "lb_policy cache_aware {\n\tpool ov-ca\n}"),
+		caddy("sluice_load_aware", "Sluice load_aware, defaults", "lb_policy load_aware {\n\tpool ov-la\n}"),
+		grl,
+		caddy("caddy_round_robin_again", "Caddy lb_policy round_robin, again at the end of the rep (capacity vs RR: the drift)", "lb_policy round_robin"),
 	}
 	for _, s := range systems {
 		r.system(s)
 	}
+}
+
+// proxyCPU is the CPU time (user + system) the running proxies have used
+// so far, summed over their threads, from /proc (0 elsewhere).
+func (r *runner) proxyCPU() time.Duration {
+	r.procs.mu.Lock()
+	var pids []int
+	for _, p := range r.procs.live {
+		pids = append(pids, p.cmd.Process.Pid)
+	}
+	r.procs.mu.Unlock()
+	var total time.Duration
+	for _, pid := range pids {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+		for _, t := range tasks {
+			b, err := os.ReadFile(t)
+			if err != nil {
+				continue // the thread exited meanwhile
+			}
+			// schedstat: time on CPU (ns), time waiting, timeslices.
+			if f := strings.Fields(string(b)); len(f) > 0 {
+				ns, _ := strconv.ParseInt(f[0], 10, 64)
+				total += time.Duration(ns)
+			}
+		}
+	}
+	return total
 }
