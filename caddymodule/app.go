@@ -33,6 +33,11 @@ type pendingSettings struct {
 	key         stateKey
 	fingerprint string
 	apply       func()
+	// check, if set, runs at Start before any setting of the config
+	// applies, once every app is provisioned (so it can read the whole
+	// config, e.g. the upstreams of a later reverse_proxy); an error
+	// refuses the config and leaves the running one untouched.
+	check func() error
 }
 
 // CaddyModule returns the Caddy module information.
@@ -56,6 +61,9 @@ var (
 
 // Start implements caddy.App: the config loaded; its settings apply.
 func (a *App) Start() error {
+	if err := a.checkAll(); err != nil {
+		return err
+	}
 	appsMu.Lock()
 	defer appsMu.Unlock()
 	running = append(running, a)
@@ -82,6 +90,19 @@ func (a *App) Stop() error {
 		if n := len(running); n > 0 {
 			applied = running[n-1]
 			applied.applyAll()
+		}
+	}
+	return nil
+}
+
+func (a *App) checkAll() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, p := range a.pending {
+		if p.check != nil {
+			if err := p.check(); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -115,12 +136,19 @@ func (a *App) register(p pendingSettings) error {
 // context made without a config (a module provisioned on its own, as unit
 // tests do) has no apps: the settings apply at once.
 func applyOnStart(ctx caddy.Context, key stateKey, fingerprint string, apply func()) error {
+	return applyOnStartChecked(ctx, key, fingerprint, nil, apply)
+}
+
+// applyOnStartChecked is applyOnStart with a check that runs first, when
+// the whole config is provisioned; its error refuses the config. Without a
+// config there is nothing to check against: the settings apply at once.
+func applyOnStartChecked(ctx caddy.Context, key stateKey, fingerprint string, check func() error, apply func()) error {
 	app, ok := configApp(ctx)
 	if !ok {
 		apply()
 		return nil
 	}
-	return app.register(pendingSettings{key: key, fingerprint: fingerprint, apply: apply})
+	return app.register(pendingSettings{key: key, fingerprint: fingerprint, apply: apply, check: check})
 }
 
 func configApp(ctx caddy.Context) (app *App, ok bool) {

@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/flow"
@@ -59,6 +60,10 @@ type FlowControl struct {
 	KVCacheThreshold    float64        `json:"kv_cache_threshold,omitempty" sluice:"min=0"`
 	MetricsStaleness    caddy.Duration `json:"metrics_staleness,omitempty"`
 	MetricsInterval     caddy.Duration `json:"metrics_interval,omitempty"`
+	// Replicas fixes the replica count the concurrency detector multiplies
+	// max_concurrency by. 0: the pool's managed backend set, else the
+	// static upstreams of the reverse_proxy after this handler.
+	Replicas int `json:"replicas,omitempty" sluice:"min=0"`
 	bodyOptions
 
 	trusted []netip.Prefix
@@ -66,6 +71,10 @@ type FlowControl struct {
 	name    string
 	claims  stateClaims
 	log     *zap.Logger
+	ctx     caddy.Context
+	// static is the reverse_proxy's upstream list found when the config
+	// started (nil: none, or dynamic ones).
+	static []lb.Backend
 }
 
 // FlowBand is one priority band.
@@ -140,6 +149,9 @@ func (h *FlowControl) Validate() error {
 	if err := validateBodyAndHealth("flow_control", h.bodyOptions, passiveHealth{}); err != nil {
 		return err
 	}
+	if h.Replicas < 0 {
+		return fmt.Errorf("flow_control: replicas: must not be negative, got %d", h.Replicas)
+	}
 	if h.MetricsInterval < 0 {
 		return fmt.Errorf("flow_control: max_body_bytes and metrics_interval must be positive")
 	}
@@ -162,7 +174,7 @@ func parsePrefix(s string) (netip.Prefix, error) {
 // starts (see App), keeping every queued request (with its original
 // deadline).
 func (h *FlowControl) Provision(ctx caddy.Context) error {
-	h.log = ctx.Logger()
+	h.log, h.ctx = ctx.Logger(), ctx
 	if err := h.Validate(); err != nil {
 		return err
 	}
@@ -182,7 +194,8 @@ func (h *FlowControl) Provision(ctx caddy.Context) error {
 	}
 	h.state = v.(*flowState)
 	st, log := h.state, h.log
-	if err := applyOnStart(ctx, key, fmt.Sprintf("%+v %+v", cfg, mc), func() {
+	if err := applyOnStartChecked(ctx, key, fmt.Sprintf("%+v %+v replicas=%d", cfg, mc, h.Replicas), h.findReplicas, func() {
+		st.setFixed(h.Replicas, h.static)
 		if err := st.configure(cfg, mc); err != nil {
 			log.Error("cannot apply flow_control settings", zap.String("pool", st.name), zap.Error(err))
 		}
@@ -233,6 +246,128 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	defer ticket.Release()
 	return next.ServeHTTP(w, r)
+}
+
+// findReplicas runs when the config starts, once every module is
+// provisioned: it finds the reverse_proxy this handler guards — the first
+// one after it in its server's routes — and keeps its static upstreams,
+// which then count as the pool's replicas while the pool has no managed
+// backend set (as the Sluice policies pick among them). It refuses a
+// config where the count cannot be known, naming what to add.
+func (h *FlowControl) findReplicas() error {
+	h.static = nil
+	app, err := h.ctx.AppIfConfigured("http")
+	if err != nil {
+		return nil // no HTTP app: nothing proxies through this handler
+	}
+	var mine *reverseproxy.Handler
+	var same []*reverseproxy.Handler // those after the other blocks on this pool
+	found := false
+	forEachChain(app.(*caddyhttp.App), func(chain []caddyhttp.MiddlewareHandler) {
+		for i, mh := range chain {
+			fc, ok := mh.(*FlowControl)
+			if !ok || fc.name != h.name || fc.Replicas > 0 {
+				continue
+			}
+			rp := nextProxy(chain[i+1:])
+			if fc == h {
+				found, mine = true, rp
+			} else {
+				same = append(same, rp)
+			}
+		}
+	})
+	if !found || h.Replicas > 0 {
+		return nil
+	}
+	name := h.name
+	if mine == nil {
+		if !lb.GetPool(name).Managed() {
+			h.log.Warn("flow_control: no reverse_proxy follows it and its pool has no backend set: "+
+				"max_concurrency bounds everything after it (set replicas N to change that)", zap.String("pool", name))
+		}
+		return nil
+	}
+	if mine.DynamicUpstreams != nil {
+		if src, ok := mine.DynamicUpstreams.(*CustomRouterUpstreams); ok {
+			if p := poolName(src.Pool); p != name {
+				return fmt.Errorf("flow_control %s: the reverse_proxy after it takes its upstreams from pool %q, "+
+					"so flow control would count the wrong replicas: write flow_control %s, or set replicas N", name, p, p)
+			}
+			return nil // follows the pool's backend set
+		}
+		if lb.GetPool(name).Managed() {
+			return nil
+		}
+		return fmt.Errorf("flow_control %s: no replicas known: the reverse_proxy after it has dynamic upstreams (%s) "+
+			"flow control cannot count; use dynamic custom_router %s (its backend set), static upstreams, or set replicas N",
+			name, moduleName(mine.DynamicUpstreams), name)
+	}
+	for _, rp := range same {
+		if rp != nil && rp.DynamicUpstreams == nil && len(rp.Upstreams) != len(mine.Upstreams) {
+			return fmt.Errorf("flow_control %s: two blocks on this pool guard reverse_proxies with %d and %d upstreams; "+
+				"give one of them another pool, or set replicas N", name, len(mine.Upstreams), len(rp.Upstreams))
+		}
+	}
+	h.static = staticBackends(mine.Upstreams)
+	if lbp := mine.LoadBalancing; lbp != nil {
+		if _, random := lbp.SelectionPolicy.(*reverseproxy.RandomSelection); random {
+			// Flow control decides when, not where: measured (flow-new-user),
+			// random sends the request a freed slot lets in to a busy
+			// replica 3 times in 4 with one-at-a-time replicas.
+			h.log.Warn("flow_control: the reverse_proxy after it picks replicas at random (Caddy's default), so a request "+
+				"flow control lets in can land on a busy replica while another is idle; use lb_policy least_conn or a Sluice policy",
+				zap.String("pool", name))
+		}
+	}
+	return nil
+}
+
+func moduleName(v any) string {
+	if m, ok := v.(caddy.Module); ok {
+		return string(m.CaddyModule().ID)
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// forEachChain calls fn with each server's handlers in the order a request
+// meets them (subroutes flattened in place), and the same for its error
+// routes and named routes.
+func forEachChain(app *caddyhttp.App, fn func([]caddyhttp.MiddlewareHandler)) {
+	for _, srv := range app.Servers {
+		lists := []caddyhttp.RouteList{srv.Routes}
+		if srv.Errors != nil {
+			lists = append(lists, srv.Errors.Routes)
+		}
+		for _, r := range srv.NamedRoutes {
+			lists = append(lists, caddyhttp.RouteList{*r})
+		}
+		for _, l := range lists {
+			fn(flatten(l, nil))
+		}
+	}
+}
+
+func flatten(routes caddyhttp.RouteList, out []caddyhttp.MiddlewareHandler) []caddyhttp.MiddlewareHandler {
+	for _, rt := range routes {
+		for _, mh := range rt.Handlers {
+			out = append(out, mh)
+			if sr, ok := mh.(*caddyhttp.Subroute); ok {
+				out = flatten(sr.Routes, out)
+			}
+		}
+	}
+	return out
+}
+
+// nextProxy is the first reverse_proxy in chain, nil if none.
+func nextProxy(chain []caddyhttp.MiddlewareHandler) *reverseproxy.Handler {
+	for _, mh := range chain {
+		if rp, ok := mh.(*reverseproxy.Handler); ok {
+			return rp
+		}
+	}
+	return nil
 }
 
 // maxSLOTTFT bounds x-slo-ttft-ms (a day): larger values overflow a
@@ -319,21 +454,49 @@ func clientIP(r *http.Request) (netip.Addr, bool) {
 // flowState is one pool's controller, its detector inputs and a metrics
 // scraper (used by the utilization detector).
 type flowState struct {
-	mu       sync.Mutex
-	c        *flow.Controller
-	cfg      atomic.Pointer[flow.Config]
-	scraper  *modelmetrics.Scraper
-	replicas atomic.Pointer[[]string]
-	unwatch  func()
-	stop     context.CancelFunc
-	wg       sync.WaitGroup
-	name     string
+	mu      sync.Mutex
+	c       *flow.Controller
+	cfg     atomic.Pointer[flow.Config]
+	scraper *modelmetrics.Scraper
+	// view is where the replicas come from: the pool's managed set, or
+	// what the running config fixed (replicas N, static upstreams).
+	view    atomic.Pointer[replicaView]
+	unwatch func()
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+	name    string
+}
+
+// replicaView is what flow control knows of the pool's replicas.
+type replicaView struct {
+	managed bool
+	set     []lb.Backend // the pool's backend set (managed)
+	count   int          // replicas N from the config (0: not set)
+	static  []lb.Backend // the reverse_proxy's static upstreams
+}
+
+// backends are the replicas to watch: the managed set, else the static
+// upstreams.
+func (v *replicaView) backends() []lb.Backend {
+	if v.managed {
+		return v.set
+	}
+	return v.static
+}
+
+// replicas is the count the concurrency detector multiplies
+// max_concurrency by. With nothing known (an empty set, a config that
+// proxies nothing) it is 1: max_concurrency then bounds the whole pool.
+func (v *replicaView) replicas() int {
+	if v.count > 0 {
+		return v.count
+	}
+	return max(len(v.backends()), 1)
 }
 
 func newFlowState(name string, cfg flow.Config, mc modelmetrics.Config) (*flowState, error) {
 	st := &flowState{name: name, scraper: modelmetrics.New(mc)}
-	empty := []string{}
-	st.replicas.Store(&empty)
+	st.view.Store(&replicaView{})
 	if err := st.configure(cfg, mc); err != nil {
 		return nil, err
 	}
@@ -342,23 +505,40 @@ func newFlowState(name string, cfg flow.Config, mc modelmetrics.Config) (*flowSt
 	st.wg.Add(1)
 	go func() { defer st.wg.Done(); st.scraper.Run(ctx) }()
 	st.unwatch = lb.GetPool(name).Watch(func(set []lb.Backend, managed bool) {
-		addrs := lb.Dials(set)
-		targets := make(map[string]string, len(set))
-		for _, b := range set {
-			targets[b.Dial] = b.URL
-		}
-		st.replicas.Store(&addrs)
-		st.scraper.SetTargets(targets)
-		if c := st.ctl(); c != nil {
-			c.Kick() // capacity may have changed
-		}
+		st.updateView(func(v *replicaView) { v.managed, v.set = managed, set })
 	})
 	return st, nil
 }
 
+// setFixed applies what the starting config fixed: replicas N and the
+// static upstreams found after the handler.
+func (st *flowState) setFixed(count int, static []lb.Backend) {
+	st.updateView(func(v *replicaView) { v.count, v.static = count, static })
+}
+
+// updateView changes the view, points the scraper at the replicas and
+// lets the controller use a changed capacity at once.
+func (st *flowState) updateView(change func(*replicaView)) {
+	st.mu.Lock()
+	v := *st.view.Load()
+	change(&v)
+	st.view.Store(&v)
+	targets := map[string]string{}
+	for _, b := range v.backends() {
+		targets[b.Dial] = b.URL
+	}
+	st.scraper.SetTargets(targets)
+	c := st.c
+	st.mu.Unlock()
+	if c != nil {
+		c.Kick()
+	}
+}
+
 // Settings implements sharedState.
 func (st *flowState) Settings() any {
-	return map[string]any{"Config": st.config(), "MetricsInterval": st.scraper.Config().Interval}
+	return map[string]any{"Config": st.config(), "MetricsInterval": st.scraper.Config().Interval,
+		"Replicas": st.view.Load().replicas()}
 }
 
 func (st *flowState) ctl() *flow.Controller {
@@ -369,20 +549,14 @@ func (st *flowState) ctl() *flow.Controller {
 
 func (st *flowState) config() flow.Config { return *st.cfg.Load() }
 
-// detector builds the saturation detector cfg asks for. The replica count
-// is the pool's backend set; a pool with no managed set counts as one
-// replica, so max_concurrency then bounds the whole pool.
+// detector builds the saturation detector cfg asks for, over the replicas
+// of the view (see replicaView).
 func (st *flowState) detector(cfg flow.Config) flow.SaturationDetector {
-	replicas := func() []string { return *st.replicas.Load() }
 	if cfg.Detector.Type == flow.DetectorUtilization {
+		replicas := func() []string { return lb.Dials(st.view.Load().backends()) }
 		return flow.NewUtilizationDetector(cfg.Detector, flow.ScraperLoads(st.scraper, replicas), nil)
 	}
-	return flow.NewConcurrencyDetector(cfg.Detector, func() int {
-		if n := len(replicas()); n > 0 {
-			return n
-		}
-		return 1
-	})
+	return flow.NewConcurrencyDetector(cfg.Detector, func() int { return st.view.Load().replicas() })
 }
 
 func (st *flowState) configure(cfg flow.Config, mc modelmetrics.Config) error {
@@ -451,6 +625,7 @@ func flowControllers() map[string]*flow.Controller {
 //	    metrics_staleness     <duration>
 //	    metrics_interval      <duration>
 //	    max_body_bytes        <bytes>
+//	    replicas              <n>                    # default: the backend set, else the reverse_proxy's upstreams
 //	}
 func (h *FlowControl) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return parseModule(d, "flow_control", &h.Pool, h, func(opt string, vals []string) (bool, error) {

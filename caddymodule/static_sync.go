@@ -28,10 +28,19 @@ func (s *staticSync) sync(pool reverseproxy.UpstreamPool, apply func([]lb.Backen
 		return
 	}
 	s.last = make([]string, len(pool))
-	set := make([]lb.Backend, len(pool))
 	for i, u := range pool {
 		s.last[i] = u.Dial
+	}
+	apply(staticBackends(pool))
+}
+
+// staticBackends is reverse_proxy's static upstream list as a backend set:
+// what the Sluice policies pick from, and what flow_control counts, when
+// the pool has no managed set.
+func staticBackends(pool reverseproxy.UpstreamPool) []lb.Backend {
+	set := make([]lb.Backend, len(pool))
+	for i, u := range pool {
 		set[i] = lb.Backend{URL: "http://" + u.Dial, Dial: u.Dial}
 	}
-	apply(set)
+	return set
 }

@@ -128,14 +128,3 @@ func TestDefaultBandLimitWithoutDetectorCapacity(t *testing.T) {
 		t.Fatalf("%d of 25 refused, want 5 (queue of 20 = 4 × 5 in flight)", n)
 	}
 }
-
-func TestExplicitBandLimitIsKept(t *testing.T) {
-	c := newController(t, Config{Bands: []BandConfig{{Priority: 0, MaxRequests: 30}}}, slots(1))
-	if _, err := c.Enqueue(context.Background(), Request{}); err != nil {
-		t.Fatal(err)
-	}
-	out := make(chan result, 100)
-	if n := fill(t, c, "x", 32, out); n != 2 {
-		t.Fatalf("%d of 32 refused, want 2 (max_requests 30)", n)
-	}
-}
