@@ -82,6 +82,7 @@ var scenarios = []scenario{
 			{"batch_ok", "batch ok", "%.0f"}, {"batch_refused", "batch refused", "%.0f"}, {"batch_p99_s", "batch p99", "%.2f s"}},
 		run: priorityOverload,
 	},
+	flowNewUserScenario,
 	{
 		name:  "heavy-short-mix",
 		title: "Heimdall heavy + short mix: 2 heavy seeds, then a burst every ~10 ms with a heavy request every 50, 4 batching replicas",
