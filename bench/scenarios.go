@@ -40,6 +40,15 @@ var scenarios = []scenario{
 		run: localView,
 	},
 	{
+		name:  "quickstart-mixed",
+		title: "Quick start, mixed traffic: one stream, one completion, then a burst of 40 completions",
+		about: "Caddyfile.example's fleet: 4 one-at-a-time replicas, three of ~200 ms and one of ~400 ms (lognormal σ 0.3). " +
+			"One streamed chat request at 0, one plain completion at 0.7 s, a burst of 40 plain completions at 1.5 s. " +
+			"burst_s: from the burst to its last answer; the ideal is ≈ 2.4 s (12/12/12/4); burst_vs_ideal: the ratio.",
+		extras: []extraCol{{"burst_s", "burst s", "%.2f"}, {"burst_vs_ideal", "vs ideal", "%.2f×"}},
+		run:    quickstartMixed,
+	},
+	{
 		name:  "burst-scaleup",
 		title: "Hugging Face burst + scale-up: 2 replicas, burst 5× their capacity, 6 replicas added 2 s in",
 		about: "2 one-at-a-time replicas of ~200 ms (lognormal σ 0.5; capacity ~10 req/s), Poisson burst at 50 req/s " +
@@ -424,7 +433,8 @@ func burstScaleup(r *runner) {
 	lcSite := func(ups []string) string { return staticProxy(ups, "lb_policy least_conn") }
 	systems := []sysSpec{
 		mk("sluice_qll_50ms", "Sluice queued_least_latency, latency_threshold 50ms; scale-up: set-backends", sluice("50ms"), setBackends),
-		mk("sluice_qll_default", "Sluice queued_least_latency, defaults (3 s threshold); scale-up: set-backends", sluice(""), setBackends),
+		mk("sluice_qll_default", "Sluice queued_least_latency, defaults (adaptive: learned free slots, queue at the edge); scale-up: set-backends", sluice(""), setBackends),
+		mk("sluice_qll_3s", "Sluice queued_least_latency, latency_threshold 3s (the reference router's rule and default); scale-up: set-backends", sluice("3s"), setBackends),
 		mk("caddy_least_conn_reload", "Caddy least_conn, static upstreams; scale-up: POST /load with 8 upstreams",
 			func(f []*sim.Server) ([]string, error) {
 				ports, err := freePorts(2)

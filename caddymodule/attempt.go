@@ -234,10 +234,10 @@ func (a *attempt) outcome(dial string, t *attemptTrace) lb.Outcome {
 		useFirst = strings.HasPrefix(ct, "text/event-stream")
 	}
 	if useFirst {
-		return lb.Outcome{Kind: lb.Success, Latency: first, Status: code}
+		return lb.Outcome{Kind: lb.Success, Latency: first, Status: code, Streamed: true, Total: last}
 	}
 	if last > 0 {
-		return lb.Outcome{Kind: lb.Success, Latency: last, Status: code}
+		return lb.Outcome{Kind: lb.Success, Latency: last, Status: code, Total: last}
 	}
 	if ours { // HTTP/2 upstreams report no body end to the trace
 		if v, ok := a.repl.Get(keyLastByte); ok {

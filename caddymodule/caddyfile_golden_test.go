@@ -94,6 +94,7 @@ func goldenCases(t *testing.T) []goldenCase {
 		},
 		"qll_defaults": {
 			`"selection_policy":{"policy":"queued_least_latency"}`,
+			`"selection_policy":{"policy":"queued_least_latency","pool":"auto"}`,
 		},
 		"dynamic_custom_router": {
 			`"dynamic_upstreams":{"source":"custom_router"}`,
@@ -152,8 +153,7 @@ func goldenCases(t *testing.T) []goldenCase {
 				`"handler":"custom_router"`,
 				`"http://127.0.0.1:8004"`,
 				`"source":"custom_router"`,
-				`"latency_threshold":3000000000`,
-				`"queue_max_size":1000`,
+				`"selection_policy":{"policy":"queued_least_latency","pool":"default","queue_max_size":1000,"queue_timeout":1200000000000}`,
 				`"queue_timeout":1200000000000`,
 				`"handler":"inference_sim"`,
 				`"name":"replica-4"`,
@@ -179,6 +179,17 @@ func goldenCases(t *testing.T) []goldenCase {
 				`"state_log_interval":30000000000`,
 				`"persist":false`,
 				`"dial_timeout":5000000000`,
+			},
+		},
+		goldenCase{
+			name:  "repo_Caddyfile.hf_adaptive",
+			input: filepath.Join("..", "Caddyfile.hf"),
+			// CUSTOM_ROUTER_LATENCY_THRESHOLD unset: "auto", no threshold
+			// in the JSON (adaptive).
+			unset: []string{"CUSTOM_ROUTER_PORT", "CUSTOM_ROUTER_LATENCY_THRESHOLD", "CUSTOM_ROUTER_EWMA_ALPHA",
+				"CUSTOM_ROUTER_QUEUE_MAX_SIZE", "CUSTOM_ROUTER_QUEUE_TIMEOUT", "CUSTOM_ROUTER_STATE_LOG_INTERVAL"},
+			checks: []string{
+				`"selection_policy":{"ewma_alpha":0.3,"policy":"queued_least_latency","pool":"default","queue_max_size":1000,"queue_timeout":1200000000000,"state_log_interval":30000000000}`,
 			},
 		},
 	)

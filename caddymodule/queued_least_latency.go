@@ -21,8 +21,10 @@ import (
 type QueuedLeastLatency struct {
 	// Pool whose backend set and state this policy uses (default "default").
 	Pool string `json:"pool,omitempty"`
-	// Highest predicted latency at which a replica still gets a request
-	// (default 3s). An idle replica is always eligible.
+	// The Hugging Face router's rule, when set: a busy replica still gets
+	// a request while its predicted latency is at or under this. Unset
+	// (default, Caddyfile `auto`): replicas get requests only into free
+	// slots, learned per replica, and the rest wait at the edge.
 	LatencyThreshold caddy.Duration `json:"latency_threshold,omitempty"`
 	// Weight of each new latency sample, in (0, 1] (default 0.3).
 	EWMAAlpha float64 `json:"ewma_alpha,omitempty"`
@@ -35,8 +37,10 @@ type QueuedLeastLatency struct {
 	StateLogInterval caddy.Duration `json:"state_log_interval,omitempty"`
 	// Cap on in-flight requests per replica (default 0: none).
 	MaxConcurrency int `json:"max_concurrency,omitempty" sluice:"min=0"`
-	// Requests a replica serves at once without slowing (default 1; the
-	// batch size for LLM servers).
+	// Pins the requests a replica serves at once without slowing (its
+	// free slots). Unset (default, Caddyfile `auto`): learned per replica
+	// from its latencies — 1 for one-at-a-time servers, about the batch
+	// size for LLM servers.
 	Parallelism int `json:"parallelism,omitempty" sluice:"min=1"`
 	// Which latency feeds the EWMA: auto (default: first byte for
 	// text/event-stream, last byte otherwise), last_byte or first_byte.
@@ -166,13 +170,13 @@ func (l *qllStateLog) run(ctx context.Context) {
 //
 //	lb_policy queued_least_latency {
 //	    pool               <name>
-//	    latency_threshold  <duration|seconds>
+//	    latency_threshold  auto|<duration|seconds>
 //	    ewma_alpha         <float>
 //	    queue_max_size     <int>
 //	    queue_timeout      <duration|seconds>
 //	    state_log_interval <duration|seconds>
 //	    max_concurrency    <int>
-//	    parallelism        <int>
+//	    parallelism        auto|<int>
 //	    max_fails          <int>
 //	    fail_duration      <duration|seconds>
 //	    latency_measure    auto|last_byte|first_byte
@@ -180,7 +184,19 @@ func (l *qllStateLog) run(ctx context.Context) {
 //
 // Durations also accept plain seconds ("3.0"), as the reference's
 // CUSTOM_ROUTER_* variables are written, so `{$CUSTOM_ROUTER_LATENCY_THRESHOLD:3}`
-// works as a value.
+// works as a value; `{$CUSTOM_ROUTER_LATENCY_THRESHOLD:auto}` keeps the
+// adaptive default when the variable is unset.
 func (p *QueuedLeastLatency) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return parseModule(d, "queued_least_latency", nil, p, nil)
+	return parseModule(d, "queued_least_latency", nil, p, func(opt string, vals []string) (bool, error) {
+		auto := len(vals) == 1 && vals[0] == "auto"
+		switch {
+		case opt == "latency_threshold" && auto:
+			p.LatencyThreshold = 0
+		case opt == "parallelism" && auto:
+			p.Parallelism = 0
+		default:
+			return false, nil
+		}
+		return true, nil
+	})
 }

@@ -37,6 +37,12 @@ type Outcome struct {
 	// Latency is the measured latency of a Success (see the policy's
 	// latency_measure); zero otherwise.
 	Latency time.Duration
+	// Streamed: Latency is a streamed response's time to first byte, not
+	// a time to last byte; the two are kept apart (not comparable).
+	Streamed bool
+	// Total is the time to last byte when known (also for a stream, whose
+	// Latency is its first byte); zero when not.
+	Total time.Duration
 	// Status is the upstream's HTTP status, when one was received.
 	Status int
 }

@@ -12,9 +12,13 @@ import (
 // Config holds the policy's knobs. Zero values are replaced by defaults in
 // WithDefaults; Validate rejects what makes no sense.
 type Config struct {
-	// LatencyThreshold is the highest predicted latency at which a replica
-	// still gets a new request; above it the request waits at the edge.
-	// A replica with nothing in flight is always eligible.
+	// LatencyThreshold, when set, is the Hugging Face router's rule: a
+	// replica still gets a new request while its predicted latency is at
+	// or under it (a replica with a free slot always does). Zero (the
+	// default) is adaptive: a replica gets a request only into a free
+	// slot, the rest wait at the edge for the first slot to free. With a
+	// threshold, a replica has one slot unless Parallelism says otherwise
+	// (the reference's model, for which its users tuned the threshold).
 	LatencyThreshold time.Duration
 	// EWMAAlpha weighs each new latency sample (0 < alpha <= 1).
 	EWMAAlpha float64
@@ -26,9 +30,10 @@ type Config struct {
 	QueueTimeout time.Duration
 	// MaxConcurrency caps requests in flight per replica (0: no cap).
 	MaxConcurrency int
-	// Parallelism is how many requests a replica serves at once without
-	// slowing down (1 for diffusion-like servers, the batch size for LLM
-	// servers). It scales the load term of the latency prediction.
+	// Parallelism, when set, pins how many requests a replica serves at
+	// once without slowing down (its free slots; 1 for diffusion-like
+	// servers, the batch size for LLM servers). Zero (the default) learns
+	// it per replica (see concurrencyLimit).
 	Parallelism int
 	// MaxFails consecutive failures mark a replica down for FailDuration,
 	// doubling on each further failure up to 16×.
@@ -38,21 +43,16 @@ type Config struct {
 
 // Defaults, from the reference router where it has them.
 const (
-	DefaultLatencyThreshold = 3 * time.Second
-	DefaultEWMAAlpha        = 0.3
-	DefaultQueueMaxSize     = 1000
-	DefaultQueueTimeout     = 1200 * time.Second
-	DefaultParallelism      = 1
-	DefaultMaxFails         = 1
-	DefaultFailDuration     = 5 * time.Second
-	maxBackoffFactor        = 16
+	DefaultEWMAAlpha    = 0.3
+	DefaultQueueMaxSize = 1000
+	DefaultQueueTimeout = 1200 * time.Second
+	DefaultMaxFails     = 1
+	DefaultFailDuration = 5 * time.Second
+	maxBackoffFactor    = 16
 )
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	if c.LatencyThreshold == 0 {
-		c.LatencyThreshold = DefaultLatencyThreshold
-	}
 	if c.EWMAAlpha == 0 {
 		c.EWMAAlpha = DefaultEWMAAlpha
 	}
@@ -61,9 +61,6 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.QueueTimeout == 0 {
 		c.QueueTimeout = DefaultQueueTimeout
-	}
-	if c.Parallelism == 0 {
-		c.Parallelism = DefaultParallelism
 	}
 	if c.MaxFails == 0 {
 		c.MaxFails = DefaultMaxFails
@@ -85,8 +82,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("queue_timeout must be positive, got %s", c.QueueTimeout)
 	case c.MaxConcurrency < 0:
 		return fmt.Errorf("max_concurrency must be >= 0, got %d", c.MaxConcurrency)
-	case c.Parallelism < 1:
-		return fmt.Errorf("parallelism must be >= 1, got %d", c.Parallelism)
+	case c.Parallelism < 0:
+		return fmt.Errorf("parallelism must be >= 1 (or 0: learned), got %d", c.Parallelism)
 	case c.MaxFails < 1:
 		return fmt.Errorf("max_fails must be >= 1, got %d", c.MaxFails)
 	case c.FailDuration < 0:

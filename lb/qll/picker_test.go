@@ -53,7 +53,7 @@ func pending(w <-chan result) bool {
 
 // oneAtATime: a busy replica never takes another request, so the queue
 // is used whenever every available replica is busy.
-var oneAtATime = Config{LatencyThreshold: time.Nanosecond}
+var oneAtATime = Config{Parallelism: 1} // free slots only (adaptive mode), one each
 
 func mustPick(t *testing.T, s *State, req *lb.Request) *Lease {
 	t.Helper()

@@ -14,10 +14,14 @@ type Snapshot struct {
 // ReplicaSnapshot is one replica's statistics.
 type ReplicaSnapshot struct {
 	Addr        string  `json:"addr"`
-	EWMASeconds float64 `json:"ewma_latency"`
-	Tried       bool    `json:"tried"`
-	InFlight    int     `json:"in_flight"`
+	EWMASeconds float64 `json:"ewma_latency"` // of plain responses (last byte), else of streams
+	// StreamEWMASeconds is the EWMA of streamed responses' first byte.
+	StreamEWMASeconds float64 `json:"ewma_first_byte_stream"`
+	Tried             bool    `json:"tried"`
+	InFlight          int     `json:"in_flight"`
+	// Parallelism is the replica's slots: pinned, or learned (Limit).
 	Parallelism int     `json:"parallelism"`
+	Limit       float64 `json:"concurrency_limit"`
 	Down        bool    `json:"down"`
 	ConsecFails int     `json:"consecutive_failures"`
 	Dispatched  uint64  `json:"dispatched"`
@@ -37,8 +41,14 @@ func (s *State) Snapshot() Snapshot {
 		snap.OldestWait = now.Sub(f.Value.(*waiter).enqueued)
 	}
 	add := func(r *replica) {
+		ewma := r.ewma[plainKind]
+		if !r.tried[plainKind] {
+			ewma = r.ewma[streamKind]
+		}
 		snap.Replicas = append(snap.Replicas, ReplicaSnapshot{
-			Addr: r.addr, EWMASeconds: r.ewma, Tried: r.tried, InFlight: r.inFlight, Parallelism: s.cfg.Parallelism,
+			Addr: r.addr, EWMASeconds: ewma, StreamEWMASeconds: r.ewma[streamKind],
+			Tried: r.tried[plainKind] || r.tried[streamKind], InFlight: r.inFlight,
+			Parallelism: s.slotsLocked(r), Limit: r.lim.limit,
 			Down: now.Before(r.downUntil), ConsecFails: r.consecFails,
 			Dispatched: r.dispatched, Successes: r.successes, Failures: r.failures,
 			Present: r.present,

@@ -41,8 +41,9 @@ type replica struct {
 	addr        string
 	present     bool
 	inFlight    int
-	tried       bool
-	ewma        float64 // seconds
+	tried       [kinds]bool
+	ewma        [kinds]float64 // seconds, per latency kind (see limit.go)
+	lim         concurrencyLimit
 	consecFails int
 	downUntil   time.Time
 	unavailable bool // the proxy's own health view excludes it (see Pick)
@@ -79,6 +80,7 @@ type Lease struct {
 	rep      *replica
 	released atomic.Bool
 	rounds   int // service rounds the request was predicted to wait, >= 1
+	conc     int // requests in flight on the replica when sent, itself included
 	// Addr is the dial address of the chosen replica.
 	Addr string
 	// Waited is how long the request waited in the queue.
@@ -122,7 +124,7 @@ func (s *State) SetBackends(addrs []string) {
 	for _, a := range addrs {
 		r, ok := s.replicas[a]
 		if !ok {
-			r = &replica{addr: a}
+			r = &replica{addr: a, lim: newConcurrencyLimit()}
 			s.replicas[a] = r
 		}
 		if r.present {
@@ -176,9 +178,10 @@ func (s *State) RetryAfter() time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sum, n := 0.0, 0
+	kind := s.costKindLocked()
 	for _, r := range s.order {
-		if r.tried {
-			sum += r.ewma
+		if r.tried[kind] {
+			sum += r.ewma[kind]
 			n++
 		}
 	}
@@ -320,14 +323,15 @@ func (s *State) assignLocked(r *replica, waited time.Duration) *Lease {
 	// ceil((k+1)/p) service rounds. Release divides the observed latency
 	// by that, so the EWMA estimates one round's time and the prediction
 	// in pickLocked does not count the replica's queue twice.
-	rounds := (r.inFlight + s.cfg.Parallelism) / s.cfg.Parallelism
+	par := s.slotsLocked(r)
+	rounds := (r.inFlight + par) / par
 	r.inFlight++
 	r.dispatched++
 	s.counters.Dispatched++
 	if s.observeWait != nil {
 		s.observeWait(waited)
 	}
-	return &Lease{state: s, rep: r, Addr: r.addr, Waited: waited, rounds: rounds}
+	return &Lease{state: s, rep: r, Addr: r.addr, Waited: waited, rounds: rounds, conc: r.inFlight}
 }
 
 // armRecoveryLocked schedules a dispatch for when the earliest down replica
@@ -373,11 +377,18 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	s.counters.Released++
 	switch o.Kind {
 	case lb.Success:
+		kind := plainKind
+		if o.Streamed {
+			kind = streamKind
+		}
 		x := o.Latency.Seconds() / float64(l.rounds)
-		if !r.tried {
-			r.ewma, r.tried = x, true
+		if !r.tried[kind] {
+			r.ewma[kind], r.tried[kind] = x, true
 		} else {
-			r.ewma = s.cfg.EWMAAlpha*x + (1-s.cfg.EWMAAlpha)*r.ewma
+			r.ewma[kind] = s.cfg.EWMAAlpha*x + (1-s.cfg.EWMAAlpha)*r.ewma[kind]
+		}
+		if s.cfg.Parallelism == 0 && s.cfg.LatencyThreshold == 0 {
+			r.lim.observe(kind, l.conc, o.Latency.Seconds(), o.Total.Seconds(), s.cfg.MaxConcurrency)
 		}
 		r.successes++
 		r.consecFails = 0

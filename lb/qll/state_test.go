@@ -191,7 +191,7 @@ func TestNoBackendsFailsFastAndFailsWaiters(t *testing.T) {
 func TestAddedReplicasDrainTheQueueAtOnce(t *testing.T) {
 	// One diffusion-like replica, its EWMA (1s) far over the threshold:
 	// it serves one request at a time and the rest wait at the edge.
-	s := New(Config{LatencyThreshold: 100 * time.Millisecond})
+	s := New(Config{LatencyThreshold: 100 * time.Millisecond, Parallelism: 1})
 	s.SetBackends([]string{"a:1"})
 	l := mustAcquire(t, s)
 	l.Release(success(time.Second))
@@ -231,7 +231,7 @@ func TestAddedReplicasDrainTheQueueAtOnce(t *testing.T) {
 }
 
 func TestLoadSpreadsWhileUnderThreshold(t *testing.T) {
-	s := New(Config{}) // 3s threshold, replicas at ~200ms: all under it
+	s := New(Config{LatencyThreshold: 3 * time.Second, Parallelism: 1}) // the HF rule; replicas at ~200ms: all under it
 	addrs := []string{"a:1", "b:1", "c:1", "d:1"}
 	s.SetBackends(addrs)
 	for i, a := range addrs { // teach each replica a slightly different EWMA
@@ -444,7 +444,7 @@ func TestEWMAIsNormalisedByTheLoadARequestJoined(t *testing.T) {
 	// A one-at-a-time replica: the second request queues behind the first
 	// and takes two service times. Its sample must count as one service
 	// time, or the prediction (EWMA × load) would count the queue twice.
-	s := New(Config{EWMAAlpha: 1})
+	s := New(Config{EWMAAlpha: 1, LatencyThreshold: 3 * time.Second, Parallelism: 1})
 	s.SetBackends([]string{"a:1"})
 	mustAcquire(t, s).Release(success(time.Second)) // learn: 1s per request
 	first := mustAcquire(t, s)

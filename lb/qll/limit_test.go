@@ -1,0 +1,225 @@
+package qll
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/lb"
+)
+
+// The adaptive limit is tested against a model replica in virtual time:
+// the test decides when each request ends, so no test depends on the
+// machine's timing.
+
+// modelReplica serves requests FCFS on `servers` slots; a request takes
+// service × (1 + slowdown × (others running)), as a batching engine's step
+// slows with the batch. `taken` slots are held by traffic from elsewhere.
+type modelReplica struct {
+	servers  int
+	service  float64
+	slowdown float64
+	taken    int
+	free     []float64 // when each slot frees
+}
+
+func (m *modelReplica) admit(now float64) float64 {
+	if len(m.free) < m.servers {
+		m.free = append(m.free, make([]float64, m.servers-len(m.free))...)
+	}
+	usable := m.free[:max(1, m.servers-m.taken)]
+	i := 0
+	for j := range usable {
+		if usable[j] < usable[i] {
+			i = j
+		}
+	}
+	start := max(now, usable[i])
+	running := 0
+	for _, f := range usable {
+		if f > start {
+			running++
+		}
+	}
+	usable[i] = start + m.service*(1+m.slowdown*float64(running))
+	return usable[i]
+}
+
+type sent struct {
+	l          *Lease
+	at, finish float64
+}
+
+// driver keeps the pool saturated (a request is always waiting) and ends
+// requests in virtual time.
+type driver struct {
+	s      *State
+	models map[string]*modelReplica
+	now    float64
+	live   []sent
+	// per replica, over the current window: dispatches, and dispatches
+	// that joined k >= 2 (a second request in flight)
+	dispatched, joined map[string]int
+}
+
+func newDriver(t *testing.T, models map[string]*modelReplica) *driver {
+	s := New(Config{QueueMaxSize: -1}) // refuse instead of queueing: the driver is the queue
+	var addrs []string
+	for a := range models {
+		addrs = append(addrs, a)
+	}
+	s.SetBackends(addrs)
+	t.Cleanup(s.Close)
+	return &driver{s: s, models: models, dispatched: map[string]int{}, joined: map[string]int{}}
+}
+
+// run ends n requests, dispatching whenever the state has a free slot.
+func (d *driver) run(t *testing.T, n int) {
+	t.Helper()
+	for done := 0; done < n; done++ {
+		for {
+			l, err := d.s.Acquire(context.Background())
+			if errors.Is(err, lb.ErrQueueFull) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.dispatched[l.Addr]++
+			if l.conc >= 2 {
+				d.joined[l.Addr]++
+			}
+			d.live = append(d.live, sent{l, d.now, d.models[l.Addr].admit(d.now)})
+		}
+		if len(d.live) == 0 {
+			t.Fatal("nothing in flight and nothing dispatched")
+		}
+		i := 0
+		for j := range d.live {
+			if d.live[j].finish < d.live[i].finish {
+				i = j
+			}
+		}
+		e := d.live[i]
+		d.live = append(d.live[:i], d.live[i+1:]...)
+		d.now = e.finish
+		e.l.Release(lb.Outcome{Kind: lb.Success, Latency: time.Duration((e.finish - e.at) * float64(time.Second))})
+	}
+}
+
+func (d *driver) resetWindow() { d.dispatched, d.joined = map[string]int{}, map[string]int{} }
+
+func (d *driver) slots(addr string) int {
+	for _, r := range d.s.Snapshot().Replicas {
+		if r.Addr == addr {
+			return r.Parallelism
+		}
+	}
+	return -1
+}
+
+func TestLimitConvergesToOneForAOneAtATimeReplica(t *testing.T) {
+	d := newDriver(t, map[string]*modelReplica{"diffusion:1": {servers: 1, service: 0.2}})
+	d.run(t, 200)
+	d.resetWindow()
+	d.run(t, 1000)
+	if got := d.slots("diffusion:1"); got != 1 {
+		t.Fatalf("slots = %d, want 1", got)
+	}
+	// Probes (a second request sent to learn whether it would be served
+	// at once) are what the limit costs: each waits one service time.
+	if p := d.joined["diffusion:1"]; p*50 > d.dispatched["diffusion:1"] {
+		t.Fatalf("%d of %d requests were probes; want at most 2%% once it has learned", p, d.dispatched["diffusion:1"])
+	}
+}
+
+func TestLimitConvergesToTheBatchSizeOfABatchingReplica(t *testing.T) {
+	for _, slowdown := range []float64{0, 0.02} {
+		d := newDriver(t, map[string]*modelReplica{"llm:1": {servers: 8, service: 1, slowdown: slowdown}})
+		d.run(t, 300)
+		lo, hi, sum := 1<<30, 0, 0
+		for i := 0; i < 50; i++ {
+			d.run(t, 20)
+			n := d.slots("llm:1")
+			lo, hi, sum = min(lo, n), max(hi, n), sum+n
+		}
+		// It hovers around 8: a probe over it is followed by a step down,
+		// and a request that waits for 1/8 or 2/8 of a generation inside
+		// the replica is within the tolerance (the replica is full either
+		// way).
+		if mean := float64(sum) / 50; mean < 6.5 || mean > 10 || lo < 4 || hi > 12 {
+			t.Fatalf("slowdown %g: slots averaged %.1f (range %d..%d) over the last 1000 requests, want 6.5..10 (8 at once)", slowdown, mean, lo, hi)
+		}
+	}
+}
+
+func TestLimitRecoversAfterOverload(t *testing.T) {
+	m := &modelReplica{servers: 8, service: 1}
+	d := newDriver(t, map[string]*modelReplica{"llm:1": m})
+	d.run(t, 300)
+	m.taken = 6 // other traffic holds 6 of its 8 slots
+	d.run(t, 300)
+	if got := d.slots("llm:1"); got > 3 {
+		t.Fatalf("slots = %d while only 2 are left to us, want at most 3", got)
+	}
+	m.taken = 0
+	d.run(t, 600)
+	if got := d.slots("llm:1"); got < 6 {
+		t.Fatalf("slots = %d after the overload ended, want back to 6 or more", got)
+	}
+}
+
+func TestASlowedReplicaGetsLessWork(t *testing.T) {
+	a, b := &modelReplica{servers: 4, service: 0.5}, &modelReplica{servers: 4, service: 0.5}
+	d := newDriver(t, map[string]*modelReplica{"a:1": a, "b:1": b})
+	d.run(t, 400)
+	d.resetWindow()
+	d.run(t, 400)
+	if da, db := d.dispatched["a:1"], d.dispatched["b:1"]; da*10 < db*8 || db*10 < da*8 {
+		t.Fatalf("equal replicas got %d and %d requests", da, db)
+	}
+	b.service = 1.5 // b slows 3×
+	d.run(t, 200)
+	d.resetWindow()
+	d.run(t, 800)
+	if da, db := d.dispatched["a:1"], d.dispatched["b:1"]; db*2 > da {
+		t.Fatalf("after b slowed 3×: a got %d, b %d requests; want b at most half of a", da, db)
+	}
+}
+
+// Streamed responses are timed to their first byte, plain ones to their
+// last: a streamed sample must not make a replica look faster than the
+// others for plain requests (quick start: one stream, then a burst of
+// completions herded onto the replica that had served the stream).
+func TestAStreamedSampleDoesNotMakeAReplicaLookFaster(t *testing.T) {
+	s := New(Config{LatencyThreshold: 3 * time.Second, Parallelism: 1}) // the HF rule: busy replicas stay eligible
+	s.SetBackends([]string{"a:1", "b:1", "c:1"})
+	var ls []*Lease
+	for i := 0; i < 3; i++ {
+		ls = append(ls, mustAcquire(t, s))
+	}
+	ls[0].Release(lb.Outcome{Kind: lb.Success, Latency: 40 * time.Millisecond, Streamed: true})
+	ls[1].Release(success(200 * time.Millisecond))
+	ls[2].Release(success(210 * time.Millisecond))
+	for _, r := range s.Snapshot().Replicas {
+		if r.Addr == ls[0].Addr && r.StreamEWMASeconds != 0.04 {
+			t.Fatalf("streamed EWMA %v, want 0.04", r.StreamEWMASeconds)
+		}
+	}
+	per := map[string]int{}
+	var held []*Lease
+	for i := 0; i < 30; i++ {
+		l := mustAcquire(t, s)
+		per[l.Addr]++
+		held = append(held, l)
+	}
+	for _, a := range []string{"b:1", "c:1"} {
+		if per["a:1"] > per[a]+2 {
+			t.Fatalf("30 plain requests: %v; the replica that served a stream got more than its share", per)
+		}
+	}
+	for _, l := range held {
+		l.Release(success(200 * time.Millisecond))
+	}
+}
