@@ -15,6 +15,7 @@ type Collector struct {
 	wait   *prometheus.HistogramVec
 
 	queueDepth, ewma, inflight, down     *prometheus.Desc
+	slots                                *prometheus.Desc
 	dispatched, evicted, timedOut        *prometheus.Desc
 	cancelled, refused, failures, bFails *prometheus.Desc
 }
@@ -33,6 +34,7 @@ func NewCollector(states func() map[string]*State) *Collector {
 		queueDepth: prometheus.NewDesc("custom_router_queue_depth", "Requests currently waiting in the queue.", pool, nil),
 		ewma:       prometheus.NewDesc("custom_router_backend_ewma_latency_seconds", "EWMA latency per replica.", addr, nil),
 		inflight:   prometheus.NewDesc("custom_router_backend_inflight_requests", "In-flight requests per replica.", addr, nil),
+		slots:      prometheus.NewDesc("sluice_backend_slots", "Requests a replica takes before new ones wait at the edge: pinned (parallelism) or learned.", addr, nil),
 		down:       prometheus.NewDesc("sluice_backend_down", "1 while a replica is marked down after failures.", addr, nil),
 		dispatched: prometheus.NewDesc("custom_router_requests_dispatched_total", "Requests forwarded to a replica.", pool, nil),
 		evicted:    prometheus.NewDesc("custom_router_requests_evicted_total", "Requests dropped because the queue was full.", pool, nil),
@@ -53,7 +55,7 @@ func (c *Collector) WaitObserver(pool string) func(time.Duration) {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.wait.Describe(ch)
-	for _, d := range []*prometheus.Desc{c.queueDepth, c.ewma, c.inflight, c.down, c.dispatched,
+	for _, d := range []*prometheus.Desc{c.queueDepth, c.ewma, c.inflight, c.slots, c.down, c.dispatched,
 		c.evicted, c.timedOut, c.cancelled, c.refused, c.failures, c.bFails} {
 		ch <- d
 	}
@@ -80,6 +82,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, r := range snap.Replicas {
 			gauge(c.ewma, r.EWMASeconds, pool, r.Addr)
 			gauge(c.inflight, float64(r.InFlight), pool, r.Addr)
+			gauge(c.slots, float64(r.Parallelism), pool, r.Addr)
 			down := 0.0
 			if r.Down {
 				down = 1
