@@ -64,3 +64,54 @@ func TestTokenEstimateIsCapped(t *testing.T) {
 		t.Fatalf("estimate %d, want the cap %d", got, maxEstimatedTokens)
 	}
 }
+
+type closeCount struct {
+	io.Reader
+	closed int
+}
+
+func (c *closeCount) Close() error { c.closed++; return nil }
+
+// Whatever the Content-Length says (exact, unknown, a promise of more
+// than is sent), the replica receives the body byte for byte, Close
+// reaches the client's body, and an announced size is not allocated on
+// trust beyond 64 KiB.
+func TestBodyPassesThroughWhateverTheContentLength(t *testing.T) {
+	small := `{"model":"m","prompt":"hi","max_tokens":3}`
+	big := `{"model":"m","prompt":"` + strings.Repeat("y", 5000) + `"}`
+	for _, c := range []struct {
+		name   string
+		body   string
+		cl     int64
+		max    int64
+		parsed bool
+	}{
+		{"exact length", small, int64(len(small)), 1 << 20, true},
+		{"unknown length", small, -1, 1 << 20, true},
+		{"over the bound, known length", big, int64(len(big)), 1000, false},
+		{"over the bound, unknown length", big, -1, 1000, false},
+		{"announces 1 GiB", big, 1 << 30, 1 << 20, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, _, _ := newRequest(t)
+			r.URL.Path = "/v1/completions"
+			orig := &closeCount{Reader: strings.NewReader(c.body)}
+			r.Body, r.ContentLength = orig, c.cl
+			ri := requestInfoFor(r, c.max)
+			if ri.Parsed != c.parsed {
+				t.Fatalf("parsed %v, want %v", ri.Parsed, c.parsed)
+			}
+			if cap(ri.buf) > 64<<10+len(c.body) {
+				t.Fatalf("buffer of %d bytes for a %d-byte body", cap(ri.buf), len(c.body))
+			}
+			got, err := io.ReadAll(r.Body)
+			if err != nil || string(got) != c.body {
+				t.Fatalf("replica gets %d bytes (%v), want the %d sent", len(got), err, len(c.body))
+			}
+			r.Body.Close()
+			if orig.closed != 1 {
+				t.Fatalf("client body closed %d times", orig.closed)
+			}
+		})
+	}
+}
