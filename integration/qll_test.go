@@ -87,6 +87,7 @@ func TestQueueOverflowAnswers503WithRetryAfterAndLeavesNothingHanging(t *testing
 		`custom_router_requests_dispatched_total{pool="overflow"} ` + fmt.Sprint(ok),
 		`custom_router_queue_depth{pool="overflow"} 0`,
 		`custom_router_backend_inflight_requests{addr="127.0.0.1:9221",pool="overflow"} 0`,
+		`sluice_backend_slots{addr="127.0.0.1:9221",pool="overflow"} 1`, // a threshold: one slot
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)
@@ -322,6 +323,49 @@ func TestRetriedAttemptIsReleasedAsFailureAndTheRetrySucceeds(t *testing.T) {
 	}
 	if live.Dispatched != 6 || live.Failures != 0 {
 		t.Fatalf("live replica %+v: want 6 dispatched", live)
+	}
+	drained(t, url)
+}
+
+// With no setting at all, a one-at-a-time replica gets one request at a
+// time (its learned slots) and the rest of a burst waits at the edge, where
+// any replica that frees can take it. The old default (a 3 s threshold)
+// piled the burst into the replica's own queue: 150 ms × 12 is under 3 s.
+func TestDefaultsQueueABurstAtTheEdgeForAOneAtATimeReplica(t *testing.T) {
+	startCaddy(t, globals+`
+:9957 {
+	custom_router qll-defaults
+	reverse_proxy {
+		dynamic custom_router qll-defaults
+		lb_policy queued_least_latency {
+			pool qll-defaults
+		}
+	}
+}
+`+sims(9958))
+	url := "http://127.0.0.1:9957"
+	setBackends(t, url, "http://127.0.0.1:9958")
+	// Teach it first: one request alone, one more (the slow start's probe).
+	for i := 0; i < 3; i++ {
+		if o := complete(url); o.status != 200 {
+			t.Fatalf("warm-up: %+v", o)
+		}
+	}
+	const n = 12
+	results := burst(url, n)
+	maxInFlight := 0
+	eventually(t, "most of the burst to wait at the edge", func() bool {
+		h := getHealth(t, url)
+		maxInFlight = max(maxInFlight, inFlight(h))
+		return h.QueueDepth >= n-3
+	})
+	for o := range results {
+		if o.err != nil || o.status != 200 {
+			t.Fatalf("request failed: %+v", o)
+		}
+	}
+	if maxInFlight > 2 {
+		t.Fatalf("%d in flight on a one-at-a-time replica", maxInFlight)
 	}
 	drained(t, url)
 }
