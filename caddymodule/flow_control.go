@@ -277,7 +277,15 @@ func (h *FlowControl) findReplicas() error {
 			}
 		}
 	})
-	if !found || h.Replicas > 0 {
+	if !found {
+		return nil
+	}
+	if h.Replicas > 0 {
+		// The count is fixed; the static upstreams are still the replicas
+		// the utilization detector scrapes.
+		if mine != nil && mine.DynamicUpstreams == nil {
+			h.static = staticBackends(mine.Upstreams)
+		}
 		return nil
 	}
 	name := h.name
