@@ -242,7 +242,7 @@ func (a *attempt) outcome(dial string, t *attemptTrace) lb.Outcome {
 	if ours { // HTTP/2 upstreams report no body end to the trace
 		if v, ok := a.repl.Get(keyLastByte); ok {
 			if d, ok := v.(time.Duration); ok {
-				return lb.Outcome{Kind: lb.Success, Latency: d, Status: code}
+				return lb.Outcome{Kind: lb.Success, Latency: d, Status: code, Total: d}
 			}
 		}
 	}

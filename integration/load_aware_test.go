@@ -21,6 +21,11 @@ func TestSessionAffinityRoundTripThroughCaddy(t *testing.T) {
 		dynamic custom_router la-session
 		lb_policy load_aware {
 			pool la-session
+			# session_affinity is not among the default scorers: a user
+			# who wants sessions names it (with the defaults beside it).
+			scorer session_affinity
+			scorer active_request
+			scorer active_tokens
 			metrics_interval 100ms
 			# The test is about the session round trip: a scrape that
 			# runs late on a loaded machine must not make the session's
