@@ -356,31 +356,7 @@ func TestCaddyfileGoldenDirectiveOrder(t *testing.T) {
 // the test.
 func goldenValidateSluice(t *testing.T, cfgJSON []byte, provision bool) error {
 	t.Helper()
-	var root any
-	if err := json.Unmarshal(cfgJSON, &root); err != nil {
-		t.Fatalf("adapted config is not JSON: %v", err)
-	}
-	var objs []map[string]any
-	var walk func(v any)
-	walk = func(v any) {
-		switch x := v.(type) {
-		case map[string]any:
-			objs = append(objs, x)
-			keys := make([]string, 0, len(x))
-			for k := range x {
-				keys = append(keys, k)
-			}
-			sort.Strings(keys)
-			for _, k := range keys {
-				walk(x[k])
-			}
-		case []any:
-			for _, e := range x {
-				walk(e)
-			}
-		}
-	}
-	walk(root)
+	objs := jsonObjects(t, cfgJSON)
 
 	var ctx caddy.Context
 	if provision {
@@ -756,4 +732,36 @@ func TestCaddyfileErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// jsonObjects lists every JSON object in a config, depth first with keys
+// in sorted order (so callers see a stable order).
+func jsonObjects(t *testing.T, cfgJSON []byte) []map[string]any {
+	t.Helper()
+	var root any
+	if err := json.Unmarshal(cfgJSON, &root); err != nil {
+		t.Fatalf("adapted config is not JSON: %v", err)
+	}
+	var objs []map[string]any
+	var walk func(v any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			objs = append(objs, x)
+			keys := make([]string, 0, len(x))
+			for k := range x {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				walk(x[k])
+			}
+		case []any:
+			for _, e := range x {
+				walk(e)
+			}
+		}
+	}
+	walk(root)
+	return objs
 }

@@ -18,6 +18,22 @@ import (
 
 // adaptInferenceSimCaddyfile adapts a Caddyfile and returns every handler
 // object of type inference_sim, in order.
+// simHandlersByName adapts a Caddyfile and indexes its inference_sim
+// handlers by name ("" for an unnamed one).
+func simHandlersByName(t *testing.T, src string) (map[string]map[string]any, string) {
+	t.Helper()
+	handlers, raw, err := adaptInferenceSimCaddyfile(t, src)
+	if err != nil {
+		t.Fatalf("adapt: %v", err)
+	}
+	byName := map[string]map[string]any{}
+	for _, h := range handlers {
+		name, _ := h["name"].(string)
+		byName[name] = h
+	}
+	return byName, raw
+}
+
 func adaptInferenceSimCaddyfile(t *testing.T, src string) ([]map[string]any, string, error) {
 	t.Helper()
 	adapter := caddyconfig.GetAdapter("caddyfile")
@@ -28,33 +44,17 @@ func adaptInferenceSimCaddyfile(t *testing.T, src string) ([]map[string]any, str
 	if err != nil {
 		return nil, "", err
 	}
-	var cfg any
-	if err := json.Unmarshal(out, &cfg); err != nil {
-		t.Fatalf("adapter output is not JSON: %v", err)
-	}
 	var found []map[string]any
-	var walk func(v any)
-	walk = func(v any) {
-		switch x := v.(type) {
-		case map[string]any:
-			if x["handler"] == "inference_sim" {
-				found = append(found, x)
-			}
-			for _, e := range x {
-				walk(e)
-			}
-		case []any:
-			for _, e := range x {
-				walk(e)
-			}
+	for _, o := range jsonObjects(t, out) {
+		if o["handler"] == "inference_sim" {
+			found = append(found, o)
 		}
 	}
-	walk(cfg)
 	return found, string(out), nil
 }
 
 func TestInferenceSimCaddyfileToJSON(t *testing.T) {
-	handlers, raw, err := adaptInferenceSimCaddyfile(t, `
+	byName, raw := simHandlersByName(t, `
 :8080 {
 	inference_sim {
 		name         replica-1
@@ -84,16 +84,8 @@ func TestInferenceSimCaddyfileToJSON(t *testing.T) {
 	}
 }
 `)
-	if err != nil {
-		t.Fatalf("adapt: %v", err)
-	}
-	if len(handlers) != 3 {
-		t.Fatalf("found %d inference_sim handlers, want 3:\n%s", len(handlers), raw)
-	}
-	byName := map[string]map[string]any{}
-	for _, h := range handlers {
-		name, _ := h["name"].(string)
-		byName[name] = h
+	if len(byName) != 3 {
+		t.Fatalf("found %d inference_sim handlers, want 3:\n%s", len(byName), raw)
 	}
 
 	want1 := map[string]any{
@@ -277,7 +269,7 @@ func TestInferenceSimServeHTTP(t *testing.T) {
 }
 
 func TestInferenceSimPrefixCacheOptions(t *testing.T) {
-	handlers, raw, err := adaptInferenceSimCaddyfile(t, `
+	byName, raw := simHandlersByName(t, `
 :8080 {
 	inference_sim px-1 {
 		max_num_seqs      8
@@ -301,14 +293,6 @@ func TestInferenceSimPrefixCacheOptions(t *testing.T) {
 	}
 }
 `)
-	if err != nil {
-		t.Fatalf("adapt: %v", err)
-	}
-	byName := map[string]map[string]any{}
-	for _, h := range handlers {
-		name, _ := h["name"].(string)
-		byName[name] = h
-	}
 	assertInferenceSimJSON(t, byName["px-1"], map[string]any{
 		"handler":      "inference_sim",
 		"name":         "px-1",
@@ -333,28 +317,12 @@ func TestInferenceSimPrefixCacheOptions(t *testing.T) {
 		t.Logf("adapted:\n%s", raw)
 	}
 
-	provision := func(h map[string]any) *InferenceSim {
-		t.Helper()
-		body, _ := json.Marshal(h)
-		mod := new(InferenceSim)
-		if err := json.Unmarshal(body, mod); err != nil {
-			t.Fatal(err)
-		}
-		if err := mod.Validate(); err != nil {
-			t.Fatalf("Validate: %v", err)
-		}
-		if err := mod.Provision(caddy.Context{}); err != nil {
-			t.Fatalf("Provision: %v", err)
-		}
-		t.Cleanup(func() { _ = mod.Cleanup() })
-		return mod
-	}
-	cfg1 := provision(byName["px-1"]).replica.Config()
+	cfg1 := provisionSim(t, byName["px-1"]).replica.Config()
 	if cfg1.Concurrency != 8 || cfg1.PrefixCache != (sim.PrefixCache{Blocks: 96, BlockChars: 64}) ||
 		cfg1.Latency.PrefillPerToken != 2*time.Millisecond || cfg1.Latency.Kind != sim.LatencyLognormal {
 		t.Errorf("px-1 sim config %+v", cfg1)
 	}
-	mod2 := provision(byName["px-2"])
+	mod2 := provisionSim(t, byName["px-2"])
 	cfg2 := mod2.replica.Config()
 	if cfg2.PrefixCache != (sim.PrefixCache{Blocks: 512, BlockChars: sim.DefaultBlockChars}) ||
 		cfg2.Latency.Kind != sim.LatencyFixed || cfg2.Latency.PrefillPerToken != 500*time.Microsecond {
@@ -408,7 +376,7 @@ func TestInferenceSimPrefixCacheOptions(t *testing.T) {
 }
 
 func TestInferenceSimContentionOptions(t *testing.T) {
-	handlers, raw, err := adaptInferenceSimCaddyfile(t, `
+	byName, raw := simHandlersByName(t, `
 :8080 {
 	inference_sim ct-1 {
 		prefill_blocks_decode on
@@ -424,14 +392,6 @@ func TestInferenceSimContentionOptions(t *testing.T) {
 	}
 }
 `)
-	if err != nil {
-		t.Fatalf("adapt: %v", err)
-	}
-	byName := map[string]map[string]any{}
-	for _, h := range handlers {
-		name, _ := h["name"].(string)
-		byName[name] = h
-	}
 	assertInferenceSimJSON(t, byName["ct-1"], map[string]any{
 		"handler":               "inference_sim",
 		"name":                  "ct-1",
@@ -449,18 +409,7 @@ func TestInferenceSimContentionOptions(t *testing.T) {
 		t.Logf("adapted:\n%s", raw)
 	}
 
-	body, _ := json.Marshal(byName["ct-1"])
-	mod := new(InferenceSim)
-	if err := json.Unmarshal(body, mod); err != nil {
-		t.Fatal(err)
-	}
-	if err := mod.Validate(); err != nil {
-		t.Fatalf("Validate: %v", err)
-	}
-	if err := mod.Provision(caddy.Context{}); err != nil {
-		t.Fatalf("Provision: %v", err)
-	}
-	defer mod.Cleanup()
+	mod := provisionSim(t, byName["ct-1"])
 	if cfg := mod.replica.Config(); !cfg.PrefillBlocksDecode || cfg.KVCapacityTokens != 4096 {
 		t.Errorf("sim config %+v", cfg)
 	}
@@ -518,4 +467,23 @@ func TestInferenceSimContentionOptions(t *testing.T) {
 			t.Errorf("%s: Validate() = %v, want an error naming %s", c.json, err, c.want)
 		}
 	}
+}
+
+// provisionSim decodes, validates and provisions one adapted handler; it
+// is cleaned up with the test.
+func provisionSim(t *testing.T, h map[string]any) *InferenceSim {
+	t.Helper()
+	body, _ := json.Marshal(h)
+	mod := new(InferenceSim)
+	if err := json.Unmarshal(body, mod); err != nil {
+		t.Fatal(err)
+	}
+	if err := mod.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if err := mod.Provision(caddy.Context{}); err != nil {
+		t.Fatalf("Provision: %v", err)
+	}
+	t.Cleanup(func() { _ = mod.Cleanup() })
+	return mod
 }

@@ -20,28 +20,12 @@ func adaptLoadAware(t *testing.T, opts string) (LoadAware, []byte) {
 		t.Fatalf("adapt %q: %v", opts, err)
 	}
 	var found []json.RawMessage
-	var walk func(v any)
-	walk = func(v any) {
-		switch x := v.(type) {
-		case map[string]any:
-			if x["policy"] == "load_aware" {
-				raw, _ := json.Marshal(x)
-				found = append(found, raw)
-			}
-			for _, c := range x {
-				walk(c)
-			}
-		case []any:
-			for _, c := range x {
-				walk(c)
-			}
+	for _, o := range jsonObjects(t, out) {
+		if o["policy"] == "load_aware" {
+			raw, _ := json.Marshal(o)
+			found = append(found, raw)
 		}
 	}
-	var root any
-	if err := json.Unmarshal(out, &root); err != nil {
-		t.Fatal(err)
-	}
-	walk(root)
 	if len(found) != 1 {
 		t.Fatalf("want one load_aware policy in the adapted JSON, got %d:\n%s", len(found), out)
 	}
