@@ -19,18 +19,7 @@ import (
 // Redis is unavailable, picks fall back to this instance's own counts.
 type GlobalRedisLeast struct {
 	Pool string `json:"pool,omitempty"`
-	// Redis address(es), host:port (default 127.0.0.1:6379).
-	Redis    []string `json:"redis,omitempty"`
-	Username string   `json:"username,omitempty"`
-	Password string   `json:"password,omitempty"`
-	DB       int      `json:"db,omitempty" sluice:"min=0"`
-	TLS      bool     `json:"tls,omitempty"`
-	CAFile   string   `json:"ca_file,omitempty"`
-	// Timeouts of one Redis call (defaults 1s dial, 250ms read).
-	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
-	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
-	// KeyPrefix separates deployments sharing one Redis.
-	KeyPrefix string `json:"key_prefix,omitempty"`
+	redisConnection
 	// MaxInflight: when even the least-loaded replica has this many
 	// requests (globally), the pool is saturated: 503 at once. 0: no limit.
 	MaxInflight int `json:"max_inflight,omitempty" sluice:"min=0"`
@@ -62,15 +51,8 @@ func (GlobalRedisLeast) CaddyModule() caddy.ModuleInfo {
 }
 
 func (p *GlobalRedisLeast) storeConfig() redisleast.Config {
-	repl := caddy.NewReplacer()
-	addrs := p.Redis
-	if len(addrs) == 0 {
-		addrs = []string{"127.0.0.1:6379"}
-	}
 	return redisleast.Config{
-		Addrs: addrs, Username: p.Username, Password: repl.ReplaceKnown(p.Password, ""), DB: p.DB,
-		TLS: p.TLS, CAFile: p.CAFile, DialTimeout: time.Duration(p.DialTimeout), ReadTimeout: time.Duration(p.ReadTimeout),
-		KeyPrefix: p.KeyPrefix, MaxInflight: p.MaxInflight, QueueTimeout: time.Duration(p.QueueTimeout), LeaseTTL: time.Duration(p.LeaseTTL),
+		Config: p.conn(), MaxInflight: p.MaxInflight, QueueTimeout: time.Duration(p.QueueTimeout), LeaseTTL: time.Duration(p.LeaseTTL),
 		BreakerFailures: p.BreakerFailures, BreakerBackoff: time.Duration(p.BreakerBackoff), InstanceID: p.InstanceID,
 		MaxFails: p.MaxFails, FailDuration: time.Duration(p.FailDuration),
 	}
@@ -131,9 +113,7 @@ func (p *GlobalRedisLeast) Provision(ctx caddy.Context) error {
 
 // redactedRedisConfig is cfg as the health report may show it.
 func redactedRedisConfig(cfg redisleast.Config) redisleast.Config {
-	if cfg.Password != "" {
-		cfg.Password = "(set)"
-	}
+	cfg.Config = cfg.Config.Redacted()
 	return cfg
 }
 

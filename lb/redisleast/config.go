@@ -1,22 +1,15 @@
 package redisleast
 
 import (
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluice-router/sluice/lb/redisconn"
 	"github.com/sluice-router/sluice/lb/tracker"
 )
 
@@ -60,20 +53,11 @@ import (
 //	MaxFails          max_fails          live (from the next failure)
 //	FailDuration      fail_duration      live (from the next failure)
 type Config struct {
-	// Addrs are Redis nodes (host:port); one address of a cluster is enough.
-	Addrs              []string
-	Username, Password string
-	DB                 int
-	// TLS dials with TLS; CAFile, when set, replaces the system roots.
-	TLS    bool
-	CAFile string
-	// DialTimeout bounds connecting (default 1s). ReadTimeout bounds every
-	// Redis call made on behalf of a request (default 250ms): it is the
-	// longest a Select waits for a Redis that stopped answering.
-	DialTimeout, ReadTimeout time.Duration
-	// KeyPrefix separates deployments sharing one Redis; every key of a
+	// Connection settings (redis, username, password, db, tls, ca_file,
+	// dial_timeout, read_timeout, key_prefix). ReadTimeout is the longest
+	// a Select waits for a Redis that stopped answering; every key of a
 	// pool carries the hash tag {sluice:<KeyPrefix>:<pool>}.
-	KeyPrefix string
+	redisconn.Config
 	// MaxInflight sheds (ErrSaturated) when even the least-loaded
 	// candidate has this many requests in flight; 0 = never shed. In
 	// queueing mode it is the number of slots per replica instead.
@@ -110,12 +94,7 @@ type Config struct {
 
 // WithDefaults fills zero fields.
 func (c Config) WithDefaults() Config {
-	if c.DialTimeout == 0 {
-		c.DialTimeout = time.Second
-	}
-	if c.ReadTimeout == 0 {
-		c.ReadTimeout = 250 * time.Millisecond
-	}
+	c.Config = c.Config.WithDefaults()
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = 10 * time.Second
 	}
@@ -145,23 +124,10 @@ func (c Config) WithDefaults() Config {
 
 // Validate reports the first bad field by name. Call it on WithDefaults().
 func (c Config) Validate() error {
-	if len(c.Addrs) == 0 {
-		return errors.New("addrs: at least one Redis address is required")
-	}
-	for _, a := range c.Addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return fmt.Errorf("addrs: %q is not host:port: %v", a, err)
-		}
+	if err := c.Config.Validate(); err != nil {
+		return err
 	}
 	switch {
-	case c.DB < 0:
-		return fmt.Errorf("db: must be >= 0, got %d", c.DB)
-	case c.CAFile != "" && !c.TLS:
-		return errors.New("ca_file: set only together with tls")
-	case c.DialTimeout < 0:
-		return fmt.Errorf("dial_timeout: must be > 0, got %v", c.DialTimeout)
-	case c.ReadTimeout < 0:
-		return fmt.Errorf("read_timeout: must be > 0, got %v", c.ReadTimeout)
 	case c.MaxInflight < 0:
 		return fmt.Errorf("max_inflight: must be >= 0, got %d", c.MaxInflight)
 	case c.LeaseTTL < 30*time.Millisecond:
@@ -181,68 +147,12 @@ func (c Config) Validate() error {
 	case c.FailDuration < 0:
 		return fmt.Errorf("fail_duration: must be > 0, got %v", c.FailDuration)
 	}
-	if c.CAFile != "" {
-		if _, err := c.tlsConfig(); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 
-func (c Config) tlsConfig() (*tls.Config, error) {
-	if !c.TLS {
-		return nil, nil
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("ca_file: %v", err)
-		}
-		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ca_file: no PEM certificate in %s", c.CAFile)
-		}
-	}
-	return tc, nil
-}
-
-// clientOption maps the config onto rueidis. Retries are off: the select
-// script is not a read-only command, and a resent script must never be
-// applied twice (the scripts are idempotent by request id anyway).
+// clientOption maps the config onto rueidis (see redisconn).
 func (c Config) clientOption() (rueidis.ClientOption, error) {
-	return c.clientOptionWith(connTimeout(c.ReadTimeout))
-}
-
-// connTimeout is the connection-level deadline (rueidis's
-// ConnWriteTimeout, also its keep-alive PINGs' timeout) for a read
-// timeout: generous, since each call carries its own ReadTimeout context,
-// but short enough that a dead connection (a failover to another host)
-// is dropped and redialled within about a second.
-func connTimeout(readTimeout time.Duration) time.Duration {
-	return max(4*readTimeout, time.Second)
-}
-
-func (c Config) clientOptionWith(connWriteTimeout time.Duration) (rueidis.ClientOption, error) {
-	tc, err := c.tlsConfig()
-	if err != nil {
-		return rueidis.ClientOption{}, err
-	}
-	return rueidis.ClientOption{
-		InitAddress:  c.Addrs,
-		Username:     c.Username,
-		Password:     c.Password,
-		SelectDB:     c.DB,
-		TLSConfig:    tc,
-		Dialer:       net.Dialer{Timeout: c.DialTimeout, KeepAlive: 30 * time.Second},
-		DisableRetry: true,
-		// One auto-pipelined connection: Redis runs scripts on one thread
-		// anyway, a release then never overtakes its select, and after a
-		// Redis restart only one stale connection has to fail.
-		PipelineMultiplex: -1,
-		DisableCache:      true, // no client-side caching: every read must be the global truth
-		ConnWriteTimeout:  connWriteTimeout,
-	}, nil
+	return c.ClientOption(redisconn.ConnTimeout(c.ReadTimeout))
 }
 
 // connectionFields are the settings that need a new Store, by name (the
@@ -254,18 +164,10 @@ func (c Config) connectionFields() [][2]string {
 	if c.QueueTimeout > 0 {
 		mode = "queueing"
 	}
-	return [][2]string{
-		{"redis", fmt.Sprintf("%q", c.Addrs)},
-		{"username", c.Username},
-		{"password", secretDigest(c.Password)},
-		{"db", strconv.Itoa(c.DB)},
-		{"tls", strconv.FormatBool(c.TLS)},
-		{"ca_file", c.CAFile},
-		{"dial_timeout", c.DialTimeout.String()},
-		{"key_prefix", c.KeyPrefix},
-		{"instance_id", c.InstanceID},
-		{"queue_timeout", mode}, // the queueing mode, not the duration
-	}
+	return append(c.Config.Fields(),
+		[2]string{"instance_id", c.InstanceID},
+		[2]string{"queue_timeout", mode}, // the queueing mode, not the duration
+	)
 }
 
 // ConnectionKey identifies the settings that need a new Store (see the
@@ -296,23 +198,6 @@ func (c Config) connectionChange(o Config) string {
 		}
 	}
 	return ""
-}
-
-// digestKey keys secretDigest: random per process, so a digest seen in a
-// log cannot be checked against guessed passwords.
-var digestKey = func() []byte {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b)
-	return b
-}()
-
-func secretDigest(secret string) string {
-	if secret == "" {
-		return ""
-	}
-	m := hmac.New(sha256.New, digestKey)
-	m.Write([]byte(secret))
-	return "hmac:" + hex.EncodeToString(m.Sum(nil)[:12])
 }
 
 func (c Config) healthConfig() tracker.Config {

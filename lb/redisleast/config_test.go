@@ -4,10 +4,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-router/sluice/lb/redisconn"
 )
 
 func TestConfigValidateNamesTheField(t *testing.T) {
-	base := Config{Addrs: []string{"127.0.0.1:6379"}}.WithDefaults()
+	base := Config{Config: redisconn.Config{Addrs: []string{"127.0.0.1:6379"}}}.WithDefaults()
 	if err := base.Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
@@ -15,8 +17,8 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		t.Fatalf("defaults not filled: %+v", base)
 	}
 	for field, mut := range map[string]func(*Config){
-		"addrs":            func(c *Config) { c.Addrs = nil },
-		"addrs:":           func(c *Config) { c.Addrs = []string{"no-port"} },
+		"redis":            func(c *Config) { c.Addrs = nil },
+		"redis:":           func(c *Config) { c.Addrs = []string{"no-port"} },
 		"db":               func(c *Config) { c.DB = -1 },
 		"ca_file":          func(c *Config) { c.CAFile = "/x.pem" },
 		"max_inflight":     func(c *Config) { c.MaxInflight = -1 },

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/redisconn"
 )
 
 func TestErrorsAreTheLbErrors(t *testing.T) {
@@ -78,7 +79,7 @@ func TestPickRefusals(t *testing.T) {
 }
 
 func TestConnectionKeyAndConfigureRefusals(t *testing.T) {
-	base := Config{Addrs: []string{"127.0.0.1:6379"}, InstanceID: "i", MaxInflight: 4}
+	base := Config{Config: redisconn.Config{Addrs: []string{"127.0.0.1:6379"}}, InstanceID: "i", MaxInflight: 4}
 	key := base.ConnectionKey()
 	if key != base.WithDefaults().ConnectionKey() {
 		t.Fatal("the key must not depend on whether defaults were applied")

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/lb/redisconn"
 )
 
 // loop runs every LeaseTTL/3 while the breaker is closed, and at once
@@ -97,7 +99,7 @@ func (s *Store) flush(ctx context.Context) {
 // newer. Twice that, and at least a lease TTL, is a wide margin.
 func (s *Store) tombAge() time.Duration {
 	c := s.conf()
-	return max(c.LeaseTTL, 2*connTimeout(c.ReadTimeout))
+	return max(c.LeaseTTL, 2*redisconn.ConnTimeout(c.ReadTimeout))
 }
 
 // sweepTombstones deletes the tombstones old enough (tombAge) that the
@@ -158,7 +160,7 @@ func (s *Store) reconnect() bool {
 		return false
 	}
 	opt := s.opt
-	opt.ConnWriteTimeout = max(opt.ConnWriteTimeout, connTimeout(s.conf().ReadTimeout))
+	opt.ConnWriteTimeout = max(opt.ConnWriteTimeout, redisconn.ConnTimeout(s.conf().ReadTimeout))
 	client, err := rueidis.NewClient(opt)
 	if err != nil {
 		return false
@@ -179,7 +181,7 @@ func (s *Store) reconnect() bool {
 // just loaded it still runs (Close lets queued commands finish anyway).
 // Redis unreachable: it tries again at the next round.
 func (s *Store) fitConnection() {
-	want := connTimeout(s.conf().ReadTimeout)
+	want := redisconn.ConnTimeout(s.conf().ReadTimeout)
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
 	if want <= s.opt.ConnWriteTimeout || s.provisional.Load() || s.closed.Load() {

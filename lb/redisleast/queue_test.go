@@ -15,7 +15,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/rueidis"
+
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/redisconn"
 )
 
 // queueConfig is a queueing-mode config: one slot per replica.
@@ -474,7 +476,7 @@ func TestQueueStormExactlyOnce(t *testing.T) {
 // Plain-mode behaviour of an empty queue is unchanged, and the config is
 // validated.
 func TestQueueConfig(t *testing.T) {
-	base := Config{Addrs: []string{"127.0.0.1:6379"}, QueueTimeout: time.Second}.WithDefaults()
+	base := Config{Config: redisconn.Config{Addrs: []string{"127.0.0.1:6379"}}, QueueTimeout: time.Second}.WithDefaults()
 	if err := base.Validate(); err == nil {
 		t.Fatal("queue_timeout without max_inflight accepted")
 	}

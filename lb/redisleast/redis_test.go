@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/lb/redisconn"
 )
 
 // sharedAddr is the Redis every test uses (each under its own key prefix):
@@ -133,8 +135,8 @@ func privateRedis(t *testing.T) *redisServer {
 
 // testConfig is a config for addr under a key prefix unique to the test.
 func testConfig(t testing.TB, addr string) Config {
-	return Config{Addrs: []string{addr}, KeyPrefix: fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano()),
-		InstanceID: "t", ReadTimeout: 2 * time.Second}
+	return Config{Config: redisconn.Config{Addrs: []string{addr}, KeyPrefix: fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano()),
+		ReadTimeout: 2 * time.Second}, InstanceID: "t"}
 }
 
 func newStore(t testing.TB, cfg Config, pool string) *Store {
