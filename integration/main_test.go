@@ -22,6 +22,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/sluice-router/sluice"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
 const adminURL = "http://localhost:2999"
@@ -34,8 +35,7 @@ func TestMain(m *testing.M) {
 	}
 	os.Setenv("XDG_DATA_HOME", dir+"/data")
 	os.Setenv("XDG_CONFIG_HOME", dir+"/config")
-	code := m.Run()
-	stopTestRedis()
+	code := redistest.Run(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

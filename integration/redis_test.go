@@ -4,77 +4,20 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluice-router/sluice/caddymodule"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
-
-var (
-	redisOnce sync.Once
-	redisAddr string
-	redisErr  string
-	redisCmd  *exec.Cmd // the private redis-server, if this binary started one
-)
-
-// stopTestRedis stops the private redis-server (TestMain calls it): a
-// child process outlives its parent unless it is stopped.
-func stopTestRedis() {
-	if redisCmd != nil && redisCmd.Process != nil {
-		_ = redisCmd.Process.Kill()
-		_ = redisCmd.Wait()
-	}
-}
 
 // testRedis returns the address of a real Redis: SLUICE_TEST_REDIS_ADDR
 // (scripts/test.sh and CI start one), else a private redis-server started
-// for this test binary (stopped by TestMain). In CI, no Redis is a failure.
-func testRedis(t testing.TB) string {
-	redisOnce.Do(func() {
-		if a := os.Getenv("SLUICE_TEST_REDIS_ADDR"); a != "" {
-			redisAddr = a
-			return
-		}
-		bin, err := exec.LookPath("redis-server")
-		if err != nil {
-			redisErr = "no SLUICE_TEST_REDIS_ADDR and no redis-server on PATH (run bash scripts/test.sh)"
-			return
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			redisErr = err.Error()
-			return
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-		if err := cmd.Start(); err != nil {
-			redisErr = err.Error()
-			return
-		}
-		redisCmd = cmd
-		redisAddr = fmt.Sprintf("127.0.0.1:%d", port)
-		for i := 0; i < 100; i++ {
-			if c, err := net.Dial("tcp", redisAddr); err == nil {
-				c.Close()
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		redisErr = "redis-server did not start"
-	})
-	if redisAddr == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Redis is required in CI: %s", redisErr)
-		}
-		t.Skipf("Redis unavailable: %s", redisErr)
-	}
-	return redisAddr
-}
+// for this test binary (stopped when TestMain ends). In CI, no Redis is a
+// failure.
+func testRedis(t testing.TB) string { return redistest.Addr(t) }
 
 // Two Sluice "instances" (two sites, each its own store and identity in
 // Redis, no shared process state for the counts) in front of one pool of

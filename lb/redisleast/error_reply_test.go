@@ -29,7 +29,7 @@ func bothModes(t *testing.T, test func(t *testing.T, cfg func(addr string) Confi
 
 func testReleaseAnsweredWithAnErrorReplyIsRetried(t *testing.T, mode func(string) Config) {
 	srv := privateRedis(t)
-	cfg := mode(srv.addr)
+	cfg := mode(srv.Addr)
 	cfg.LeaseTTL = 150 * time.Millisecond // the maintenance loop (and its flush) runs every 50 ms
 	s := newStore(t, cfg, "errreply")
 	s.SetReplicas([]string{"10.0.0.1:1"})
@@ -38,7 +38,7 @@ func testReleaseAnsweredWithAnErrorReplyIsRetried(t *testing.T, mode func(string
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.addr}, DisableCache: true})
+	admin, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,11 +80,11 @@ func TestBackendSetChangedWhileRedisWasAwayIsAppliedOnReturn(t *testing.T) {
 
 func testBackendSetChangedWhileRedisWasAwayIsAppliedOnReturn(t *testing.T, mode func(string) Config) {
 	srv := privateRedis(t)
-	cfg := mode(srv.addr)
+	cfg := mode(srv.Addr)
 	cfg.ReadTimeout, cfg.BreakerBackoff = 200*time.Millisecond, 50*time.Millisecond
 	s := newStore(t, cfg, "away")
 	s.SetReplicas([]string{"10.0.0.1:1"})
-	srv.signal(syscall.SIGSTOP) // frozen: keys intact
+	srv.Signal(syscall.SIGSTOP) // frozen: keys intact
 	// The first pick times out and opens the breaker (its lease, if any,
 	// is a local fallback).
 	if l, err := s.Pick(context.Background(), &lb.Request{}); err == nil {
@@ -95,7 +95,7 @@ func testBackendSetChangedWhileRedisWasAwayIsAppliedOnReturn(t *testing.T, mode 
 	if s.SyncErr() == nil {
 		t.Fatal("SyncErr is nil for a set given while the breaker is open")
 	}
-	srv.signal(syscall.SIGCONT)
+	srv.Signal(syscall.SIGCONT)
 	waitFor(t, "the breaker to close", func() bool { return s.Stats().Breaker == Closed })
 	waitFor(t, "the new set in Redis", func() bool {
 		c, err := s.Counts(context.Background())

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
 func TestCrashedInstanceIsReclaimed(t *testing.T) {
@@ -56,7 +57,7 @@ func TestCrashedInstanceIsReclaimed(t *testing.T) {
 // ReadTimeout.
 func TestBreakerFallbackAndConvergence(t *testing.T) {
 	srv := privateRedis(t)
-	cfg := testConfig(t, srv.addr)
+	cfg := testConfig(t, srv.Addr)
 	cfg.ReadTimeout = 300 * time.Millisecond
 	cfg.BreakerFailures = 2
 	cfg.BreakerBackoff = 50 * time.Millisecond
@@ -90,7 +91,7 @@ func TestBreakerFallbackAndConvergence(t *testing.T) {
 
 	// Phase 1: frozen Redis.
 	selectSome(6)
-	srv.signal(syscall.SIGSTOP)
+	srv.Signal(syscall.SIGSTOP)
 	selectSome(20) // the first times out and opens the breaker; the rest fall back
 	if s.Stats().Breaker != Open {
 		t.Fatal("breaker still closed with Redis frozen")
@@ -99,25 +100,25 @@ func TestBreakerFallbackAndConvergence(t *testing.T) {
 	if p := s.Stats().Pending; p < 6 {
 		t.Fatalf("pending releases %d, want at least the 6 Redis leases", p)
 	}
-	srv.signal(syscall.SIGCONT)
+	srv.Signal(syscall.SIGCONT)
 	waitFor(t, "the breaker to close", func() bool { return s.Stats().Breaker == Closed && s.Stats().Pending == 0 })
-	if !drained(t, s, raw(t, srv.addr)) {
+	if !drained(t, s, raw(t, srv.Addr)) {
 		t.Fatalf("after thaw: counts %v", mustCounts(t, s))
 	}
 
 	// Phase 2: Redis killed mid-load and restarted empty on the same port.
 	selectSome(5)
-	srv.kill()
+	srv.Kill()
 	selectSome(20)
 	releaseAll()
 	if s.Stats().Breaker != Open {
 		t.Fatal("breaker still closed with Redis dead")
 	}
-	restarted, err := startRedis(srv.addr)
+	restarted, err := redistest.Start(srv.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(restarted.kill)
+	t.Cleanup(restarted.Kill)
 	waitFor(t, "the breaker to close after restart", func() bool { return s.Stats().Breaker == Closed })
 	selectSome(8) // via Redis again
 	if held[0].Fallback {
@@ -127,7 +128,7 @@ func TestBreakerFallbackAndConvergence(t *testing.T) {
 		t.Fatalf("member set after restart %v, want %v replayed", got, reps)
 	}
 	releaseAll()
-	if !drained(t, s, raw(t, srv.addr)) {
+	if !drained(t, s, raw(t, srv.Addr)) {
 		t.Fatalf("after restart and releases: counts %v", mustCounts(t, s))
 	}
 
@@ -213,11 +214,11 @@ func TestStartsWithoutRedisAndConnectsWhenItComes(t *testing.T) {
 			}
 			l1.Release(ok)
 
-			srv, err := startRedis(addr)
+			srv, err := redistest.Start(addr)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(srv.kill)
+			t.Cleanup(srv.Kill)
 			waitFor(t, "the store to connect", func() bool { return s.Stats().Breaker == Closed })
 			c := raw(t, addr)
 			wantCounts(t, s, map[string]int64{"a": 0, "b": 0}) // the member set, replayed

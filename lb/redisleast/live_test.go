@@ -298,7 +298,7 @@ func TestConfigureMaxInflightHandsNewSlotsToWaiters(t *testing.T) {
 // now answer the select.
 func TestConfigureReadTimeoutBeyondTheConnectionsDeadline(t *testing.T) {
 	srv := privateRedis(t)
-	cfg := testConfig(t, srv.addr)
+	cfg := testConfig(t, srv.Addr)
 	cfg.ReadTimeout, cfg.LeaseTTL = 250*time.Millisecond, time.Hour
 	s := newStore(t, cfg, "slow")
 	s.SetReplicas([]string{"a"})
@@ -313,7 +313,7 @@ func TestConfigureReadTimeoutBeyondTheConnectionsDeadline(t *testing.T) {
 	if s.InstanceID() != before {
 		t.Fatal("the redial changed the identity")
 	}
-	admin := raw(t, srv.addr)
+	admin := raw(t, srv.Addr)
 	if err := admin.Do(context.Background(), admin.B().ClientPause().Timeout(2000).All().Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +368,7 @@ func TestRetryAfterFollowsTheHoldTime(t *testing.T) {
 // to be dropped there, the count +1 for good.
 func TestFlushAnsweredWithAnErrorReplyKeepsTheReleases(t *testing.T) {
 	srv := privateRedis(t)
-	admin := raw(t, srv.addr)
+	admin := raw(t, srv.Addr)
 	ctx := context.Background()
 	acl := func(rules ...string) {
 		t.Helper()
@@ -377,7 +377,7 @@ func TestFlushAnsweredWithAnErrorReplyKeepsTheReleases(t *testing.T) {
 		}
 	}
 	acl("on", ">pw", "~*", "&*", "+@all")
-	cfg := testConfig(t, srv.addr)
+	cfg := testConfig(t, srv.Addr)
 	cfg.Username, cfg.Password = "sluice", "pw"
 	cfg.BreakerBackoff = time.Hour // the test closes the breaker itself
 	cfg.LeaseTTL = 150 * time.Millisecond

@@ -549,8 +549,8 @@ func BenchmarkQueueSelectRelease(b *testing.B) {
 // during it once the pending release reaches Redis.
 func TestQueueDuringOutage(t *testing.T) {
 	srv := privateRedis(t)
-	c := raw(t, srv.addr)
-	cfg := queueConfig(t, srv.addr)
+	c := raw(t, srv.Addr)
+	cfg := queueConfig(t, srv.Addr)
 	cfg.ReadTimeout = 300 * time.Millisecond
 	cfg.BreakerBackoff = 50 * time.Millisecond
 	st := queueStores(t, cfg, "x", "y")
@@ -562,7 +562,7 @@ func TestQueueDuringOutage(t *testing.T) {
 	out := make(chan got, 1)
 	enqueue(t, context.Background(), c, y, "y", out, "r")
 
-	srv.signal(syscall.SIGSTOP)
+	srv.Signal(syscall.SIGSTOP)
 	if _, err := x.Select(context.Background(), []string{"r"}); !errors.Is(err, ErrSaturated) {
 		t.Fatalf("select with Redis frozen: %v, want the local fallback to shed", err) // x holds r locally
 	}
@@ -570,7 +570,7 @@ func TestQueueDuringOutage(t *testing.T) {
 		t.Fatal("breaker closed with Redis frozen")
 	}
 	held.Release(ok) // pending
-	srv.signal(syscall.SIGCONT)
+	srv.Signal(syscall.SIGCONT)
 	g := <-out
 	if g.err != nil || g.l.Addr != "r" || g.l.Fallback {
 		t.Fatalf("waiter after the outage: %v %+v", g.err, g.l)

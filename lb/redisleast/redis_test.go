@@ -1,137 +1,26 @@
 package redisleast
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/rueidis"
 
 	"github.com/sluice-router/sluice/lb/redisconn"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
-// sharedAddr is the Redis every test uses (each under its own key prefix):
-// SLUICE_TEST_REDIS_ADDR, or a private server started by TestMain.
-var sharedAddr string
+func TestMain(m *testing.M) { redistest.Main(m) }
 
-func TestMain(m *testing.M) {
-	sharedAddr = os.Getenv("SLUICE_TEST_REDIS_ADDR")
-	var srv *redisServer
-	if sharedAddr == "" {
-		if _, err := exec.LookPath("redis-server"); err == nil {
-			srv, err = startRedis("")
-			if err != nil {
-				fmt.Fprintln(os.Stderr, "redisleast tests: starting redis-server:", err)
-				os.Exit(1)
-			}
-			sharedAddr = srv.addr
-		}
-	}
-	code := m.Run()
-	if srv != nil {
-		srv.kill()
-	}
-	os.Exit(code)
-}
-
-// testRedis returns the shared Redis address, or skips (fails under CI)
-// when there is none.
-func testRedis(t testing.TB) string {
-	t.Helper()
-	if sharedAddr != "" {
-		return sharedAddr
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("no Redis: set SLUICE_TEST_REDIS_ADDR (scripts/redis-test-server.sh) or install redis-server")
-	}
-	t.Skip("no Redis: set SLUICE_TEST_REDIS_ADDR or install redis-server")
-	return ""
-}
-
-// redisServer is a private redis-server process on loopback, no persistence.
-type redisServer struct {
-	addr string
-	cmd  *exec.Cmd
-}
-
-// startRedis starts redis-server on addr ("" = a free loopback port) and
-// waits until it answers PING.
-func startRedis(addr string) (*redisServer, error) {
-	if addr == "" {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		addr = l.Addr().String()
-		l.Close()
-	}
-	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--daemonize", "no", "--logfile", "")
-	cmd.Dir = os.TempDir()
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	s := &redisServer{addr: addr, cmd: cmd}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if ping(addr) {
-			return s, nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	s.kill()
-	return nil, fmt.Errorf("redis-server on %s did not answer PING within 10s", addr)
-}
-
-func ping(addr string) bool {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return false
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return false
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	return err == nil && strings.HasPrefix(line, "+PONG")
-}
-
-func (s *redisServer) kill() {
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-}
-
-func (s *redisServer) signal(sig syscall.Signal) { _ = s.cmd.Process.Signal(sig) }
+// testRedis is the shared Redis every test uses (each under its own key
+// prefix).
+func testRedis(t testing.TB) string { return redistest.Addr(t) }
 
 // privateRedis starts a redis-server of the test's own (for tests that
 // stop and restart it); killed at the end of the test.
-func privateRedis(t *testing.T) *redisServer {
-	t.Helper()
-	testRedis(t) // same skip rules
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this test needs redis-server on PATH")
-		}
-		t.Skip("this test needs redis-server on PATH")
-	}
-	s, err := startRedis("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { s.kill() }) })
-	return s
-}
+func privateRedis(t *testing.T) *redistest.Server { return redistest.Private(t) }
 
 // testConfig is a config for addr under a key prefix unique to the test.
 func testConfig(t testing.TB, addr string) Config {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
 // Selects that Redis never answered (it was killed mid-call) are released
@@ -18,7 +20,7 @@ func TestTombstonesOfLostSelectsAreSwept(t *testing.T) {
 
 func testTombstonesOfLostSelectsAreSwept(t *testing.T, mode func(string) Config) {
 	srv := privateRedis(t)
-	cfg := mode(srv.addr)
+	cfg := mode(srv.Addr)
 	cfg.LeaseTTL = 150 * time.Millisecond // the maintenance loop runs every 50 ms
 	cfg.ReadTimeout = 100 * time.Millisecond
 	cfg.BreakerBackoff = 50 * time.Millisecond
@@ -27,7 +29,7 @@ func testTombstonesOfLostSelectsAreSwept(t *testing.T, mode func(string) Config)
 	s.SetReplicas(reps)
 	ctx := context.Background()
 
-	srv.kill()
+	srv.Kill()
 	for i := 0; i < 10; i++ { // until the breaker opens, each one's outcome is unknown
 		l, err := s.Select(ctx, reps)
 		if err != nil {
@@ -38,12 +40,12 @@ func testTombstonesOfLostSelectsAreSwept(t *testing.T, mode func(string) Config)
 	if s.pend.len() == 0 {
 		t.Fatal("no lost select pending: the fault did not happen as planned")
 	}
-	restarted, err := startRedis(srv.addr)
+	restarted, err := redistest.Start(srv.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(restarted.kill)
-	c := raw(t, srv.addr)
+	t.Cleanup(restarted.Kill)
+	c := raw(t, srv.Addr)
 	inst := s.ident.Load().inst
 	var n int64
 	waitFor(t, "the lost selects' releases to leave tombstones", func() bool {

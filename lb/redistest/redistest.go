@@ -1,0 +1,178 @@
+// Package redistest gives tests real Redis deployments on loopback: the
+// shared single server (SLUICE_TEST_REDIS_ADDR, or one started for the
+// test binary), a Redis Cluster when scripts/test.sh started one
+// (SLUICE_TEST_REDIS_CLUSTER_ADDRS), and private servers a test may stop
+// and restart. No mocks: every Redis-backed feature is tested against
+// what it will meet in production.
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/lb/redisconn"
+)
+
+// shared is the single server of this test binary.
+var (
+	sharedAddr string
+	sharedSrv  *Server
+)
+
+// Main runs a package's tests and exits (call it from TestMain); see Run.
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run runs a package's tests: it starts a private redis-server when
+// SLUICE_TEST_REDIS_ADDR is unset and stops it when the tests end, so no
+// child process outlives the test binary.
+func Run(m *testing.M) int {
+	sharedAddr = os.Getenv("SLUICE_TEST_REDIS_ADDR")
+	if sharedAddr == "" {
+		if _, err := exec.LookPath("redis-server"); err == nil {
+			srv, err := Start("")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "redistest: starting redis-server:", err)
+				return 1
+			}
+			sharedSrv, sharedAddr = srv, srv.Addr
+		}
+	}
+	code := m.Run()
+	if sharedSrv != nil {
+		sharedSrv.Kill()
+	}
+	return code
+}
+
+// Addr returns the shared single server's address, or skips the test
+// (fails it under CI=true) when there is none.
+func Addr(t testing.TB) string {
+	t.Helper()
+	if sharedAddr != "" {
+		return sharedAddr
+	}
+	need(t, "no Redis: set SLUICE_TEST_REDIS_ADDR (scripts/redis-test-server.sh) or install redis-server")
+	return ""
+}
+
+// Target is one Redis deployment a test runs against.
+type Target struct {
+	Name string // "single" or "cluster"
+	Conn redisconn.Config
+}
+
+// Targets are the deployments every Redis-backed feature is tested
+// against: the single server, and the cluster when one was started
+// (scripts/test.sh starts one; run the test once per target).
+func Targets(t testing.TB) []Target {
+	t.Helper()
+	ts := []Target{{Name: "single", Conn: redisconn.Config{Addrs: []string{Addr(t)}}}}
+	if addrs := ClusterAddrs(); len(addrs) > 0 {
+		ts = append(ts, Target{Name: "cluster", Conn: redisconn.Config{Addrs: addrs}})
+	}
+	return ts
+}
+
+// ClusterAddrs are the cluster's nodes (SLUICE_TEST_REDIS_CLUSTER_ADDRS,
+// comma-separated), nil when no cluster was started.
+func ClusterAddrs() []string {
+	v := strings.TrimSpace(os.Getenv("SLUICE_TEST_REDIS_CLUSTER_ADDRS"))
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
+}
+
+func need(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal(why)
+	}
+	t.Skip(why)
+}
+
+// Server is a private redis-server process on loopback, no persistence.
+type Server struct {
+	Addr string
+	cmd  *exec.Cmd
+}
+
+// Start starts redis-server on addr ("" = a free loopback port) with the
+// extra arguments, and waits until it answers PING.
+func Start(addr string, args ...string) (*Server, error) {
+	if addr == "" {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		addr = l.Addr().String()
+		l.Close()
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	argv := append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--daemonize", "no", "--logfile", ""}, args...)
+	cmd := exec.Command("redis-server", argv...)
+	cmd.Dir = os.TempDir()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &Server{Addr: addr, cmd: cmd}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if Ping(addr) {
+			return s, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.Kill()
+	return nil, fmt.Errorf("redis-server on %s did not answer PING within 10s", addr)
+}
+
+// Private starts a redis-server of the test's own (for tests that stop
+// and restart it); killed at the end of the test.
+func Private(t *testing.T) *Server {
+	t.Helper()
+	Addr(t) // same skip rules
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		need(t, "this test needs redis-server on PATH")
+	}
+	s, err := Start("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { s.Kill() }) })
+	return s
+}
+
+// Ping reports whether a Redis answers PING on addr (plain TCP, no auth).
+func Ping(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return err == nil && strings.HasPrefix(line, "+PONG")
+}
+
+// Kill stops the server (SIGKILL) and waits for it.
+func (s *Server) Kill() {
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+}
+
+// Signal sends sig (e.g. SIGSTOP to freeze it, SIGCONT to thaw it).
+func (s *Server) Signal(sig syscall.Signal) { _ = s.cmd.Process.Signal(sig) }
