@@ -138,8 +138,7 @@ func (a *attempt) retry() {
 // limit (if > 0) bounds the attempt's time to first byte; stats (if not
 // nil) learns the replica's time to first byte.
 func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats *firstByteStats) bool {
-	t := &attemptTrace{base: a.base, ctx: newAttemptContext(a.base), dial: l.Replica(), stats: stats}
-	t.bodyRead = func() { a.bodyRead(t) }
+	t := &attemptTrace{base: a.base, ctx: newAttemptContext(a.base), dial: l.Replica(), stats: stats, att: a}
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
@@ -255,8 +254,9 @@ type attemptTrace struct {
 	ctx   *attemptContext // the attempt's
 	dial  string
 	stats *firstByteStats
-	// bodyRead runs once the response body was read to its end.
-	bodyRead func()
+	// att is released early (attempt.bodyRead) once the response body was
+	// read to its end; nil in tests of the trace alone.
+	att *attempt
 
 	mu           sync.Mutex
 	start        time.Time
@@ -332,8 +332,8 @@ func (t *attemptTrace) hooks() *httptrace.ClientTrace {
 				t.lastByte = time.Since(t.start)
 			}
 			t.mu.Unlock()
-			if last && t.bodyRead != nil {
-				t.bodyRead()
+			if last && t.att != nil {
+				t.att.bodyRead(t)
 			}
 		},
 	}

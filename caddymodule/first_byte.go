@@ -83,34 +83,32 @@ func (firstByteTimeoutError) Temporary() bool { return true }
 
 // attemptContext is the context of one attempt: the request's, plus an
 // end of its own that the first-byte limit can call. (A deadline would
-// also cut a response that is already streaming.)
+// also cut a response that is already streaming.) It is a child cancel
+// context of the request's, so the request's end reaches it without a
+// goroutine, and its Err is a timeout after the limit (reverse_proxy
+// answers 504 for it, where context.Canceled would read as the client
+// leaving).
 type attemptContext struct {
 	context.Context
-	done chan struct{}
-	mu   sync.Mutex
-	err  error
-	stop func() bool // stops the propagation from the request's context
+	cancel context.CancelCauseFunc
 }
 
 func newAttemptContext(parent context.Context) *attemptContext {
-	c := &attemptContext{Context: parent, done: make(chan struct{})}
-	c.stop = context.AfterFunc(parent, func() { c.end(parent.Err()) })
-	return c
+	ctx, cancel := context.WithCancelCause(parent)
+	return &attemptContext{Context: ctx, cancel: cancel}
 }
-
-func (c *attemptContext) Done() <-chan struct{} { return c.done }
 
 func (c *attemptContext) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
+	err := c.Context.Err()
+	if err != nil && context.Cause(c.Context) == errFirstByteTimeout {
+		return errFirstByteTimeout
+	}
+	return err
 }
 
-func (c *attemptContext) end(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err == nil {
-		c.err = err
-		close(c.done)
-	}
-}
+// end ends the attempt for err (the first request's end or err wins).
+func (c *attemptContext) end(err error) { c.cancel(err) }
+
+// stop detaches the attempt from the request's context; called when the
+// attempt is over.
+func (c *attemptContext) stop() { c.cancel(context.Canceled) }
