@@ -74,6 +74,12 @@ type attempt struct {
 	lease   lb.Lease
 	trace   *attemptTrace
 	closed  bool // the request is over: no new attempt may start
+	// endHook stops the end-of-request hook (finish); nil while none is
+	// armed. It is armed whenever a lease is out, and disarmed when the
+	// replica's body was read to its end and nothing is left to release:
+	// that saves the goroutine context.AfterFunc starts at the end of
+	// every request.
+	endHook func() bool
 	refused bool // Sluice already answered this request itself
 
 	// req is what the policy knows of the request, kept across retries.
@@ -95,7 +101,6 @@ func attemptFor(r *http.Request, key string, measure latencyMeasure) *attempt {
 	}
 	a := &attempt{repl: repl, base: ctx, measure: measure}
 	caddyhttp.SetVar(ctx, key, a)
-	context.AfterFunc(ctx, a.finish)
 	return a
 }
 
@@ -140,12 +145,18 @@ func (a *attempt) retry() {
 func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats *firstByteStats) bool {
 	t := &attemptTrace{base: a.base, ctx: newAttemptContext(a.base), dial: l.Replica(), stats: stats, att: a}
 	a.mu.Lock()
-	if a.closed {
+	if a.closed || a.base.Err() != nil {
+		a.closed = true
 		a.mu.Unlock()
 		l.Release(lb.Outcome{Kind: lb.Cancelled})
 		return false
 	}
 	a.lease, a.trace = l, t
+	if a.endHook == nil {
+		// Registered after the lease is recorded: a request that ends
+		// from here on runs finish, which releases it.
+		a.endHook = context.AfterFunc(a.base, a.finish)
+	}
 	for _, k := range []string{keyStatus, keyHostport, keyLastByte, keyContentType, keyError} {
 		a.repl.Delete(k)
 	}
@@ -180,6 +191,12 @@ func (a *attempt) bodyRead(t *attemptTrace) {
 	a.lease = nil
 	if o.Kind == lb.Failure { // a 5xx: a retry must avoid it too
 		a.failed = append(a.failed, l.Replica())
+	}
+	// Nothing is left for the request's end to release: the first-byte
+	// timer stopped at the first byte, and the attempt's context ends
+	// with the request's. A later attempt arms the hook again.
+	if a.endHook != nil && a.endHook() {
+		a.endHook = nil
 	}
 	a.mu.Unlock()
 	l.Release(o)

@@ -200,20 +200,43 @@ func TestAttemptRetryReleasesThePreviousAsFailureExactlyOnce(t *testing.T) {
 	}
 }
 
+// After the replica's body was read to its end the attempt is released at
+// once and the end-of-request hook is disarmed; a later attempt on the
+// same request (a handle_response proxy through the same policy) must
+// arm it again, or its lease would never be released.
+func TestAttemptAfterAnEarlyReleaseIsReleasedAtTheRequestsEnd(t *testing.T) {
+	r, repl, cancel := newRequest(t)
+	a := attemptFor(r, "test", measureLastByte)
+	first, second := &recordingLease{addr: "10.0.0.1:1"}, &recordingLease{addr: "10.0.0.2:1"}
+	if !a.begin(first, r, 0, nil) {
+		t.Fatal("begin refused a live request")
+	}
+	tr := a.trace
+	tr.mu.Lock()
+	tr.firstByte, tr.lastByte = time.Millisecond, 2*time.Millisecond
+	tr.mu.Unlock()
+	repl.Set(keyHostport, "10.0.0.1:1")
+	repl.Set(keyStatus, 200)
+	a.bodyRead(tr)
+	if got := first.get(); len(got) != 1 || got[0].Kind != lb.Success {
+		t.Fatalf("first attempt released %+v, want one Success at its body's end", got)
+	}
+	if !a.begin(second, r, 0, nil) {
+		t.Fatal("begin refused a second attempt on a live request")
+	}
+	cancel()
+	if got := waitOutcomes(t, second, 1); got[0].Kind != lb.Cancelled {
+		t.Fatalf("second attempt %+v, want Cancelled at the request's end", got[0])
+	}
+	if len(first.get()) != 1 {
+		t.Fatal("first attempt released twice")
+	}
+}
+
 func TestAttemptAfterTheRequestEndedIsReleasedAtOnce(t *testing.T) {
 	r, _, cancel := newRequest(t)
 	a := attemptFor(r, "test", measureAuto)
 	cancel()
-	waitFor := time.Now().Add(5 * time.Second)
-	for {
-		a.mu.Lock()
-		closed := a.closed
-		a.mu.Unlock()
-		if closed || time.Now().After(waitFor) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
 	l := &recordingLease{}
 	if a.begin(l, r, 0, nil) {
 		t.Fatal("begin accepted an attempt on a finished request")
