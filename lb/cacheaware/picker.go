@@ -3,6 +3,7 @@ package cacheaware
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/tracker"
@@ -18,6 +19,20 @@ type Picker struct {
 	setMu   sync.Mutex
 	router  *Router
 	tracker *tracker.Tracker
+	// onInsert, when set, also gets every insert of this picker's own
+	// routing decisions (share.Sharer.Publish: many instances, one view).
+	onInsert atomic.Pointer[func(model, text, addr string)]
+}
+
+// OnInsert sets (nil: clears) the function that also gets the prompt of
+// every request this picker routed, after the local insert. It must not
+// block (the request waits for it).
+func (p *Picker) OnInsert(f func(model, text, addr string)) {
+	if f == nil {
+		p.onInsert.Store(nil)
+		return
+	}
+	p.onInsert.Store(&f)
 }
 
 // NewPicker returns a picker with no replicas; Run its eviction loop.
@@ -105,6 +120,9 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		}
 		if text != "" {
 			p.router.Insert(req.Model, text, d.Addr)
+			if f := p.onInsert.Load(); f != nil {
+				(*f)(req.Model, text, d.Addr)
+			}
 		}
 		req.Memo = d
 		return l, nil
