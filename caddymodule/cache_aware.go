@@ -2,12 +2,15 @@ package caddymodule
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/sluice-router/sluice/lb/cacheaware"
+	"github.com/sluice-router/sluice/lb/cacheaware/share"
+	"github.com/sluice-router/sluice/lb/redisconn"
 	"github.com/sluice-router/sluice/lb/tracker"
 )
 
@@ -32,6 +35,11 @@ type CacheAware struct {
 	EvictionInterval caddy.Duration `json:"eviction_interval,omitempty" sluice:"positive"`
 	// On a miss: least_load (default) or smallest_tree (the original seed).
 	MissPolicy string `json:"miss_policy,omitempty"`
+	// With redis set, the instances using this pool through the same
+	// Redis share their trees: each publishes the prompts it routed on a
+	// Redis stream and applies the others' (lb/cacheaware/share); the pick
+	// stays local. Without it, each instance has its own tree.
+	redisConnection
 	bodyOptions
 	passiveHealth
 	attemptOptions
@@ -66,7 +74,37 @@ func (p *CacheAware) Validate() error {
 	if err := p.routerConfig().WithDefaults().Validate(); err != nil {
 		return fmt.Errorf("cache_aware: %v", err)
 	}
+	if p.shared() {
+		if err := p.conn().WithDefaults().Validate(); err != nil {
+			return fmt.Errorf("cache_aware: %v", err)
+		}
+	}
 	return validateBodyAndHealth("cache_aware", p.bodyOptions, p.passiveHealth)
+}
+
+// shared reports whether the tree is shared through Redis.
+func (p *CacheAware) shared() bool { return len(p.Redis) > 0 }
+
+// connectionKey tells apart the Redis connections trees are shared
+// through ("" for a local tree): the state (tree, counts, stream reader)
+// is kept across reloads only while it stays the same.
+func connectionKey(c redisconn.Config) string {
+	var b strings.Builder
+	for i, f := range c.Fields() {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%q", f[0], f[1])
+	}
+	return b.String()
+}
+
+// CacheAwareSettings is what health shows: the picker's settings and, for
+// a shared tree, the sharing's state and counters.
+type CacheAwareSettings struct {
+	cacheaware.PickerSettings
+	Redis *redisconn.Config `json:"redis,omitempty"`
+	Share *share.Stats      `json:"share,omitempty"`
 }
 
 // Provision implements caddy.Provisioner.
@@ -75,14 +113,29 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 		return err
 	}
 	rc, tc := p.routerConfig(), p.trackerConfig()
+	pool := poolName(p.Pool)
+	variant, conn := "", p.conn().WithDefaults()
+	if p.shared() {
+		variant = connectionKey(conn)
+	}
 	return p.provision(ctx, selectorSpec{
 		attempt: p.attemptOptions,
-		module:  "cache_aware", pool: poolName(p.Pool), measure: measureAuto,
+		module:  "cache_aware", pool: pool, variant: variant, measure: measureAuto,
 		maxBody:     p.bodyLimit(),
-		fingerprint: fmt.Sprintf("%+v %+v", rc, tc),
+		fingerprint: fmt.Sprintf("%+v %+v %s", rc, tc, variant),
 		build: func(key stateKey) (*policyState, error) {
 			pk := cacheaware.NewPicker(rc, tc)
-			return newPolicyState(key, pk, pk.Settings, pk.Run, nil), nil
+			if variant == "" {
+				return newPolicyState(key, pk, pk.Settings, pk.Run, nil), nil
+			}
+			sh := share.New(share.Config{Conn: conn, Pool: pool}, pk.Router().Insert)
+			pk.OnInsert(sh.Publish)
+			red := conn.Redacted()
+			settings := func() any {
+				st := sh.Stats()
+				return CacheAwareSettings{PickerSettings: pk.Settings().(cacheaware.PickerSettings), Redis: &red, Share: &st}
+			}
+			return newPolicyState(key, pk, settings, pk.Run, sh.Close), nil
 		},
 		apply: func(st *policyState) { st.picker.(*cacheaware.Picker).Configure(rc, tc) },
 	})
@@ -98,6 +151,8 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 //	    max_tree_size         <characters>
 //	    eviction_interval     <duration|seconds>
 //	    miss_policy           least_load|smallest_tree
+//	    redis                 <host:port>...   # share the tree through Redis
+//	    username|password|db|tls|ca_file|dial_timeout|read_timeout|key_prefix <value>
 //	    max_body_bytes        <bytes>
 //	    max_fails             <n>
 //	    fail_duration         <duration|seconds>

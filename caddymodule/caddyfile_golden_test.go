@@ -92,6 +92,14 @@ func goldenCases(t *testing.T) []goldenCase {
 			`"queue_timeout":86400000000000`,
 			`"latency_measure":"auto"`,
 		},
+		"cache_aware_shared": {
+			`"redis":["10.0.0.5:6379","10.0.0.6:6379"]`,
+			`"username":"sluice"`,
+			`"db":2`,
+			`"tls":true`,
+			`"read_timeout":300000000`,
+			`"key_prefix":"prod"`,
+		},
 		"qll_defaults": {
 			`"selection_policy":{"policy":"queued_least_latency"}`,
 			`"selection_policy":{"policy":"queued_least_latency","pool":"auto"}`,
@@ -580,6 +588,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		// lb_policy queued_least_latency: parse errors.
 		{"qll/unknown option", goldenQLL("bogus_option 1"), []string{"queued_least_latency", "bogus_option"}},
 		{"cache_aware/unknown option", goldenCacheAware("bogus 1"), []string{"cache_aware", "bogus"}},
+		{"cache_aware/redis no address", goldenCacheAware("redis"), []string{"redis"}},
+		{"cache_aware/redis not host:port", goldenCacheAware("redis nohost"), []string{"redis"}},
+		{"cache_aware/db -1", goldenCacheAware("redis 127.0.0.1:6379\n\t\tdb -1"), []string{"db"}},
 		{"load_aware/unknown option", goldenLoadAware("bogus 1"), []string{"load_aware", "bogus"}},
 		{"global_redis_least/unknown option", goldenRedis("bogus 1"), []string{"global_redis_least", "bogus"}},
 		{"flow_control/unknown option", goldenFlow("bogus 1"), []string{"flow_control", "bogus"}},
