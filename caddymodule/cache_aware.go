@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -107,6 +108,25 @@ type CacheAwareSettings struct {
 	Share *share.Stats      `json:"share,omitempty"`
 }
 
+// cacheAwareSharers maps each live shared-tree picker to its sharer
+// (*cacheaware.Picker → *share.Sharer), for metrics.
+var cacheAwareSharers sync.Map
+
+// CacheAwareShareStats are the sharing stats of every live cache_aware
+// state of pool that shares its tree (one per Redis connection).
+func CacheAwareShareStats(pool string) []share.Stats {
+	var out []share.Stats
+	sharedStates.Range(func(k, v any) bool {
+		if key := k.(stateKey); key.module == "cache_aware" && key.pool == pool {
+			if s, ok := cacheAwareSharers.Load(v.(*policyState).picker); ok {
+				out = append(out, s.(*share.Sharer).Stats())
+			}
+		}
+		return true
+	})
+	return out
+}
+
 // Provision implements caddy.Provisioner.
 func (p *CacheAware) Provision(ctx caddy.Context) error {
 	if err := p.Validate(); err != nil {
@@ -135,7 +155,11 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 				st := sh.Stats()
 				return CacheAwareSettings{PickerSettings: pk.Settings().(cacheaware.PickerSettings), Redis: &red, Share: &st}
 			}
-			return newPolicyState(key, pk, settings, pk.Run, sh.Close), nil
+			cacheAwareSharers.Store(pk, sh)
+			return newPolicyState(key, pk, settings, pk.Run, func() {
+				cacheAwareSharers.Delete(pk)
+				sh.Close()
+			}), nil
 		},
 		apply: func(st *policyState) { st.picker.(*cacheaware.Picker).Configure(rc, tc) },
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-router/sluice/flow"
 	"github.com/sluice-router/sluice/lb/cacheaware"
+	"github.com/sluice-router/sluice/lb/cacheaware/share"
 	"github.com/sluice-router/sluice/lb/loadaware"
 	"github.com/sluice-router/sluice/lb/modelmetrics"
 	"github.com/sluice-router/sluice/lb/qll"
@@ -34,8 +35,17 @@ var (
 	redisCollector = redisleast.NewCollector(func() map[string]*redisleast.Store {
 		return pickersOf[*redisleast.Store]("global_redis_least")
 	})
+	cacheShareCollector = share.NewCollector(func() map[string]*share.Sharer {
+		out := map[string]*share.Sharer{}
+		for pool, pk := range pickersOf[*cacheaware.Picker]("cache_aware") {
+			if s, ok := cacheAwareSharers.Load(pk); ok {
+				out[pool] = s.(*share.Sharer)
+			}
+		}
+		return out
+	})
 	flowCollector    = flow.NewCollector(flowControllers)
-	sluiceCollectors = []prometheus.Collector{qllCollector, cacheAwareCollector, scraperCollector, redisCollector, flowCollector}
+	sluiceCollectors = []prometheus.Collector{qllCollector, cacheAwareCollector, cacheShareCollector, scraperCollector, redisCollector, flowCollector}
 	sluiceMetrics    = func() *prometheus.Registry {
 		r := prometheus.NewRegistry()
 		r.MustRegister(sluiceCollectors...)
