@@ -40,6 +40,18 @@ var scenarios = []scenario{
 		run: localView,
 	},
 	{
+		name:  "local-view-prefix",
+		title: "Local view, shared prefixes: 4 proxies × cache_aware over 4 prefix-caching replicas, 12 prefixes",
+		about: "12 system prompts of ~520 tokens shared by many chats; 4 replicas with a prefix cache of 30 blocks of 256 " +
+			"characters (about 3 prefixes each, so the fleet holds all 12 only if each prefix stays on one replica), " +
+			"0.4 ms prefill per uncached token, 5 ms per output token, 8 sequences at once; Poisson 40 req/s spread " +
+			"round-robin over the proxies. cache_aware with one tree per instance, with the trees shared through a private " +
+			"Redis (redis option), and through one instance; least_conn and HAProxy leastconn ×4 as the local-view peers. " +
+			"hit rate = Σ PrefixHits / Σ PrefixQueries over the replicas (prompt tokens).",
+		extras: []extraCol{{"hit_rate", "hit rate", "%.2f"}},
+		run:    localViewPrefix,
+	},
+	{
 		name:  "quickstart-mixed",
 		title: "Quick start, mixed traffic: one stream, one completion, then a burst of 40 completions",
 		about: "Caddyfile.example's fleet: 4 one-at-a-time replicas, three of ~200 ms and one of ~400 ms (lognormal σ 0.3). " +
@@ -702,4 +714,90 @@ func (r *runner) proxyCPU() time.Duration {
 		}
 	}
 	return total
+}
+
+// ---- local-view-prefix ---------------------------------------------------
+
+// localViewPrefix: the shared-prefix shape behind 4 proxies, each seeing a
+// quarter of the traffic: cache_aware with one tree per instance, with the
+// trees shared through Redis, one instance, and the local-view peers.
+func localViewPrefix(r *runner) {
+	const replicas, rate = 4, 40.0
+	arrivals := poisson(rate, r.dur(15*time.Second, 2*time.Second), 17)
+	fleet := make([]sim.Config, replicas)
+	for i := range fleet {
+		fleet[i] = sim.Config{Name: fmt.Sprintf("lvp-%d", i), Concurrency: 8, MaxTokens: 4,
+			Latency:     sim.Latency{Kind: sim.LatencyPerToken, Prefill: 400 * time.Microsecond, Decode: 5 * time.Millisecond},
+			PrefixCache: sim.PrefixCache{Blocks: 30, BlockChars: 256},
+			Seed:        uint64(i + 1)}
+	}
+	prefixes := make([]string, 12)
+	for i := range prefixes {
+		prefixes[i] = fmt.Sprintf("System prompt %d. ", i) + strings.Repeat(fmt.Sprintf("Rule %d of tenant %d: be precise and cite sources. ", i, i), 40)
+	}
+	rng := rand.New(rand.NewPCG(17, 170))
+	bodies := make([]string, len(arrivals))
+	for n := range bodies {
+		id := rng.IntN(len(prefixes))
+		b, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 4, "messages": []map[string]string{
+			{"role": "system", "content": prefixes[id]},
+			{"role": "user", "content": fmt.Sprintf("Question %d: what changed?", n)},
+		}})
+		bodies[n] = string(b)
+	}
+	load := func(_ []*sim.Server, proxies []string) workload {
+		return workload{arrivals: arrivals, build: func(n int) (*http.Request, int) {
+			p := n % len(proxies)
+			req, _ := http.NewRequest(http.MethodPost, proxies[p]+"/v1/chat/completions", strings.NewReader(bodies[n]))
+			req.Header.Set("Content-Type", "application/json")
+			return req, p
+		}}
+	}
+	hitRate := func(f []*sim.Server, _ []Record, s *Summary) {
+		var q, h uint64
+		for _, srv := range f {
+			st := srv.Replica().Stats()
+			q += st.PrefixQueries
+			h += st.PrefixHits
+		}
+		if q > 0 {
+			s.Extra["hit_rate"] = float64(h) / float64(q)
+		}
+	}
+	keyPrefix := fmt.Sprintf("bench-lvp-%d", time.Now().UnixNano()%1e9)
+	caddyPolicy := func(name, desc string, n int, policy func(i int) (string, error)) sysSpec {
+		return sysSpec{name: name, desc: desc, proxies: n, fleet: fleet, load: load, after: hitRate,
+			start: func(f []*sim.Server) ([]string, error) {
+				pols := make([]string, n)
+				for i := range pols {
+					p, err := policy(i)
+					if err != nil {
+						return nil, err
+					}
+					pols[i] = p
+				}
+				return r.caddyProxies(name, n, func(i int) string { return staticProxy(addrs(f), pols[i]) })
+			}}
+	}
+	fixed := func(s string) func(int) (string, error) { return func(int) (string, error) { return s, nil } }
+	systems := []sysSpec{
+		caddyPolicy("sluice_cache_aware_x1", "ONE Sluice, cache_aware (all the traffic through one tree)", 1,
+			fixed("lb_policy cache_aware {\n\tpool lvp\n}")),
+		caddyPolicy("sluice_cache_aware_shared_x4", "4 Sluice, cache_aware, trees shared through one Redis", 4,
+			func(int) (string, error) {
+				addr, err := r.redisAddr()
+				if err != nil {
+					return "", fmt.Errorf("%w: %v", errSkipped, err)
+				}
+				return fmt.Sprintf("lb_policy cache_aware {\n\tpool lvp\n\tredis %s\n\tkey_prefix %s\n}", addr, keyPrefix), nil
+			}),
+		caddyPolicy("sluice_cache_aware_local_x4", "4 Sluice, cache_aware, one tree per instance (local view)", 4,
+			fixed("lb_policy cache_aware {\n\tpool lvp\n}")),
+		caddyPolicy("caddy_least_conn_x4", "4 Caddy, lb_policy least_conn (local view)", 4, fixed("lb_policy least_conn")),
+		{name: "haproxy_leastconn_x4", desc: "4 HAProxy, balance leastconn (local view)", proxies: 4, fleet: fleet, load: load, after: hitRate,
+			start: func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-lvp", 4, addrs(f), 0) }},
+	}
+	for _, s := range systems {
+		r.system(s)
+	}
 }

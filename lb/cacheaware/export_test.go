@@ -1,0 +1,4 @@
+package cacheaware
+
+// BenchPickerPick lets the external test package benchmark with a setup.
+var BenchPickerPick = benchPickerPick
