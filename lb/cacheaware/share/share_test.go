@@ -225,3 +225,30 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "share.(*Sharer)")
 	})
 }
+
+// Applied decisions obey the local bound and the local replica set: an
+// instance's tree stays within max_tree_size however much the others
+// publish, and decisions for a replica it removed are ignored.
+func TestAppliedWithinBoundAndSet(t *testing.T) {
+	tg := redistest.Targets(t)[0]
+	pool := uniquePool(t)
+	a := newInstance(t, tg.Conn, pool)
+	b := cacheaware.NewPicker(cacheaware.Config{MaxTreeSize: 4000}, tracker.Config{})
+	b.SetReplicas(replicas[:3]) // b has removed r4
+	sb := New(Config{Conn: tg.Conn, Pool: pool}, b.Router().Insert)
+	t.Cleanup(sb.Close)
+	for i := range 60 {
+		a.route(t, prefix(i)) // ~500 characters each: 30,000 in all
+	}
+	waitFor(t, "b applied all 60", func() bool { return sb.Stats().Applied == 60 })
+	st := b.Router().Stats()
+	if st.Chars > 4000 {
+		t.Errorf("b's tree holds %d characters, bound 4000", st.Chars)
+	}
+	if n := st.ReplicaChars["r4:1"]; n != 0 {
+		t.Errorf("b holds %d characters for the removed replica", n)
+	}
+	if st.EvictedChars == 0 {
+		t.Error("nothing evicted: the test did not pass the bound")
+	}
+}
