@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -89,16 +88,7 @@ func (p *CacheAware) shared() bool { return len(p.Redis) > 0 }
 // connectionKey tells apart the Redis connections trees are shared
 // through ("" for a local tree): the state (tree, counts, stream reader)
 // is kept across reloads only while it stays the same.
-func connectionKey(c redisconn.Config) string {
-	var b strings.Builder
-	for i, f := range c.Fields() {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		fmt.Fprintf(&b, "%s=%q", f[0], f[1])
-	}
-	return b.String()
-}
+func connectionKey(c redisconn.Config) string { return redisconn.FieldsKey(c.Fields()) }
 
 // CacheAwareSettings is what health shows: the picker's settings and, for
 // a shared tree, the sharing's state and counters.

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -146,6 +147,19 @@ func (c Config) Fields() [][2]string {
 		{"dial_timeout", c.DialTimeout.String()},
 		{"key_prefix", c.KeyPrefix},
 	}
+}
+
+// FieldsKey joins fields (Fields, maybe with a user's own) into one
+// comparable connection key: name="value" pairs separated by spaces.
+func FieldsKey(fields [][2]string) string {
+	var b strings.Builder
+	for i, f := range fields {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%q", f[0], f[1])
+	}
+	return b.String()
 }
 
 // Redacted is c as a health report or log may show it.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -177,16 +176,7 @@ func (c Config) connectionFields() [][2]string {
 // configs share a key. The password enters only as a keyed hash, the key
 // being random per process: the string may be logged or shown, and it is
 // only ever compared within one process.
-func (c Config) ConnectionKey() string {
-	var b strings.Builder
-	for i, f := range c.connectionFields() {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		fmt.Fprintf(&b, "%s=%q", f[0], f[1])
-	}
-	return b.String()
-}
+func (c Config) ConnectionKey() string { return redisconn.FieldsKey(c.connectionFields()) }
 
 // connectionChange names the first setting that differs between c and
 // o and needs a new store; "" if none does.
