@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 )
 
 // errClosed is returned by slotQueue.acquire when the replica is closed.
@@ -31,7 +32,13 @@ type slotQueue struct {
 	started    uint64    // slots granted so far; the last grant's sequence number
 	maxRunning int
 	maxWaiting int
-	closed     bool
+	// maxInFlight is the largest running + waiting seen at once: every
+	// request the replica held, served or queued.
+	maxInFlight int
+	// waited sums, over the requests granted a slot, the time they spent
+	// in the wait list (0 for those admitted on arrival).
+	waited time.Duration
+	closed bool
 }
 
 type slotWaiter struct {
@@ -39,6 +46,7 @@ type slotWaiter struct {
 	tokens int           // KV tokens to hold once admitted
 	seq    uint64        // grant sequence number, set before ready is closed
 	err    error         // errClosed if the queue closed instead of granting
+	since  time.Time     // when it joined the wait list
 }
 
 func newSlotQueue(limit, kvCap int) *slotQueue {
@@ -75,12 +83,14 @@ func (q *slotQueue) acquireTokens(ctx context.Context, done <-chan struct{}, tok
 		q.started++
 		seq := q.started
 		q.maxRunning = max(q.maxRunning, q.running)
+		q.maxInFlight = max(q.maxInFlight, q.running+q.waiters.Len())
 		q.mu.Unlock()
 		return seq, nil
 	}
-	w := &slotWaiter{ready: make(chan struct{}), tokens: tokens}
+	w := &slotWaiter{ready: make(chan struct{}), tokens: tokens, since: time.Now()}
 	elem := q.waiters.PushBack(w)
 	q.maxWaiting = max(q.maxWaiting, q.waiters.Len())
+	q.maxInFlight = max(q.maxInFlight, q.running+q.waiters.Len())
 	q.mu.Unlock()
 
 	var cause error
@@ -142,6 +152,7 @@ func (q *slotQueue) grantLocked() {
 		q.kvUsed += w.tokens
 		q.started++
 		q.maxRunning = max(q.maxRunning, q.running)
+		q.waited += time.Since(w.since)
 		w.seq = q.started
 		close(w.ready)
 	}
@@ -176,19 +187,23 @@ func (q *slotQueue) counts() (running, waiting int) {
 
 type queueSnapshot struct {
 	running, waiting, maxRunning, maxWaiting int
+	maxInFlight                              int
 	kvUsed                                   int
 	started                                  uint64
+	waited                                   time.Duration
 }
 
 func (q *slotQueue) snapshot() queueSnapshot {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return queueSnapshot{
-		running:    q.running,
-		waiting:    q.waiters.Len(),
-		maxRunning: q.maxRunning,
-		maxWaiting: q.maxWaiting,
-		kvUsed:     q.kvUsed,
-		started:    q.started,
+		running:     q.running,
+		waiting:     q.waiters.Len(),
+		maxRunning:  q.maxRunning,
+		maxWaiting:  q.maxWaiting,
+		maxInFlight: q.maxInFlight,
+		kvUsed:      q.kvUsed,
+		started:     q.started,
+		waited:      q.waited,
 	}
 }

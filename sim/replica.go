@@ -155,6 +155,13 @@ type Stats struct {
 	Running, Waiting int
 	// MaxRunning and MaxWaiting are the largest values seen.
 	MaxRunning, MaxWaiting int
+	// MaxInFlight is the largest Running + Waiting seen at once: the most
+	// requests the replica held together, served or queued in its own
+	// FIFO (a replica of Concurrency c never queued iff MaxInFlight ≤ c).
+	MaxInFlight int
+	// QueueWait sums the time the requests that got a slot spent waiting
+	// for it in the replica's queue (QueueWait / Started: the mean wait).
+	QueueWait time.Duration
 
 	// Prefix cache counters (all zero when the cache is off), counted when
 	// a request's service begins (after its slot and any stall). PrefixQueries is the sum of the
@@ -241,6 +248,8 @@ func (rp *Replica) Stats() Stats {
 		Waiting:          qs.waiting,
 		MaxRunning:       qs.maxRunning,
 		MaxWaiting:       qs.maxWaiting,
+		MaxInFlight:      qs.maxInFlight,
+		QueueWait:        qs.waited,
 
 		PrefixQueries:        pc.queryTokens,
 		PrefixHits:           pc.hitTokens,
