@@ -24,7 +24,11 @@ func testRedis(t testing.TB) string { return redistest.Addr(t) }
 // one-at-a-time replicas: the global view spreads a concurrent burst
 // exactly, where each instance alone would see only half of the load.
 func TestTwoInstancesShareOneGlobalLeastRequestView(t *testing.T) {
-	addr := testRedis(t)
+	redistest.Each(t, testTwoInstancesShareOneGlobalLeastRequestView)
+}
+
+func testTwoInstancesShareOneGlobalLeastRequestView(t *testing.T, tg redistest.Target) {
+	addr := strings.Join(tg.Conn.Addrs, " ")                     // a cluster: every node listed
 	prefix := fmt.Sprintf("itest-%d", time.Now().UnixNano()%1e9) // both instances share it
 	policy := func(instance string) string {
 		return fmt.Sprintf("lb_policy global_redis_least {\n\t\t\tpool grl\n\t\t\tredis %s\n\t\t\tkey_prefix %s\n\t\t\tinstance_id %s\n\t\t}", addr, prefix, instance)
@@ -117,7 +121,11 @@ func TestSaturatedPoolIsShedWith503(t *testing.T) {
 }
 
 func TestGlobalQueueAcrossTwoInstancesNeverOverloadsAReplica(t *testing.T) {
-	addr := testRedis(t)
+	redistest.Each(t, testGlobalQueueAcrossTwoInstancesNeverOverloadsAReplica)
+}
+
+func testGlobalQueueAcrossTwoInstancesNeverOverloadsAReplica(t *testing.T, tg redistest.Target) {
+	addr := strings.Join(tg.Conn.Addrs, " ") // a cluster: every node listed
 	prefix := fmt.Sprintf("q-%d", time.Now().UnixNano()%1e9)
 	policy := func(instance string) string {
 		return fmt.Sprintf("lb_policy global_redis_least {\n\t\t\tpool grlq\n\t\t\tredis %s\n\t\t\tkey_prefix %s\n\t\t\tinstance_id %s\n\t\t\tmax_inflight 1\n\t\t\tqueue_timeout 20s\n\t\t}", addr, prefix, instance)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command of README.md: starts what the tests need (a private
 # redis-server on a free loopback port, installed from Debian's packages
-# when missing), runs every test with the race detector, and stops what it
-# started. Extra arguments go to `go test` (e.g. -run Redis -v).
+# when missing, and a private 3-master Redis Cluster), runs every test
+# with the race detector, and stops what it started. Extra arguments go
+# to `go test` (e.g. -run Redis -v).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,11 @@ fi
 eval "$(bash scripts/redis-test-server.sh)"
 trap 'kill "$SLUICE_TEST_REDIS_PID" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 echo "test redis at $SLUICE_TEST_REDIS_ADDR (pid $SLUICE_TEST_REDIS_PID)"
+# A 3-master Redis Cluster: every Redis-backed feature is tested against
+# it as well (redistest.Targets; under CI=true a missing cluster fails).
+eval "$(bash scripts/redis-cluster-test.sh)"
+trap 'kill "$SLUICE_TEST_REDIS_PID" $SLUICE_TEST_REDIS_CLUSTER_PIDS 2>/dev/null || true; rm -rf "$tmp" "$SLUICE_TEST_REDIS_CLUSTER_DIR"' EXIT
+echo "test redis cluster at $SLUICE_TEST_REDIS_CLUSTER_ADDRS (pids $SLUICE_TEST_REDIS_CLUSTER_PIDS)"
 
 go test -race -count=1 "$@" ./...
 

@@ -9,12 +9,14 @@ import (
 
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/lbtest"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
-func TestConformance(t *testing.T) {
-	addr := testRedis(t)
+func TestConformance(t *testing.T) { redistest.Each(t, testConformance) }
+
+func testConformance(t *testing.T, tg redistest.Target) {
 	lbtest.Run(t, lbtest.Subject{
-		New: func(t *testing.T) lb.Picker { return newStore(t, testConfig(t, addr), "conformance") },
+		New: func(t *testing.T) lb.Picker { return newStore(t, confFor(t, tg), "conformance") },
 		Reconfigure: func(t *testing.T, p lb.Picker) {
 			c := p.(*Store).Config()
 			c.MaxInflight, c.LeaseTTL, c.BreakerFailures = 100, 3*time.Second, 7

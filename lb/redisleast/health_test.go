@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
 var failed = lb.Outcome{Kind: lb.Failure, Status: 502}
@@ -19,12 +20,14 @@ var failed = lb.Outcome{Kind: lb.Failure, Status: 502}
 // the store had no passive health: a dead replica, always the least
 // loaded (its requests fail at once), kept getting its share.
 func TestFailedReplicaIsSkippedWhileDown(t *testing.T) {
-	bothModes(t, testFailedReplicaIsSkippedWhileDown)
+	redistest.Each(t, func(t *testing.T, tg redistest.Target) {
+		bothModes(t, func(t *testing.T, mode func(string) Config) { testFailedReplicaIsSkippedWhileDown(t, tg, mode) })
+	})
 }
 
-func testFailedReplicaIsSkippedWhileDown(t *testing.T, mode func(string) Config) {
-	addr := testRedis(t)
-	cfg := mode(addr)
+func testFailedReplicaIsSkippedWhileDown(t *testing.T, tg redistest.Target, mode func(string) Config) {
+	cfg := mode(tg.Conn.Addrs[0])
+	cfg.Addrs = tg.Conn.Addrs
 	cfg.MaxFails, cfg.FailDuration = 2, time.Hour
 	s := newStore(t, cfg, "health")
 	dead, live := "10.0.0.1:1", "10.0.0.2:1"
@@ -56,7 +59,7 @@ func testFailedReplicaIsSkippedWhileDown(t *testing.T, mode func(string) Config)
 		// The next request queues (the script would have handed it the
 		// free slot at once, and never queued it, if it could take it)
 		// and gets the live replica when it frees.
-		c := raw(t, addr)
+		c := rawFor(t, tg)
 		held := sel(t, s, live)
 		out := make(chan got, 1)
 		enqueue(t, ctx, c, s, "waiter", out, dead, live)

@@ -12,9 +12,10 @@ import (
 	"github.com/sluice-router/sluice/lb/redistest"
 )
 
-func TestCrashedInstanceIsReclaimed(t *testing.T) {
-	addr := testRedis(t)
-	cfg := testConfig(t, addr)
+func TestCrashedInstanceIsReclaimed(t *testing.T) { redistest.Each(t, testCrashedInstanceIsReclaimed) }
+
+func testCrashedInstanceIsReclaimed(t *testing.T, tg redistest.Target) {
+	cfg := confFor(t, tg)
 	cfg.LeaseTTL = 500 * time.Millisecond
 	reps := []string{"a", "b", "c"}
 	dead, reaper, live := newStore(t, cfg, "p"), newStore(t, cfg, "p"), newStore(t, cfg, "p")
@@ -45,7 +46,7 @@ func TestCrashedInstanceIsReclaimed(t *testing.T) {
 	for _, l := range kept {
 		l.Release(lb.Outcome{Kind: lb.Success})
 	}
-	if !drained(t, reaper, raw(t, addr)) {
+	if !drained(t, reaper, rawFor(t, tg)) {
 		t.Fatalf("counts %v after the live instance released", mustCounts(t, reaper))
 	}
 }
@@ -147,8 +148,11 @@ func TestBreakerFallbackAndConvergence(t *testing.T) {
 // A pending queue that overflows makes the instance abandon its identity;
 // the reapers then reclaim everything recorded under the old one.
 func TestPendingOverflowRotatesIdentity(t *testing.T) {
-	addr := testRedis(t)
-	cfg := testConfig(t, addr)
+	redistest.Each(t, testPendingOverflowRotatesIdentity)
+}
+
+func testPendingOverflowRotatesIdentity(t *testing.T, tg redistest.Target) {
+	cfg := confFor(t, tg)
 	cfg.PendingMax = 2
 	cfg.LeaseTTL = 300 * time.Millisecond
 	cfg.BreakerBackoff = time.Hour // the test closes the breaker itself
@@ -166,7 +170,7 @@ func TestPendingOverflowRotatesIdentity(t *testing.T) {
 		t.Fatalf("no rotation on overflow: id %s → %s, pending %d", before, s.InstanceID(), s.Stats().Pending)
 	}
 	s.br.close()
-	waitFor(t, "the abandoned identity to be reclaimed", func() bool { return drained(t, reaper, raw(t, addr)) })
+	waitFor(t, "the abandoned identity to be reclaimed", func() bool { return drained(t, reaper, rawFor(t, tg)) })
 	if l := sel(t, s, "a", "b"); l.Fallback {
 		t.Fatal("fallback after the breaker closed")
 	} else {

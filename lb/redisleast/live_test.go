@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/redisconn"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
 func TestErrorsAreTheLbErrors(t *testing.T) {
@@ -31,10 +32,11 @@ func TestErrorsAreTheLbErrors(t *testing.T) {
 // Avoid, and a closed store — for new requests and for those still
 // waiting in the global queue when Close runs (they used to be served
 // from the local counts of a store that is gone).
-func TestPickRefusals(t *testing.T) {
-	addr := testRedis(t)
+func TestPickRefusals(t *testing.T) { redistest.Each(t, testPickRefusals) }
+
+func testPickRefusals(t *testing.T, tg redistest.Target) {
 	ctx := context.Background()
-	s := newStore(t, testConfig(t, addr), "refusals")
+	s := newStore(t, confFor(t, tg), "refusals")
 	if _, err := s.Pick(ctx, &lb.Request{}); !errors.Is(err, lb.ErrNoBackends) {
 		t.Fatalf("no replicas: %v, want lb.ErrNoBackends", err)
 	}
@@ -61,8 +63,8 @@ func TestPickRefusals(t *testing.T) {
 	}
 
 	// A waiter in the global queue when the store closes.
-	c := raw(t, addr)
-	q := newStore(t, queueConfig(t, addr), "refusals-q")
+	c := rawFor(t, tg)
+	q := newStore(t, queueConfFor(t, tg), "refusals-q")
 	q.SetReplicas([]string{"r"})
 	held := sel(t, q, "r")
 	out := make(chan got, 1)
@@ -215,9 +217,12 @@ func pttl(t *testing.T, c rueidis.Client, s *Store) time.Duration {
 // A lease TTL change is renewed with at once, both ways: shortened from
 // an hour it used to wait for the old 20-minute renewal tick.
 func TestConfigureLeaseTTLTakesEffectAtOnce(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	cfg := testConfig(t, addr)
+	redistest.Each(t, testConfigureLeaseTTLTakesEffectAtOnce)
+}
+
+func testConfigureLeaseTTLTakesEffectAtOnce(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := confFor(t, tg)
 	cfg.LeaseTTL = 300 * time.Millisecond
 	s := newStore(t, cfg, "ttl")
 	if d := pttl(t, c, s); d > cfg.LeaseTTL {
@@ -246,9 +251,12 @@ func TestConfigureLeaseTTLTakesEffectAtOnce(t *testing.T) {
 // waiters at once (it used to wait for a release or the loop's next
 // kick, LeaseTTL/3 later).
 func TestConfigureMaxInflightHandsNewSlotsToWaiters(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	cfg := queueConfig(t, addr)
+	redistest.Each(t, testConfigureMaxInflightHandsNewSlotsToWaiters)
+}
+
+func testConfigureMaxInflightHandsNewSlotsToWaiters(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := queueConfFor(t, tg)
 	cfg.LeaseTTL = time.Hour // no kick from the loop's own tick
 	s := newStore(t, cfg, "raise")
 	s.SetReplicas([]string{"r"})

@@ -18,11 +18,17 @@ import (
 
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/redisconn"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
-// queueConfig is a queueing-mode config: one slot per replica.
-func queueConfig(t testing.TB, addr string) Config {
-	cfg := testConfig(t, addr)
+// queueConfig is a queueing-mode config for the single server at addr:
+// one slot per replica.
+func queueConfig(t testing.TB, addr string) Config { return queueConfFor(t, single(addr)) }
+
+// queueConfFor is a queueing-mode config for the target: one slot per
+// replica.
+func queueConfFor(t testing.TB, tg redistest.Target) Config {
+	cfg := confFor(t, tg)
 	cfg.MaxInflight = 1
 	cfg.QueueTimeout = 20 * time.Second
 	return cfg
@@ -78,10 +84,11 @@ func enqueue(t *testing.T, ctx context.Context, c rueidis.Client, s *Store, name
 	waitFor(t, name+" to be queued", func() bool { return hlen(t, c, s.k.waiters) == before+1 })
 }
 
-func TestQueueFIFOAcrossInstances(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	st := queueStores(t, queueConfig(t, addr), "x", "y", "z")
+func TestQueueFIFOAcrossInstances(t *testing.T) { redistest.Each(t, testQueueFIFOAcrossInstances) }
+
+func testQueueFIFOAcrossInstances(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	st := queueStores(t, queueConfFor(t, tg), "x", "y", "z")
 	x, y, z := st[0], st[1], st[2]
 	if err := x.Sync(context.Background(), []string{"r"}); err != nil {
 		t.Fatal(err)
@@ -138,9 +145,12 @@ func TestQueueFIFOAcrossInstances(t *testing.T) {
 // A new request does not overtake queued ones even when it arrives just
 // as a slot frees (the slot goes to the queue's head).
 func TestQueueNewRequestDoesNotOvertake(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	st := queueStores(t, queueConfig(t, addr), "x", "y")
+	redistest.Each(t, testQueueNewRequestDoesNotOvertake)
+}
+
+func testQueueNewRequestDoesNotOvertake(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	st := queueStores(t, queueConfFor(t, tg), "x", "y")
 	x, y := st[0], st[1]
 	if err := x.Sync(context.Background(), []string{"r"}); err != nil {
 		t.Fatal(err)
@@ -165,10 +175,11 @@ func TestQueueNewRequestDoesNotOvertake(t *testing.T) {
 	}
 }
 
-func TestQueueCancelAndTimeout(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	cfg := queueConfig(t, addr)
+func TestQueueCancelAndTimeout(t *testing.T) { redistest.Each(t, testQueueCancelAndTimeout) }
+
+func testQueueCancelAndTimeout(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := queueConfFor(t, tg)
 	st := queueStores(t, cfg, "x", "y")
 	x, y := st[0], st[1]
 	short := cfg
@@ -223,10 +234,11 @@ func TestQueueCancelAndTimeout(t *testing.T) {
 // A waiter handed a slot whose notification is lost finds it when it gives
 // up: on timeout it keeps the slot (dispatched just in time), on
 // cancellation the slot goes straight to the next waiter.
-func TestQueueGiveUpRacesHandOver(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	cfg := queueConfig(t, addr)
+func TestQueueGiveUpRacesHandOver(t *testing.T) { redistest.Each(t, testQueueGiveUpRacesHandOver) }
+
+func testQueueGiveUpRacesHandOver(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := queueConfFor(t, tg)
 	x := queueStores(t, cfg, "x")[0]
 	short := cfg
 	short.InstanceID, short.QueueTimeout = "y", 500*time.Millisecond
@@ -292,9 +304,12 @@ func TestQueueGiveUpRacesHandOver(t *testing.T) {
 }
 
 func TestQueueLostNotificationIsRechecked(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	st := queueStores(t, queueConfig(t, addr), "x", "y")
+	redistest.Each(t, testQueueLostNotificationIsRechecked)
+}
+
+func testQueueLostNotificationIsRechecked(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	st := queueStores(t, queueConfFor(t, tg), "x", "y")
 	x, y := st[0], st[1]
 	if err := x.Sync(context.Background(), []string{"r"}); err != nil {
 		t.Fatal(err)
@@ -303,9 +318,12 @@ func TestQueueLostNotificationIsRechecked(t *testing.T) {
 	out := make(chan got, 1)
 	enqueue(t, context.Background(), c, y, "y", out, "r")
 	// Break every subscription, then hand the slot over while y is (most
-	// likely) not subscribed: the recheck at resubscription finds it.
-	if err := c.Do(context.Background(), c.B().ClientKill().TypePubsub().Build()).Error(); err != nil {
-		t.Fatal(err)
+	// likely) not subscribed: the recheck at resubscription finds it. (On
+	// a cluster, on every node: the subscriber holds one of them.)
+	for _, n := range c.Nodes() {
+		if err := n.Do(context.Background(), n.B().ClientKill().TypePubsub().Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	released := time.Now()
 	held.Release(ok)
@@ -324,9 +342,12 @@ func TestQueueLostNotificationIsRechecked(t *testing.T) {
 }
 
 func TestQueueSyncAddingReplicaWakesWaiters(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	st := queueStores(t, queueConfig(t, addr), "x", "y")
+	redistest.Each(t, testQueueSyncAddingReplicaWakesWaiters)
+}
+
+func testQueueSyncAddingReplicaWakesWaiters(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	st := queueStores(t, queueConfFor(t, tg), "x", "y")
 	x, y := st[0], st[1]
 	if err := x.Sync(context.Background(), []string{"a"}); err != nil {
 		t.Fatal(err)
@@ -358,9 +379,12 @@ func TestQueueSyncAddingReplicaWakesWaiters(t *testing.T) {
 // A waiter whose instance dies after being handed a slot: the slot is
 // reclaimed by the reaper and goes to the next waiter.
 func TestQueueDeadWaiterSlotIsReclaimed(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	cfg := queueConfig(t, addr)
+	redistest.Each(t, testQueueDeadWaiterSlotIsReclaimed)
+}
+
+func testQueueDeadWaiterSlotIsReclaimed(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := queueConfFor(t, tg)
 	cfg.LeaseTTL = 500 * time.Millisecond
 	st := queueStores(t, cfg, "x", "y", "z")
 	x, y, z := st[0], st[1], st[2]
@@ -397,10 +421,11 @@ func TestQueueDeadWaiterSlotIsReclaimed(t *testing.T) {
 // Storm: concurrent selects, releases and cancellations from 3 instances.
 // A replica is never leased to two requests at once, and at the end every
 // count is 0 and the queue's keys are empty.
-func TestQueueStormExactlyOnce(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	cfg := queueConfig(t, addr)
+func TestQueueStormExactlyOnce(t *testing.T) { redistest.Each(t, testQueueStormExactlyOnce) }
+
+func testQueueStormExactlyOnce(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := queueConfFor(t, tg)
 	cfg.QueueTimeout = 25 * time.Millisecond
 	st := queueStores(t, cfg, "i0", "i1", "i2")
 	reps := []string{"a", "b", "c"}
@@ -582,10 +607,11 @@ func TestQueueDuringOutage(t *testing.T) {
 	}
 }
 
-func TestQueueMetrics(t *testing.T) {
-	addr := testRedis(t)
-	c := raw(t, addr)
-	st := queueStores(t, queueConfig(t, addr), "x")
+func TestQueueMetrics(t *testing.T) { redistest.Each(t, testQueueMetrics) }
+
+func testQueueMetrics(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	st := queueStores(t, queueConfFor(t, tg), "x")
 	x := st[0]
 	if err := x.Sync(context.Background(), []string{"r"}); err != nil {
 		t.Fatal(err)

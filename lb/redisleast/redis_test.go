@@ -22,10 +22,25 @@ func testRedis(t testing.TB) string { return redistest.Addr(t) }
 // stop and restart it); killed at the end of the test.
 func privateRedis(t *testing.T) *redistest.Server { return redistest.Private(t) }
 
-// testConfig is a config for addr under a key prefix unique to the test.
+// testConfig is a config for the single server at addr under a key
+// prefix unique to the test.
 func testConfig(t testing.TB, addr string) Config {
-	return Config{Config: redisconn.Config{Addrs: []string{addr}, KeyPrefix: fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano()),
-		ReadTimeout: 2 * time.Second}, InstanceID: "t"}
+	return confFor(t, single(addr))
+}
+
+// single is the target of one server at addr (the shared one, or a
+// private one a test stops and restarts).
+func single(addr string) redistest.Target {
+	return redistest.Target{Name: "single", Conn: redisconn.Config{Addrs: []string{addr}}}
+}
+
+// confFor is a config for the target under a key prefix unique to the
+// test.
+func confFor(t testing.TB, tg redistest.Target) Config {
+	conn := tg.Conn
+	conn.KeyPrefix = fmt.Sprintf("test-%s-%d", t.Name(), time.Now().UnixNano())
+	conn.ReadTimeout = 2 * time.Second
+	return Config{Config: conn, InstanceID: "t"}
 }
 
 func newStore(t testing.TB, cfg Config, pool string) *Store {
@@ -49,16 +64,12 @@ func (s *Store) crash() {
 	s.rc().Close()
 }
 
-// raw is a plain client for inspecting keys.
-func raw(t testing.TB, addr string) rueidis.Client {
-	t.Helper()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
-}
+// raw is a plain client of the single server at addr for inspecting keys.
+func raw(t testing.TB, addr string) rueidis.Client { return rawFor(t, single(addr)) }
+
+// rawFor is a plain client of the target (cluster-aware) for inspecting
+// keys.
+func rawFor(t testing.TB, tg redistest.Target) rueidis.Client { return redistest.Client(t, tg.Conn) }
 
 // waitFor polls cond until it holds; the deadline only prevents a hang.
 func waitFor(t testing.TB, what string, cond func() bool) {
@@ -93,7 +104,10 @@ func drained(t testing.TB, s *Store, c rueidis.Client) bool {
 	if n, _ := c.Do(ctx, c.B().Zcard().Key(s.k.gone).Build()).AsInt64(); n != 0 {
 		return false
 	}
-	keys, _ := c.Do(ctx, c.B().Keys().Pattern(s.k.tag+":inst:*").Build()).AsStrSlice()
+	keys, err := redistest.Keys(ctx, c, s.k.tag+":inst:*")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, k := range keys {
 		vals, _ := c.Do(ctx, c.B().Hvals().Key(k).Build()).AsStrSlice()
 		for _, v := range vals {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
 var ok = lb.Outcome{Kind: lb.Success}
@@ -33,8 +34,11 @@ func wantCounts(t *testing.T, s *Store, want map[string]int64) {
 }
 
 func TestSelectPicksLeastAndReleaseIsExactlyOnce(t *testing.T) {
-	addr := testRedis(t)
-	s := newStore(t, testConfig(t, addr), "p")
+	redistest.Each(t, testSelectPicksLeastAndReleaseIsExactlyOnce)
+}
+
+func testSelectPicksLeastAndReleaseIsExactlyOnce(t *testing.T, tg redistest.Target) {
+	s := newStore(t, confFor(t, tg), "p")
 	ctx := context.Background()
 	if err := s.Sync(ctx, []string{"a", "b", "c"}); err != nil {
 		t.Fatal(err)
@@ -98,7 +102,7 @@ func TestSelectPicksLeastAndReleaseIsExactlyOnce(t *testing.T) {
 		l.Release(ok)
 	}
 	wantCounts(t, s, map[string]int64{"a": 0, "b": 0, "c": 0})
-	if !drained(t, s, raw(t, addr)) {
+	if !drained(t, s, rawFor(t, tg)) {
 		t.Fatal("records left after every release")
 	}
 	st := s.Stats()
@@ -107,8 +111,10 @@ func TestSelectPicksLeastAndReleaseIsExactlyOnce(t *testing.T) {
 	}
 }
 
-func TestSelectOnlyAmongMembers(t *testing.T) {
-	s := newStore(t, testConfig(t, testRedis(t)), "p")
+func TestSelectOnlyAmongMembers(t *testing.T) { redistest.Each(t, testSelectOnlyAmongMembers) }
+
+func testSelectOnlyAmongMembers(t *testing.T, tg redistest.Target) {
+	s := newStore(t, confFor(t, tg), "p")
 	if err := s.Sync(context.Background(), []string{"a", "b"}); err != nil {
 		t.Fatal(err)
 	}
@@ -131,9 +137,12 @@ func TestSelectOnlyAmongMembers(t *testing.T) {
 }
 
 func TestSyncKeepsCountsOfStayingReplicas(t *testing.T) {
-	addr := testRedis(t)
-	s := newStore(t, testConfig(t, addr), "p")
-	other := newStore(t, testConfig(t, addr), "other") // another pool is untouched
+	redistest.Each(t, testSyncKeepsCountsOfStayingReplicas)
+}
+
+func testSyncKeepsCountsOfStayingReplicas(t *testing.T, tg redistest.Target) {
+	s := newStore(t, confFor(t, tg), "p")
+	other := newStore(t, confFor(t, tg), "other") // another pool is untouched
 	ctx := context.Background()
 	if err := other.Sync(ctx, []string{"a"}); err != nil {
 		t.Fatal(err)
@@ -165,15 +174,18 @@ func TestSyncKeepsCountsOfStayingReplicas(t *testing.T) {
 	a2.Release(ok)
 	b1.Release(ok)
 	wantCounts(t, s, map[string]int64{"c": 0})
-	if !drained(t, s, raw(t, addr)) {
+	if !drained(t, s, rawFor(t, tg)) {
 		t.Fatal("removed replicas left counts behind")
 	}
 	wantCounts(t, other, map[string]int64{"a": 0})
 }
 
 func TestConcurrentInstancesBalanceAndDrain(t *testing.T) {
-	addr := testRedis(t)
-	cfg := testConfig(t, addr)
+	redistest.Each(t, testConcurrentInstancesBalanceAndDrain)
+}
+
+func testConcurrentInstancesBalanceAndDrain(t *testing.T, tg redistest.Target) {
+	cfg := confFor(t, tg)
 	const instances, replicas, perInstance = 3, 7, 30
 	var reps []string
 	for i := range replicas {
@@ -237,7 +249,7 @@ func TestConcurrentInstancesBalanceAndDrain(t *testing.T) {
 		wg.Go(func() { l.Release(lb.Outcome{Kind: lb.Cancelled}) })
 	}
 	wg.Wait()
-	if !drained(t, stores[0], raw(t, addr)) {
+	if !drained(t, stores[0], rawFor(t, tg)) {
 		t.Fatalf("after every release: counts %v", mustCounts(t, stores[0]))
 	}
 	for _, s := range stores {
@@ -248,8 +260,11 @@ func TestConcurrentInstancesBalanceAndDrain(t *testing.T) {
 }
 
 func TestShedWhenEveryCandidateIsFull(t *testing.T) {
-	addr := testRedis(t)
-	cfg := testConfig(t, addr)
+	redistest.Each(t, testShedWhenEveryCandidateIsFull)
+}
+
+func testShedWhenEveryCandidateIsFull(t *testing.T, tg redistest.Target) {
+	cfg := confFor(t, tg)
 	cfg.MaxInflight = 1
 	a, b := newStore(t, cfg, "p"), newStore(t, cfg, "p")
 	reps := []string{"r1", "r2", "r3"}

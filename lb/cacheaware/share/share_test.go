@@ -126,8 +126,9 @@ func TestLateJoinerCatchesUp(t *testing.T) {
 	}
 }
 
-// Redis away: both instances keep routing with their local trees; when
-// it returns, what was learned meanwhile reaches the other instance.
+// Redis away (a private single server, killed and restarted): both
+// instances keep routing with their local trees; when it returns, what
+// was learned meanwhile reaches the other instance.
 func TestRedisAwayThenBack(t *testing.T) {
 	srv := redistest.Private(t)
 	conn := redisconn.Config{Addrs: []string{srv.Addr}}
@@ -190,8 +191,9 @@ func TestBufferBounded(t *testing.T) {
 }
 
 // The stream stays near StreamLen entries.
-func TestStreamTrimmed(t *testing.T) {
-	tg := redistest.Targets(t)[0]
+func TestStreamTrimmed(t *testing.T) { redistest.Each(t, testStreamTrimmed) }
+
+func testStreamTrimmed(t *testing.T, tg redistest.Target) {
 	pool := uniquePool(t)
 	s := New(Config{Conn: tg.Conn, Pool: pool, StreamLen: 100, Buffer: 5000}, func(string, string, string) {})
 	defer s.Close()
@@ -211,6 +213,7 @@ func TestStreamTrimmed(t *testing.T) {
 }
 
 // Close stops every goroutine the sharer started, connected or not.
+// (Single server only: it is about goroutines, not Redis.)
 func TestCloseLeavesNoGoroutine(t *testing.T) {
 	tg := redistest.Targets(t)[0]
 	s1 := New(Config{Conn: tg.Conn, Pool: uniquePool(t)}, func(string, string, string) {})
@@ -229,8 +232,9 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 // Applied decisions obey the local bound and the local replica set: an
 // instance's tree stays within max_tree_size however much the others
 // publish, and decisions for a replica it removed are ignored.
-func TestAppliedWithinBoundAndSet(t *testing.T) {
-	tg := redistest.Targets(t)[0]
+func TestAppliedWithinBoundAndSet(t *testing.T) { redistest.Each(t, testAppliedWithinBoundAndSet) }
+
+func testAppliedWithinBoundAndSet(t *testing.T, tg redistest.Target) {
 	pool := uniquePool(t)
 	a := newInstance(t, tg.Conn, pool)
 	b := cacheaware.NewPicker(cacheaware.Config{MaxTreeSize: 4000}, tracker.Config{})
