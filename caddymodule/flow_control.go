@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/flow"
+	"github.com/sluice-router/sluice/flow/redisgate"
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/modelmetrics"
 )
@@ -65,6 +66,20 @@ type FlowControl struct {
 	// static upstreams of the reverse_proxy after this handler.
 	Replicas int `json:"replicas,omitempty" sluice:"min=0"`
 	bodyOptions
+
+	// With redis set, every instance of the pool that uses the same
+	// Redis counts against one capacity: each holds a fair share of it
+	// in Redis (flow/redisgate) and dispatches against its share, so N
+	// instances admit no more than max_concurrency × replicas together.
+	// Queues, priority and fairness stay per instance.
+	redisConnection
+	// LeaseTTL: a crashed instance's share comes back within about this
+	// long (default 5s).
+	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
+	// FallbackShare is the fraction of the capacity an instance
+	// dispatches against while Redis is away (default 1/N, N the
+	// instances seen at the last answer).
+	FallbackShare float64 `json:"fallback_share,omitempty" sluice:"min=0"`
 
 	trusted []netip.Prefix
 	state   *flowState
@@ -155,7 +170,23 @@ func (h *FlowControl) Validate() error {
 	if h.MetricsInterval < 0 {
 		return fmt.Errorf("flow_control: max_body_bytes and metrics_interval must be positive")
 	}
+	if h.global() {
+		if t := h.Detector; t != "" && t != flow.DetectorConcurrency {
+			return fmt.Errorf("flow_control: redis: counts the concurrency detector's in-flight requests across instances; "+
+				"the %s detector already reads the replicas' own metrics, which every instance sees", t)
+		}
+		if err := h.gateConfig().WithDefaults().Validate(); err != nil {
+			return fmt.Errorf("flow_control: %v", err)
+		}
+	}
 	return nil
+}
+
+// global reports whether the capacity is shared through Redis.
+func (h *FlowControl) global() bool { return len(h.Redis) > 0 }
+
+func (h *FlowControl) gateConfig() redisgate.Config {
+	return redisgate.Config{Conn: h.conn(), Pool: poolName(h.Pool), LeaseTTL: time.Duration(h.LeaseTTL), FallbackShare: h.FallbackShare}
 }
 
 func parsePrefix(s string) (netip.Prefix, error) {
@@ -188,16 +219,31 @@ func (h *FlowControl) Provision(ctx caddy.Context) error {
 	cfg = cfg.WithDefaults()
 	mc := modelmetrics.Config{Interval: time.Duration(h.MetricsInterval)}
 	key := stateKey{module: "flow_control", pool: h.name}
-	v, err := h.claims.take(key, func() (sharedState, error) { return newFlowState(h.name, cfg, mc) })
+	var gc *redisgate.Config
+	if h.global() {
+		c := h.gateConfig()
+		c.OnFallback = fallbackLogger(h.log, h.name)
+		gc, key.variant = &c, connectionKey(c.Conn.WithDefaults())
+	}
+	v, err := h.claims.take(key, func() (sharedState, error) { return newFlowState(h.name, cfg, mc, gc) })
 	if err != nil {
 		return fmt.Errorf("flow_control: %v", err)
 	}
 	h.state = v.(*flowState)
 	st, log := h.state, h.log
-	if err := applyOnStartChecked(ctx, key, fmt.Sprintf("%+v %+v replicas=%d", cfg, mc, h.Replicas), h.findReplicas, func() {
+	fingerprint := fmt.Sprintf("%+v %+v replicas=%d %s", cfg, mc, h.Replicas, key.variant)
+	if gc != nil {
+		fingerprint += fmt.Sprintf(" lease_ttl=%v fallback_share=%v", gc.LeaseTTL, gc.FallbackShare)
+	}
+	if err := applyOnStartChecked(ctx, key, fingerprint, h.findReplicas, func() {
 		st.setFixed(h.Replicas, h.static)
 		if err := st.configure(cfg, mc); err != nil {
 			log.Error("cannot apply flow_control settings", zap.String("pool", st.name), zap.Error(err))
+		}
+		if gc != nil {
+			if err := st.gate.Configure(*gc); err != nil {
+				log.Error("cannot apply flow_control redis settings", zap.String("pool", st.name), zap.Error(err))
+			}
 		}
 	}); err != nil {
 		return fmt.Errorf("flow_control: %v", err)
@@ -468,7 +514,10 @@ type flowState struct {
 	scraper *modelmetrics.Scraper
 	// view is where the replicas come from: the pool's managed set, or
 	// what the running config fixed (replicas N, static upstreams).
-	view    atomic.Pointer[replicaView]
+	view atomic.Pointer[replicaView]
+	// gate, when set, shares the pool's capacity with the other
+	// instances through Redis.
+	gate    *redisgate.Gate
 	unwatch func()
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
@@ -502,10 +551,20 @@ func (v *replicaView) replicas() int {
 	return max(len(v.backends()), 1)
 }
 
-func newFlowState(name string, cfg flow.Config, mc modelmetrics.Config) (*flowState, error) {
+func newFlowState(name string, cfg flow.Config, mc modelmetrics.Config, gc *redisgate.Config) (*flowState, error) {
 	st := &flowState{name: name, scraper: modelmetrics.New(mc)}
 	st.view.Store(&replicaView{})
+	if gc != nil {
+		g, err := redisgate.New(*gc)
+		if err != nil {
+			return nil, err
+		}
+		st.gate = g
+	}
 	if err := st.configure(cfg, mc); err != nil {
+		if st.gate != nil {
+			st.gate.Close()
+		}
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -545,8 +604,39 @@ func (st *flowState) updateView(change func(*replicaView)) {
 
 // Settings implements sharedState.
 func (st *flowState) Settings() any {
-	return map[string]any{"Config": st.config(), "MetricsInterval": st.scraper.Config().Interval,
+	s := map[string]any{"Config": st.config(), "MetricsInterval": st.scraper.Config().Interval,
 		"Replicas": st.view.Load().replicas()}
+	if st.gate != nil {
+		gc := st.gate.Config()
+		s["Redis"], s["LeaseTTL"], s["FallbackShare"], s["Global"] = gc.Conn.Redacted(), gc.LeaseTTL, gc.FallbackShare, st.gate.Stats()
+	}
+	return s
+}
+
+// fallbackLogger logs the gate entering and leaving its fallback share.
+func fallbackLogger(log *zap.Logger, pool string) func(error) {
+	return func(err error) {
+		if err != nil {
+			log.Error("flow_control: Redis unreachable: dispatching against this instance's fallback share of the pool until it answers",
+				zap.String("pool", pool), zap.Error(err))
+			return
+		}
+		log.Info("flow_control: Redis answers again: back on the pool-wide count", zap.String("pool", pool))
+	}
+}
+
+// flowGates maps each pool to the gate of its live shared flow control.
+func flowGates() map[string]*redisgate.Gate {
+	out := map[string]*redisgate.Gate{}
+	sharedStates.Range(func(k, v any) bool {
+		if key := k.(stateKey); key.module == "flow_control" {
+			if g := v.(*flowState).gate; g != nil {
+				out[key.pool] = g
+			}
+		}
+		return true
+	})
+	return out
 }
 
 func (st *flowState) ctl() *flow.Controller {
@@ -564,7 +654,12 @@ func (st *flowState) detector(cfg flow.Config) flow.SaturationDetector {
 		replicas := func() []string { return lb.Dials(st.view.Load().backends()) }
 		return flow.NewUtilizationDetector(cfg.Detector, flow.ScraperLoads(st.scraper, replicas), nil)
 	}
-	return flow.NewConcurrencyDetector(cfg.Detector, func() int { return st.view.Load().replicas() })
+	local := flow.NewConcurrencyDetector(cfg.Detector, func() int { return st.view.Load().replicas() })
+	if st.gate != nil {
+		st.gate.SetLocal(local)
+		return st.gate
+	}
+	return local
 }
 
 func (st *flowState) configure(cfg flow.Config, mc modelmetrics.Config) error {
@@ -580,6 +675,9 @@ func (st *flowState) configure(cfg flow.Config, mc modelmetrics.Config) error {
 		}
 		c.SetObserver(flowCollector.Observer(st.name))
 		st.c = c
+		if st.gate != nil {
+			st.gate.Attach(c)
+		}
 		return nil
 	}
 	return st.c.Reconfigure(cfg, st.detector(cfg))
@@ -590,6 +688,9 @@ func (st *flowState) Destruct() error {
 	st.unwatch()
 	if c := st.ctl(); c != nil {
 		c.Close()
+	}
+	if st.gate != nil {
+		st.gate.Close()
 	}
 	st.stop()
 	st.wg.Wait()
@@ -634,6 +735,9 @@ func flowControllers() map[string]*flow.Controller {
 //	    metrics_interval      <duration>
 //	    max_body_bytes        <bytes>
 //	    replicas              <n>                    # default: the backend set, else the reverse_proxy's upstreams
+//	    redis                 <host:port>...         # count in flight across instances (and the other Redis options)
+//	    lease_ttl             <duration>
+//	    fallback_share        <0..1>
 //	}
 func (h *FlowControl) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return parseModule(d, "flow_control", &h.Pool, h, func(opt string, vals []string) (bool, error) {

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sluice-router/sluice/flow"
+	"github.com/sluice-router/sluice/flow/redisgate"
 	"github.com/sluice-router/sluice/lb/cacheaware"
 	"github.com/sluice-router/sluice/lb/cacheaware/share"
 	"github.com/sluice-router/sluice/lb/loadaware"
@@ -44,9 +45,10 @@ var (
 		}
 		return out
 	})
-	flowCollector    = flow.NewCollector(flowControllers)
-	sluiceCollectors = []prometheus.Collector{qllCollector, cacheAwareCollector, cacheShareCollector, scraperCollector, redisCollector, flowCollector}
-	sluiceMetrics    = func() *prometheus.Registry {
+	flowCollector     = flow.NewCollector(flowControllers)
+	flowGateCollector = redisgate.NewCollector(flowGates)
+	sluiceCollectors  = []prometheus.Collector{qllCollector, cacheAwareCollector, cacheShareCollector, scraperCollector, redisCollector, flowCollector, flowGateCollector}
+	sluiceMetrics     = func() *prometheus.Registry {
 		r := prometheus.NewRegistry()
 		r.MustRegister(sluiceCollectors...)
 		return r

@@ -67,3 +67,14 @@ func (d *ConcurrencyDetector) Capacity() int64 {
 // per-replica filter burst above the target for affinity; it does not move
 // the pool gate.
 func (d *ConcurrencyDetector) ReplicaLimit() float64 { return d.limit }
+
+// PoolLimit is the pool's aggregate limit in the detector's unit:
+// max_concurrency × replicas requests, or max_token_concurrency ×
+// replicas tokens when tokens is true. A global gate shares it out.
+func (d *ConcurrencyDetector) PoolLimit() (limit int64, tokens bool) {
+	n := 1
+	if d.replicas != nil {
+		n = d.replicas()
+	}
+	return int64(d.perReplica) * int64(max(n, 0)), d.tokens
+}

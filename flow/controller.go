@@ -30,6 +30,7 @@ type Controller struct {
 	byPrio   map[int]*band
 	queued   int   // requests waiting, all bands
 	bytes    int64 // their bytes
+	tokens   int64 // their estimated tokens
 	inFlight InFlight
 	seq      uint64
 	closed   bool
@@ -156,6 +157,7 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 	if c.queued == 0 && !saturated(c.det.Saturation(c.inFlight)) {
 		t := c.admitLocked(req.Tokens, 0)
 		c.counters.count(Dispatched)
+		c.noteDemandLocked()
 		c.mu.Unlock()
 		obs.Enqueued(&req, Dispatched.String(), time.Since(start))
 		obs.Finished(&req, Dispatched, 0)
@@ -177,6 +179,7 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 	if !w.resolved {
 		w.timer = c.clock.AfterFunc(w.item.Deadline.Sub(arrival), func() { c.evict(w, EvictedTTL, nil) })
 	}
+	c.noteDemandLocked()
 	c.mu.Unlock()
 	obs.Enqueued(&req, "Queued", time.Since(start))
 
@@ -205,6 +208,7 @@ func (c *Controller) evict(w *waiter, o Outcome, err error) {
 	if !w.resolved {
 		w.err = err
 		c.resolveLocked(w, o)
+		c.noteDemandLocked()
 	}
 }
 
@@ -312,6 +316,7 @@ func (c *Controller) insertLocked(b *band, w *waiter) {
 	b.bytes += w.req.Bytes
 	c.queued++
 	c.bytes += w.req.Bytes
+	c.tokens += w.req.Tokens
 }
 
 // removeLocked takes a queued waiter out of its band.
@@ -326,6 +331,7 @@ func (c *Controller) removeLocked(w *waiter, served bool) {
 	b.bytes -= w.req.Bytes
 	c.queued--
 	c.bytes -= w.req.Bytes
+	c.tokens -= w.req.Tokens
 }
 
 // resolveLocked ends a queued request with outcome o. It is the only place
@@ -413,6 +419,25 @@ func (c *Controller) Kick() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.dispatchLocked()
+	c.noteDemandLocked()
+}
+
+// noteDemandLocked tells a DemandWatcher detector what is in flight and
+// queued now.
+func (c *Controller) noteDemandLocked() {
+	if w, ok := c.det.(DemandWatcher); ok {
+		w.Demand(c.inFlight, InFlight{Requests: int64(c.queued), Tokens: c.tokens})
+	}
+}
+
+// WithDemand runs fn under the controller's lock with what is in flight
+// and queued, so that fn sees them exact: nothing is dispatched or
+// released while it runs. fn must be quick and must not call the
+// controller.
+func (c *Controller) WithDemand(fn func(inFlight, queued InFlight)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fn(c.inFlight, InFlight{Requests: int64(c.queued), Tokens: c.tokens})
 }
 
 // poll re-reads the interval each round, so a reload can change it.
@@ -462,7 +487,7 @@ func (c *Controller) Reconfigure(cfg Config, det SaturationDetector) error {
 		c.det = det
 	}
 	c.bands, c.byPrio = nil, map[int]*band{}
-	c.queued, c.bytes = 0, 0
+	c.queued, c.bytes, c.tokens = 0, 0, 0
 	for _, b := range c.cfg.Bands {
 		c.addBandLocked(b)
 	}
@@ -470,6 +495,7 @@ func (c *Controller) Reconfigure(cfg Config, det SaturationDetector) error {
 		c.insertLocked(c.bandLocked(w.req.Priority), w)
 	}
 	c.dispatchLocked()
+	c.noteDemandLocked()
 	return nil
 }
 

@@ -31,3 +31,14 @@ type CapacityReporter interface {
 	// Capacity is in requests; 0 means unknown now.
 	Capacity() int64
 }
+
+// DemandWatcher is implemented by detectors whose capacity is acquired
+// elsewhere (flow/redisgate: a share of the pool held in Redis). The
+// controller calls Demand under its lock after every change to what it
+// holds or queues, so the watcher always knows both; it must be quick
+// and must not call back into the controller.
+type DemandWatcher interface {
+	// Demand reports what is in flight and what waits in the queues
+	// (Requests, and the Tokens of those requests).
+	Demand(inFlight, queued InFlight)
+}

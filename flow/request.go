@@ -69,5 +69,6 @@ func (t *Ticket) Release() bool {
 	c.inFlight.Tokens -= t.tokens
 	c.counters.Released++
 	c.dispatchLocked()
+	c.noteDemandLocked()
 	return true
 }

@@ -1,0 +1,420 @@
+// Package redisgate makes the flow control of many Sluice instances in
+// front of one pool admit no more than the pool's capacity in total.
+//
+// Each instance holds a share of the capacity, recorded in Redis (see
+// claimScript), and dispatches only while what it has in flight is below
+// its share. Queues, priority and fairness stay local; only the count is
+// global. The request path never waits for Redis: one goroutine per pool
+// claims more when requests wait and gives back what is no longer needed,
+// and the controller dispatches against the share already held. A
+// crashed instance's share comes back when its lease runs out; while
+// Redis is away each instance dispatches against a fallback share.
+package redisgate
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/flow"
+	"github.com/sluice-router/sluice/lb/redisconn"
+)
+
+// Config is one pool's gate.
+type Config struct {
+	Conn redisconn.Config
+	Pool string
+	// LeaseTTL: a crashed instance's share is reclaimed within about
+	// this long (default 5s; renewed every third of it).
+	LeaseTTL time.Duration
+	// FallbackShare is the fraction of the pool's capacity an instance
+	// dispatches against while Redis is away (0: 1/N, N the instances
+	// seen at the last answer, 1 before any).
+	FallbackShare float64
+	// Poll is how soon an instance whose requests wait for more of the
+	// capacity asks again (default 10ms): capacity another instance gives
+	// back reaches it within this.
+	Poll time.Duration
+	// Instance names this instance in Redis (default: host name + a
+	// random suffix, new on every start).
+	Instance string
+	// OnFallback, if set, is called when the gate enters (err != nil) or
+	// leaves (err == nil) the fallback share.
+	OnFallback func(err error)
+}
+
+// Defaults.
+const (
+	DefaultLeaseTTL = 5 * time.Second
+	DefaultPoll     = 10 * time.Millisecond
+	retryBackoff    = time.Second
+)
+
+// WithDefaults fills zero fields.
+func (c Config) WithDefaults() Config {
+	c.Conn = c.Conn.WithDefaults()
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.Poll == 0 {
+		c.Poll = DefaultPoll
+	}
+	if c.Instance == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "sluice"
+		}
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		c.Instance = host + "-" + hex.EncodeToString(b)
+	}
+	return c
+}
+
+// Validate reports the first bad field by its Caddyfile name.
+func (c Config) Validate() error {
+	if err := c.Conn.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.LeaseTTL < 0:
+		return fmt.Errorf("lease_ttl: must be > 0, got %v", c.LeaseTTL)
+	case c.LeaseTTL > 0 && c.LeaseTTL < 3*c.Conn.ReadTimeout:
+		return fmt.Errorf("lease_ttl: %v is shorter than 3 × read_timeout (%v): leases would lapse while renewing", c.LeaseTTL, c.Conn.ReadTimeout)
+	case c.FallbackShare < 0 || c.FallbackShare > 1 || math.IsNaN(c.FallbackShare):
+		return fmt.Errorf("fallback_share: must be within 0..1, got %v", c.FallbackShare)
+	case c.Poll < 0:
+		return fmt.Errorf("poll: must be > 0, got %v", c.Poll)
+	}
+	return nil
+}
+
+// Stats are the gate's state now, for health output and metrics.
+type Stats struct {
+	Instance string `json:"instance"`
+	// Allowed is the units this instance may have in flight now
+	// (requests, or tokens in tokens mode); Held what Redis counts for
+	// it (more than Allowed while requests beyond its share finish).
+	Allowed int64 `json:"allowed"`
+	Held    int64 `json:"held"`
+	// Entitled is its fair share at the last answer; PoolHeld what every
+	// instance held then, Capacity the pool's limit, Instances how many
+	// held or wanted some.
+	Entitled  int64 `json:"entitled"`
+	PoolHeld  int64 `json:"pool_held"`
+	Capacity  int64 `json:"capacity"`
+	Instances int64 `json:"instances"`
+	// Fallback: Redis is away and the instance uses its fallback share.
+	Fallback    bool   `json:"fallback"`
+	Claims      uint64 `json:"claims"`
+	RedisErrors uint64 `json:"redis_errors"`
+	LastError   string `json:"last_error,omitempty"`
+}
+
+// Gate is a flow.SaturationDetector over a share of the pool held in
+// Redis. Install it as the controller's detector and Attach the
+// controller; set the pool-wide limit with SetLocal.
+type Gate struct {
+	cfgp atomic.Pointer[Config]
+	keys Keys
+
+	local atomic.Pointer[flow.ConcurrencyDetector]
+	ctl   atomic.Pointer[flow.Controller]
+	// allowed is what the controller may have in flight (it dispatches
+	// while below it). Redis's record of this instance is never below it
+	// nor below what is in flight, so the pool's total in Redis bounds
+	// what is really in flight.
+	allowed atomic.Int64
+
+	wake   chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu    sync.Mutex
+	stats Stats
+}
+
+// New starts the gate of one pool. It does not wait for Redis: until the
+// first answer the instance holds nothing (requests wait for it), and if
+// Redis cannot be reached it uses the fallback share.
+func New(cfg Config) (*Gate, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if _, err := cfg.Conn.ClientOption(0); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &Gate{keys: KeysFor(cfg.Conn.KeyPrefix, cfg.Pool), wake: make(chan struct{}, 1),
+		cancel: cancel, done: make(chan struct{})}
+	g.cfgp.Store(&cfg)
+	g.stats.Instance = cfg.Instance
+	go g.run(ctx)
+	return g, nil
+}
+
+// Config is the gate's configuration (defaults applied).
+func (g *Gate) Config() Config { return *g.cfgp.Load() }
+
+// Configure applies the settings that can change live: LeaseTTL,
+// FallbackShare, Poll and OnFallback. The connection, pool and instance
+// stay (a change of those needs a new gate).
+func (g *Gate) Configure(cfg Config) error {
+	old := g.Config()
+	cfg.Conn, cfg.Pool, cfg.Instance = old.Conn, old.Pool, old.Instance
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	g.cfgp.Store(&cfg)
+	g.poke()
+	return nil
+}
+
+// SetLocal sets the detector whose pool-wide limit the gate shares out
+// (max_concurrency × replicas); call it again when the config changes.
+func (g *Gate) SetLocal(d *flow.ConcurrencyDetector) {
+	g.local.Store(d)
+	g.poke()
+}
+
+// Attach names the controller the gate lets dispatch.
+func (g *Gate) Attach(c *flow.Controller) {
+	g.ctl.Store(c)
+	g.poke()
+}
+
+// Close stops the gate. What it holds is given back down to what is still
+// in flight; that part lapses with the lease.
+func (g *Gate) Close() {
+	g.cancel()
+	<-g.done
+}
+
+// Saturation implements flow.SaturationDetector: what is in flight as a
+// fraction of this instance's share (1 with no share).
+func (g *Gate) Saturation(in flow.InFlight) float64 {
+	allowed := g.allowed.Load()
+	if allowed <= 0 {
+		return 1
+	}
+	return float64(g.units(in)) / float64(allowed)
+}
+
+// Capacity implements flow.CapacityReporter with the pool's capacity
+// (band queues are sized from it).
+func (g *Gate) Capacity() int64 {
+	if d := g.local.Load(); d != nil {
+		return d.Capacity()
+	}
+	return 0
+}
+
+// Demand implements flow.DemandWatcher: the claimer runs whenever what
+// the instance wants differs from what it holds.
+func (g *Gate) Demand(inFlight, queued flow.InFlight) {
+	if g.units(inFlight)+g.units(queued) != g.allowed.Load() {
+		g.poke()
+	}
+}
+
+// Stats returns the gate's state now.
+func (g *Gate) Stats() Stats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s := g.stats
+	s.Allowed = g.allowed.Load()
+	return s
+}
+
+func (g *Gate) units(in flow.InFlight) int64 {
+	if d := g.local.Load(); d != nil {
+		if _, tokens := d.PoolLimit(); tokens {
+			return in.Tokens
+		}
+	}
+	return in.Requests
+}
+
+func (g *Gate) limit() int64 {
+	if d := g.local.Load(); d != nil {
+		n, _ := d.PoolLimit()
+		return n
+	}
+	return 0
+}
+
+func (g *Gate) poke() {
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the claimer: the only goroutine that talks to Redis and the only
+// writer of allowed.
+func (g *Gate) run(ctx context.Context) {
+	defer close(g.done)
+	var cl rueidis.Client
+	defer func() {
+		if cl != nil {
+			g.leave(cl)
+			cl.Close()
+		}
+	}()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.wake:
+		case <-timer.C:
+		}
+		if cl == nil {
+			var err error
+			if cl, err = g.dial(); err != nil {
+				g.failed(err)
+				resetTimer(timer, retryBackoff)
+				continue
+			}
+		}
+		next, err := g.sync(ctx, cl)
+		if err != nil {
+			g.failed(err)
+			next = retryBackoff
+		}
+		resetTimer(timer, next)
+	}
+}
+
+func (g *Gate) dial() (rueidis.Client, error) {
+	opt, err := g.Config().Conn.ClientOption(redisconn.ConnTimeout(g.Config().Conn.ReadTimeout))
+	if err != nil {
+		return nil, err
+	}
+	return rueidis.NewClient(opt)
+}
+
+// sync is one claim: lower allowed to what is needed (under the
+// controller's lock, so nothing is dispatched past it meanwhile), tell
+// Redis what may be in flight and what is wanted, then allow what Redis
+// granted within the fair share. It returns when to run again.
+func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, error) {
+	g.mu.Lock()
+	fallback, entitled := g.stats.Fallback, g.stats.Entitled
+	g.mu.Unlock()
+	var inUse, want int64
+	read := func(in, q flow.InFlight) {
+		inUse, want = g.units(in), g.units(in)+g.units(q)
+		if fallback {
+			return // keep the fallback share until Redis has counted it
+		}
+		// Beyond its fair share an instance stops dispatching now, and
+		// gives the units back as its requests finish.
+		if target := min(want, entitled); target < g.allowed.Load() {
+			g.allowed.Store(target)
+		}
+	}
+	if c := g.ctl.Load(); c != nil {
+		c.WithDemand(read)
+	} else {
+		read(flow.InFlight{}, flow.InFlight{})
+	}
+	floor := max(g.allowed.Load(), inUse)
+	capacity := g.limit()
+
+	cctx, cancel := context.WithTimeout(ctx, g.Config().Conn.ReadTimeout)
+	res, err := claim(cctx, cl, g.keys, g.Config().Instance, floor, want, capacity, g.Config().LeaseTTL)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	allowed := min(res.held, res.entitled)
+	before := g.allowed.Swap(allowed)
+	g.mu.Lock()
+	g.stats.Claims++
+	g.stats.Held, g.stats.Entitled, g.stats.PoolHeld = res.held, res.entitled, res.total
+	g.stats.Instances, g.stats.Capacity = res.instances, capacity
+	g.stats.LastError = ""
+	g.stats.Fallback = false
+	g.mu.Unlock()
+	if fallback && g.Config().OnFallback != nil {
+		g.Config().OnFallback(nil)
+	}
+	if allowed > before {
+		g.kick()
+	}
+	switch {
+	case want > allowed:
+		// Requests wait: ask again soon, for what others give back.
+		// (What this instance holds beyond its share is given back as
+		// its requests finish: each release runs a claim.)
+		return g.Config().Poll, nil
+	case res.held > 0 || want > 0:
+		return g.Config().LeaseTTL / 3, nil // renew the lease
+	default:
+		return time.Hour, nil // idle: nothing to renew until a request comes
+	}
+}
+
+// failed switches to the fallback share after a Redis error.
+func (g *Gate) failed(err error) {
+	g.mu.Lock()
+	g.stats.RedisErrors++
+	g.stats.LastError = err.Error()
+	entering := !g.stats.Fallback
+	g.stats.Fallback = true
+	instances := g.stats.Instances
+	g.mu.Unlock()
+	share := g.Config().FallbackShare
+	if share == 0 {
+		share = 1 / float64(max(instances, 1))
+	}
+	units := int64(math.Floor(share * float64(g.limit())))
+	if g.limit() > 0 {
+		units = max(units, 1)
+	}
+	if g.allowed.Swap(units) < units {
+		g.kick()
+	}
+	if entering && g.Config().OnFallback != nil {
+		g.Config().OnFallback(err)
+	}
+}
+
+// leave gives back what is not in flight, at shutdown.
+func (g *Gate) leave(cl rueidis.Client) {
+	var inUse int64
+	if c := g.ctl.Load(); c != nil {
+		c.WithDemand(func(in, _ flow.InFlight) { inUse = g.units(in) })
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.Config().Conn.ReadTimeout)
+	defer cancel()
+	_, _ = claim(ctx, cl, g.keys, g.Config().Instance, inUse, 0, g.limit(), g.Config().LeaseTTL)
+}
+
+func (g *Gate) kick() {
+	if c := g.ctl.Load(); c != nil {
+		c.Kick()
+	}
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
+	t.Reset(d)
+}
