@@ -2,11 +2,13 @@ package bench
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-router/sluice/sim"
@@ -32,11 +34,16 @@ var multiFlowScenario = scenario{
 		"reference: ONE Sluice flow_control taking all the load. A alone first (per setup: through the N Redis-shared " +
 		"instances, and through the one). A_vs_alone = A's p99 ÷ A's p99 alone (same rep, same N). max replica in-flight = " +
 		"the most requests any replica held at once, running + waiting in its own queue (replica-side; 1 = the replicas " +
-		"never queued); replica wait = the mean time a request waited in a replica's queue. refused = answered, not 200. " +
+		"never queued); max pool in-flight = the most requests the 4 replicas held together (sampled every ms; 4 = the " +
+		"pool's capacity); queued at a replica = requests that waited for a replica's slot, longest replica wait = the " +
+		"longest such wait, replica wait = the mean time a request waited in a replica's queue (over all requests served). refused = answered, not 200. " +
 		"Target with redis: max replica in-flight ≤ 1 and A_vs_alone ≤ 1.5.",
 	extras: []extraCol{{"A_p50_s", "A p50", "%.3f s"}, {"A_p99_s", "A p99", "%.3f s"}, {"A_vs_alone", "A p99 vs alone", "%.2f×"},
+		{"A_vs_alone_x1", "A p99 vs one-proxy alone", "%.2f×"},
 		{"A_ok", "A ok", "%.0f"}, {"A_refused", "A refused", "%.0f"}, {"B_ok", "B ok", "%.0f"}, {"B_refused", "B refused", "%.0f"},
-		{"max_replica_inflight", "max replica in-flight", "%.0f"}, {"replica_wait_ms", "replica wait", "%.1f ms"}},
+		{"max_replica_inflight", "max replica in-flight", "%.0f"},
+		{"max_pool_inflight", "max pool in-flight", "%.0f"}, {"replica_queued", "queued at a replica", "%.0f"},
+		{"replica_max_wait_ms", "longest replica wait", "%.0f ms"}, {"replica_wait_ms", "replica wait", "%.1f ms"}},
 	run: multiFlow,
 }
 
@@ -50,10 +57,35 @@ func multiFlow(r *runner) {
 			Latency: sim.Latency{Kind: sim.LatencyLognormal, Duration: 100 * time.Millisecond, Sigma: 0.3},
 			Seed:    uint64(i + 1)}
 	}
+	// The pool's peak in flight, replica-side (Σ running + queued over the
+	// replicas), sampled every millisecond while the system runs.
+	var poolPeak atomic.Int64
+	sample := func(f []*sim.Server) func(ctx context.Context) {
+		poolPeak.Store(0)
+		return func(ctx context.Context) {
+			tk := time.NewTicker(time.Millisecond)
+			defer tk.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tk.C:
+				}
+				sum := 0
+				for _, srv := range f {
+					st := srv.Replica().Stats()
+					sum += st.Running + st.Waiting
+				}
+				if int64(sum) > poolPeak.Load() {
+					poolPeak.Store(int64(sum))
+				}
+			}
+		}
+	}
 	// Requests go round-robin over the proxies, whatever their tenant.
 	load := func(list []classArrival) func(_ []*sim.Server, proxies []string) workload {
-		return func(_ []*sim.Server, proxies []string) workload {
-			return workload{arrivals: arrivalTimes(list), class: func(n int) string { return list[n].class },
+		return func(f []*sim.Server, proxies []string) workload {
+			return workload{arrivals: arrivalTimes(list), class: func(n int) string { return list[n].class }, monitor: sample(f),
 				build: func(n int) (*http.Request, int) {
 					p := n % len(proxies)
 					req, _ := http.NewRequest(http.MethodPost, proxies[p]+"/v1/completions", strings.NewReader(`{"prompt":"hello","max_tokens":4}`))
@@ -72,15 +104,20 @@ func multiFlow(r *runner) {
 		return func(f []*sim.Server, recs []Record, s *Summary) {
 			perTenant(f, recs, s)
 			replicaSide(f, s)
+			s.Extra["max_pool_inflight"] = float64(poolPeak.Load())
 			s.Notes = append(s.Notes, proxyLogNotes(r.procs.snapshotLogs())...)
 			p, ok := s.Extra["A_p99_s"]
-			switch {
-			case !ok:
-			case isAlone:
+			if !ok {
+				return
+			}
+			if isAlone {
 				aloneP99[setup] = p
-				s.Extra["A_vs_alone"] = 1
-			case aloneP99[setup] > 0:
+			}
+			if aloneP99[setup] > 0 {
 				s.Extra["A_vs_alone"] = p / aloneP99[setup]
+			}
+			if aloneP99["x1"] > 0 {
+				s.Extra["A_vs_alone_x1"] = p / aloneP99["x1"]
 			}
 		}
 	}
@@ -109,7 +146,14 @@ func multiFlow(r *runner) {
 		return sysSpec{name: name, desc: desc, proxies: n, fleet: fleet, load: load, after: measure(setup, isAlone), start: start}
 	}
 
-	var systems []sysSpec
+	// The one-proxy reference first: its A alone is every system's second
+	// baseline (A_vs_alone_x1).
+	systems := []sysSpec{
+		spec("A_alone_central_sluice_flow", "tenant A alone (4 req/s) through ONE Sluice flow_control", "x1", 1, true, alone,
+			flow("A_alone_central_sluice_flow", 1, false)),
+		spec("central_sluice_flow", "reference: A + B through ONE Sluice flow_control (max_concurrency 1) + least_conn", "x1", 1, false, both,
+			flow("central_sluice_flow", 1, false)),
+	}
 	for _, n := range []int{2, 4} {
 		x := fmt.Sprintf("x%d", n)
 		name := func(s string) string { return s + "_" + x }
@@ -128,33 +172,33 @@ func multiFlow(r *runner) {
 				x, n, false, both, func(f []*sim.Server) ([]string, error) { return r.haproxies("haproxy-mf", n, addrs(f), 1) }),
 		)
 	}
-	systems = append(systems,
-		spec("A_alone_central_sluice_flow", "tenant A alone (4 req/s) through ONE Sluice flow_control", "x1", 1, true, alone,
-			flow("A_alone_central_sluice_flow", 1, false)),
-		spec("central_sluice_flow", "reference: A + B through ONE Sluice flow_control (max_concurrency 1) + least_conn", "x1", 1, false, both,
-			flow("central_sluice_flow", 1, false)),
-	)
 	for _, s := range systems {
 		r.system(s)
 	}
 }
 
 // replicaSide adds, from the replicas' own counters, max_replica_inflight
-// (the most requests one replica held at once, running + queued) and
-// replica_wait_ms (mean time in a replica's queue per request served), and
-// a note with each replica's peak.
+// (the most requests one replica held at once, running + queued),
+// replica_queued (requests that waited for a replica's slot),
+// replica_max_wait_ms (the longest such wait) and replica_wait_ms (mean
+// time in a replica's queue per request started), and a note with each
+// replica's peak.
 func replicaSide(f []*sim.Server, s *Summary) {
-	peak, started := 0, uint64(0)
-	var wait time.Duration
+	peak, started, queued := 0, uint64(0), uint64(0)
+	var wait, maxWait time.Duration
 	var each []string
 	for _, srv := range f {
 		st := srv.Replica().Stats()
 		peak = max(peak, st.MaxInFlight)
 		started += st.Started
+		queued += st.Queued
 		wait += st.QueueWait
+		maxWait = max(maxWait, st.MaxQueueWait)
 		each = append(each, fmt.Sprintf("%d", st.MaxInFlight))
 	}
 	s.Extra["max_replica_inflight"] = float64(peak)
+	s.Extra["replica_queued"] = float64(queued)
+	s.Extra["replica_max_wait_ms"] = float64(maxWait) / float64(time.Millisecond)
 	if started > 0 {
 		s.Extra["replica_wait_ms"] = float64(wait) / float64(started) / float64(time.Millisecond)
 	}

@@ -36,9 +36,12 @@ type slotQueue struct {
 	// request the replica held, served or queued.
 	maxInFlight int
 	// waited sums, over the requests granted a slot, the time they spent
-	// in the wait list (0 for those admitted on arrival).
-	waited time.Duration
-	closed bool
+	// in the wait list (0 for those admitted on arrival); queued counts
+	// the requests granted a slot from the wait list, maxWait is the
+	// longest such wait.
+	waited, maxWait time.Duration
+	queued          uint64
+	closed          bool
 }
 
 type slotWaiter struct {
@@ -152,7 +155,10 @@ func (q *slotQueue) grantLocked() {
 		q.kvUsed += w.tokens
 		q.started++
 		q.maxRunning = max(q.maxRunning, q.running)
-		q.waited += time.Since(w.since)
+		wait := time.Since(w.since)
+		q.waited += wait
+		q.maxWait = max(q.maxWait, wait)
+		q.queued++
 		w.seq = q.started
 		close(w.ready)
 	}
@@ -189,8 +195,8 @@ type queueSnapshot struct {
 	running, waiting, maxRunning, maxWaiting int
 	maxInFlight                              int
 	kvUsed                                   int
-	started                                  uint64
-	waited                                   time.Duration
+	started, queued                          uint64
+	waited, maxWait                          time.Duration
 }
 
 func (q *slotQueue) snapshot() queueSnapshot {
@@ -205,5 +211,7 @@ func (q *slotQueue) snapshot() queueSnapshot {
 		kvUsed:      q.kvUsed,
 		started:     q.started,
 		waited:      q.waited,
+		maxWait:     q.maxWait,
+		queued:      q.queued,
 	}
 }

@@ -7,7 +7,8 @@ import (
 )
 
 // TestSlotQueuePeakInFlight: maxInFlight is the largest running + waiting
-// held at once, a high-water mark, and waited sums the wait-list time of the requests granted a slot.
+// held at once, a high-water mark; waited, maxWait and queued cover the
+// requests granted a slot from the wait list.
 func TestSlotQueuePeakInFlight(t *testing.T) {
 	q := newSlotQueue(1, 0)
 	bg := context.Background()
@@ -38,8 +39,8 @@ func TestSlotQueuePeakInFlight(t *testing.T) {
 		}
 		q.release()
 	}
-	if s := q.snapshot(); s.maxInFlight != 1 || s.waited != 0 {
-		t.Fatalf("sequential: maxInFlight %d waited %v, want 1 and 0", s.maxInFlight, s.waited)
+	if s := q.snapshot(); s.maxInFlight != 1 || s.waited != 0 || s.queued != 0 {
+		t.Fatalf("sequential: maxInFlight %d waited %v queued %d, want 1, 0, 0", s.maxInFlight, s.waited, s.queued)
 	}
 
 	// 1 running + 2 waiting: 3 held at once.
@@ -69,8 +70,9 @@ func TestSlotQueuePeakInFlight(t *testing.T) {
 	if s.running != 1 || s.waiting != 0 || s.maxInFlight != 3 {
 		t.Fatalf("after grant: %+v, want running 1, waiting 0, maxInFlight 3", s)
 	}
-	if s.waited < 20*time.Millisecond || s.waited > 5*time.Second {
-		t.Fatalf("waited = %v, want ≥ 20ms (the granted waiter's time in the list only)", s.waited)
+	if s.waited < 20*time.Millisecond || s.waited > 5*time.Second || s.maxWait != s.waited || s.queued != 1 {
+		t.Fatalf("waited %v, maxWait %v, queued %d: want ≥ 20ms, the same, 1 (the granted waiter only, not the one that gave up)",
+			s.waited, s.maxWait, s.queued)
 	}
 	q.release()
 

@@ -160,8 +160,11 @@ type Stats struct {
 	// FIFO (a replica of Concurrency c never queued iff MaxInFlight ≤ c).
 	MaxInFlight int
 	// QueueWait sums the time the requests that got a slot spent waiting
-	// for it in the replica's queue (QueueWait / Started: the mean wait).
-	QueueWait time.Duration
+	// for it in the replica's queue (QueueWait / Started: the mean wait);
+	// Queued counts those that waited at all (the others were admitted on
+	// arrival) and MaxQueueWait is the longest wait.
+	QueueWait, MaxQueueWait time.Duration
+	Queued                  uint64
 
 	// Prefix cache counters (all zero when the cache is off), counted when
 	// a request's service begins (after its slot and any stall). PrefixQueries is the sum of the
@@ -250,6 +253,8 @@ func (rp *Replica) Stats() Stats {
 		MaxWaiting:       qs.maxWaiting,
 		MaxInFlight:      qs.maxInFlight,
 		QueueWait:        qs.waited,
+		MaxQueueWait:     qs.maxWait,
+		Queued:           qs.queued,
 
 		PrefixQueries:        pc.queryTokens,
 		PrefixHits:           pc.hitTokens,

@@ -158,14 +158,14 @@ func TestSimFIFOAndCounts(t *testing.T) {
 			want := Stats{
 				Requests: uint64(conc + waiting), Served: uint64(conc + waiting), Stalls: uint64(conc),
 				Started: uint64(conc + waiting), MaxRunning: conc, MaxWaiting: waiting,
-				MaxInFlight:  conc + waiting,
+				MaxInFlight: conc + waiting, Queued: waiting,
 				PromptTokens: uint64(2 * (conc + waiting)), CompletionTokens: uint64(2 * (conc + waiting)),
 			}
 			// The waiters waited at least until the stalls were cleared.
-			if st.QueueWait <= 0 {
-				t.Errorf("QueueWait = %v, want > 0 (%d requests queued)", st.QueueWait, waiting)
+			if st.QueueWait <= 0 || st.MaxQueueWait <= 0 || st.MaxQueueWait > st.QueueWait {
+				t.Errorf("QueueWait = %v, MaxQueueWait = %v, want 0 < max ≤ sum (%d requests queued)", st.QueueWait, st.MaxQueueWait, waiting)
 			}
-			st.QueueWait = 0
+			st.QueueWait, st.MaxQueueWait = 0, 0
 			if st != want {
 				t.Errorf("Stats = %+v\nwant    %+v", st, want)
 			}
