@@ -79,6 +79,11 @@ func chaos(r *runner) {
 				return fmt.Sprintf("custom_router %s\nflow_control %s {\n\ttrusted_sources 127.0.0.0/8\n\tmax_concurrency %d\n\tdefault_ttl 2s\n\tband 0 {\n\t\tmax_requests 200\n\t}\n\t# chaos-bad-flow\n}\n", pool, pool, 3+v) +
 					strings.Replace(policy("queued_least_latency")(pool, redis, v), "# chaos-bad", "", 1)
 			}, bad: "max_concurrency -4"},
+		{name: "sluice_flow_control_redis_x2", desc: "flow_control sharing the pool's capacity through Redis, 2 instances, in front of queued_least_latency", instances: 2, redis: true,
+			block: func(pool, redis string, v int) string {
+				return fmt.Sprintf("custom_router %s\nflow_control %s {\n\ttrusted_sources 127.0.0.0/8\n\tmax_concurrency %d\n\tdefault_ttl 2s\n\tredis %s\n\tkey_prefix chaos-flow\n\tlease_ttl 1s\n\tband 0 {\n\t\tmax_requests 200\n\t}\n\t# chaos-bad-flow\n}\n", pool, pool, 3+v, redis) +
+					strings.Replace(policy("queued_least_latency")(pool, redis, v), "# chaos-bad", "", 1)
+			}, bad: "fallback_share 2"},
 	}
 	for _, cs := range systems {
 		cs := cs

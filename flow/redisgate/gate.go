@@ -133,6 +133,8 @@ type Gate struct {
 	// nor below what is in flight, so the pool's total in Redis bounds
 	// what is really in flight.
 	allowed atomic.Int64
+	// held is what Redis counted for this instance at the last claim.
+	held atomic.Int64
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -219,10 +221,10 @@ func (g *Gate) Capacity() int64 {
 	return 0
 }
 
-// Demand implements flow.DemandWatcher: the claimer runs whenever what
-// the instance wants differs from what it holds.
+// Demand implements flow.DemandWatcher: the claimer runs whenever the
+// instance wants other than it may have, or can give some back.
 func (g *Gate) Demand(inFlight, queued flow.InFlight) {
-	if g.units(inFlight)+g.units(queued) != g.allowed.Load() {
+	if want := g.units(inFlight) + g.units(queued); want != g.allowed.Load() || want < g.held.Load() {
 		g.poke()
 	}
 }
@@ -340,6 +342,7 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 		return 0, err
 	}
 	allowed := min(res.held, res.entitled)
+	g.held.Store(res.held)
 	before := g.allowed.Swap(allowed)
 	g.mu.Lock()
 	g.stats.Claims++

@@ -389,3 +389,50 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestShareBeyondEntitlementIsGivenBackAsRequestsEnd: an instance that
+// holds more than its share (it was alone when it took it) gives the
+// excess back as each of its requests ends, even with nothing queued, so
+// the other instance gets it then — not at the next lease renewal.
+func TestShareBeyondEntitlementIsGivenBackAsRequestsEnd(t *testing.T) {
+	conn := redisconn.Config{Addrs: []string{redistest.Addr(t)}}
+	pool := uniquePool(t)
+	quickRenewal := func(c *Config) { c.LeaseTTL = time.Second }
+	a := newInstance(t, conn, pool, "a", 2, quickRenewal)
+	var tks []*flow.Ticket
+	for range 2 {
+		tk, err := a.ctl.Enqueue(context.Background(), flow.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tks = append(tks, tk)
+	}
+	b := newInstance(t, conn, pool, "b", 2, nil)
+	got := make(chan *flow.Ticket, 2)
+	for range 2 {
+		go func() {
+			if tk, err := b.ctl.Enqueue(context.Background(), flow.Request{}); err == nil {
+				got <- tk
+			}
+		}()
+	}
+	// a learns its share at its next renewal: 1 of 2, with 2 in flight.
+	eventually(t, "a's share lowered to 1 while b waits", func() bool { return a.gate.Stats().Allowed == 1 },
+		func() any { return a.gate.Stats() })
+	// From now on a renews only every 20 s: what it gives back comes from
+	// its requests ending (a claim at each end).
+	if err := a.gate.Configure(Config{LeaseTTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the claim Configure triggers
+	deadline := time.After(5 * time.Second)
+	for _, tk := range tks {
+		tk.Release()
+		select {
+		case tk := <-got:
+			defer tk.Release()
+		case <-deadline:
+			t.Fatalf("b did not get the unit a gave back: a %+v, b %+v", a.gate.Stats(), b.gate.Stats())
+		}
+	}
+}
