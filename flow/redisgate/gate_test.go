@@ -55,20 +55,6 @@ func uniquePool(t *testing.T) string {
 	return strings.NewReplacer("/", "-", " ", "-").Replace(t.Name()) + fmt.Sprint(time.Now().UnixNano()%1e9)
 }
 
-func client(t *testing.T, conn redisconn.Config) rueidis.Client {
-	t.Helper()
-	opt, err := conn.WithDefaults().ClientOption(time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := rueidis.NewClient(opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	return cl
-}
-
 // poolHeld is the total Redis records for the pool.
 func poolHeld(t *testing.T, cl rueidis.Client, k Keys) int64 {
 	t.Helper()
@@ -102,194 +88,186 @@ func eventually(t *testing.T, what string, cond func() bool, show ...func() any)
 // 4 never have more than 4 requests in flight between them, serve every
 // request, and give everything back when idle.
 func TestNeverMoreThanCapacityInFlight(t *testing.T) {
-	for _, tg := range redistest.Targets(t) {
-		t.Run(tg.Name, func(t *testing.T) {
-			const capacity, perInstance = 4, 12
-			pool := uniquePool(t)
-			var ins []*instance
-			for i := range 3 {
-				ins = append(ins, newInstance(t, tg.Conn, pool, fmt.Sprintf("i%d", i), capacity, nil))
+	redistest.Each(t, func(t *testing.T, tg redistest.Target) {
+		const capacity, perInstance = 4, 12
+		pool := uniquePool(t)
+		var ins []*instance
+		for i := range 3 {
+			ins = append(ins, newInstance(t, tg.Conn, pool, fmt.Sprintf("i%d", i), capacity, nil))
+		}
+		var inFlight, peak, served atomic.Int64
+		var wg sync.WaitGroup
+		for _, in := range ins {
+			for range perInstance {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tk, err := in.ctl.Enqueue(context.Background(), flow.Request{FlowID: "t"})
+					if err != nil {
+						t.Errorf("%s: %v", in.name, err)
+						return
+					}
+					n := inFlight.Add(1)
+					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+					}
+					time.Sleep(3 * time.Millisecond)
+					inFlight.Add(-1)
+					served.Add(1)
+					tk.Release()
+				}()
 			}
-			var inFlight, peak, served atomic.Int64
-			var wg sync.WaitGroup
-			for _, in := range ins {
-				for range perInstance {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						tk, err := in.ctl.Enqueue(context.Background(), flow.Request{FlowID: "t"})
-						if err != nil {
-							t.Errorf("%s: %v", in.name, err)
-							return
-						}
-						n := inFlight.Add(1)
-						for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-						}
-						time.Sleep(3 * time.Millisecond)
-						inFlight.Add(-1)
-						served.Add(1)
-						tk.Release()
-					}()
-				}
+		}
+		wg.Wait()
+		if got := served.Load(); got != 3*perInstance {
+			t.Fatalf("served %d of %d", got, 3*perInstance)
+		}
+		if p := peak.Load(); p > capacity {
+			t.Fatalf("%d requests in flight at once over all instances; the pool holds %d", p, capacity)
+		}
+		cl := redistest.Client(t, tg.Conn)
+		k := KeysFor("", pool)
+		eventually(t, "every instance gives its share back when idle", func() bool { return poolHeld(t, cl, k) == 0 })
+		for _, in := range ins {
+			if s := in.gate.Stats(); s.Allowed != 0 || s.RedisErrors != 0 {
+				t.Errorf("%s idle: %+v", in.name, s)
 			}
-			wg.Wait()
-			if got := served.Load(); got != 3*perInstance {
-				t.Fatalf("served %d of %d", got, 3*perInstance)
-			}
-			if p := peak.Load(); p > capacity {
-				t.Fatalf("%d requests in flight at once over all instances; the pool holds %d", p, capacity)
-			}
-			cl := client(t, tg.Conn)
-			k := KeysFor("", pool)
-			eventually(t, "every instance gives its share back when idle", func() bool { return poolHeld(t, cl, k) == 0 })
-			for _, in := range ins {
-				if s := in.gate.Stats(); s.Allowed != 0 || s.RedisErrors != 0 {
-					t.Errorf("%s idle: %+v", in.name, s)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // TestFewerUnitsThanInstancesTakeTurns: with one unit and two backlogged
 // instances, neither keeps the unit: they alternate.
 func TestFewerUnitsThanInstancesTakeTurns(t *testing.T) {
-	for _, tg := range redistest.Targets(t) {
-		t.Run(tg.Name, func(t *testing.T) {
-			pool := uniquePool(t)
-			a := newInstance(t, tg.Conn, pool, "a", 1, nil)
-			b := newInstance(t, tg.Conn, pool, "b", 1, nil)
-			var mu sync.Mutex
-			var order []string
-			var wg sync.WaitGroup
-			const each = 8
-			for _, in := range []*instance{a, b} {
-				for range each {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						tk, err := in.ctl.Enqueue(context.Background(), flow.Request{})
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						mu.Lock()
-						order = append(order, in.name)
-						mu.Unlock()
-						time.Sleep(5 * time.Millisecond)
-						tk.Release()
-					}()
-				}
+	redistest.Each(t, func(t *testing.T, tg redistest.Target) {
+		pool := uniquePool(t)
+		a := newInstance(t, tg.Conn, pool, "a", 1, nil)
+		b := newInstance(t, tg.Conn, pool, "b", 1, nil)
+		var mu sync.Mutex
+		var order []string
+		var wg sync.WaitGroup
+		const each = 8
+		for _, in := range []*instance{a, b} {
+			for range each {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tk, err := in.ctl.Enqueue(context.Background(), flow.Request{})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					order = append(order, in.name)
+					mu.Unlock()
+					time.Sleep(5 * time.Millisecond)
+					tk.Release()
+				}()
 			}
-			wg.Wait()
-			// While both have requests waiting, the longest run of one
-			// instance is 2 at most (a turn can straddle a claim).
-			run, longest, aLeft, bLeft := 0, 0, each, each
-			for i, n := range order {
-				if n == "a" {
-					aLeft--
-				} else {
-					bLeft--
-				}
-				if i > 0 && order[i-1] == n {
-					run++
-				} else {
-					run = 1
-				}
-				if aLeft > 0 && bLeft > 0 {
-					longest = max(longest, run)
-				}
+		}
+		wg.Wait()
+		// While both have requests waiting, the longest run of one
+		// instance is 2 at most (a turn can straddle a claim).
+		run, longest, aLeft, bLeft := 0, 0, each, each
+		for i, n := range order {
+			if n == "a" {
+				aLeft--
+			} else {
+				bLeft--
 			}
-			if longest > 2 {
-				t.Fatalf("one instance kept the only unit for %d requests in a row while the other waited: %v", longest, order)
+			if i > 0 && order[i-1] == n {
+				run++
+			} else {
+				run = 1
 			}
-		})
-	}
+			if aLeft > 0 && bLeft > 0 {
+				longest = max(longest, run)
+			}
+		}
+		if longest > 2 {
+			t.Fatalf("one instance kept the only unit for %d requests in a row while the other waited: %v", longest, order)
+		}
+	})
 }
 
 // TestEntitlementIsMaxMinFair checks the claim script's shares directly:
 // small wants are met in full, the rest split the remainder, and units
 // left by rounding go to the instance granted least recently.
 func TestEntitlementIsMaxMinFair(t *testing.T) {
-	for _, tg := range redistest.Targets(t) {
-		t.Run(tg.Name, func(t *testing.T) {
-			cl := client(t, tg.Conn)
-			k := KeysFor("", uniquePool(t))
-			ctx := context.Background()
-			do := func(inst string, floor, want, capacity int64) claimed {
-				t.Helper()
-				r, err := claim(ctx, cl, k, inst, floor, want, capacity, time.Minute)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return r
+	redistest.Each(t, func(t *testing.T, tg redistest.Target) {
+		cl := redistest.Client(t, tg.Conn)
+		k := KeysFor("", uniquePool(t))
+		ctx := context.Background()
+		do := func(inst string, floor, want, capacity int64) claimed {
+			t.Helper()
+			r, err := claim(ctx, cl, k, inst, floor, want, capacity, time.Minute)
+			if err != nil {
+				t.Fatal(err)
 			}
-			// Capacity 10: a wants 2, b and c want 10.
-			do("a", 0, 2, 10)
-			do("b", 0, 10, 10)
-			do("c", 0, 10, 10)
-			for inst, want := range map[string]int64{"a": 2, "b": 4, "c": 4} {
-				if r := do(inst, 0, map[string]int64{"a": 2, "b": 10, "c": 10}[inst], 10); r.entitled != want {
-					t.Errorf("%s entitled to %d, want %d", inst, r.entitled, want)
-				}
+			return r
+		}
+		// Capacity 10: a wants 2, b and c want 10.
+		do("a", 0, 2, 10)
+		do("b", 0, 10, 10)
+		do("c", 0, 10, 10)
+		for inst, want := range map[string]int64{"a": 2, "b": 4, "c": 4} {
+			if r := do(inst, 0, map[string]int64{"a": 2, "b": 10, "c": 10}[inst], 10); r.entitled != want {
+				t.Errorf("%s entitled to %d, want %d", inst, r.entitled, want)
 			}
-			// b took the 8 units free when it came, came down to its share
-			// at its next claim, and c got what b gave back: the pool is
-			// full and no one holds more than its share.
-			if r := do("c", 0, 10, 10); r.total > 10 || r.held != 4 {
-				t.Errorf("c: %+v", r)
-			}
-			// A holding in use is never taken away: a's floor of 5 stands
-			// beyond its share, and nothing beyond the capacity is granted.
-			if r := do("a", 5, 5, 10); r.held != 5 {
-				t.Errorf("a with floor 5 holds %d", r.held)
-			}
-			if r := do("b", 0, 10, 10); r.held > 4 || r.total > 13 {
-				t.Errorf("b after a's floor: %+v", r)
-			}
-			// Idle instances leave: the records go.
-			for _, inst := range []string{"a", "b", "c"} {
-				do(inst, 0, 0, 10)
-			}
-			if n := poolHeld(t, cl, k); n != 0 {
-				t.Fatalf("idle pool holds %d", n)
-			}
-			live, err := cl.Do(ctx, cl.B().Zcard().Key(k.Live).Build()).AsInt64()
-			if err != nil || live != 0 {
-				t.Fatalf("live instances after all left: %d (%v)", live, err)
-			}
-		})
-	}
+		}
+		// b took the 8 units free when it came, came down to its share
+		// at its next claim, and c got what b gave back: the pool is
+		// full and no one holds more than its share.
+		if r := do("c", 0, 10, 10); r.total > 10 || r.held != 4 {
+			t.Errorf("c: %+v", r)
+		}
+		// A holding in use is never taken away: a's floor of 5 stands
+		// beyond its share, and nothing beyond the capacity is granted.
+		if r := do("a", 5, 5, 10); r.held != 5 {
+			t.Errorf("a with floor 5 holds %d", r.held)
+		}
+		if r := do("b", 0, 10, 10); r.held > 4 || r.total > 13 {
+			t.Errorf("b after a's floor: %+v", r)
+		}
+		// Idle instances leave: the records go.
+		for _, inst := range []string{"a", "b", "c"} {
+			do(inst, 0, 0, 10)
+		}
+		if n := poolHeld(t, cl, k); n != 0 {
+			t.Fatalf("idle pool holds %d", n)
+		}
+		live, err := cl.Do(ctx, cl.B().Zcard().Key(k.Live).Build()).AsInt64()
+		if err != nil || live != 0 {
+			t.Fatalf("live instances after all left: %d (%v)", live, err)
+		}
+	})
 }
 
 // TestCrashedInstanceShareIsReclaimed: an instance that holds the whole
 // pool and stops renewing loses it within its lease.
 func TestCrashedInstanceShareIsReclaimed(t *testing.T) {
-	for _, tg := range redistest.Targets(t) {
-		t.Run(tg.Name, func(t *testing.T) {
-			pool := uniquePool(t)
-			cl := client(t, tg.Conn)
-			k := KeysFor("", pool)
-			// The ghost took both units, then died (no more claims).
-			if r, err := claim(context.Background(), cl, k, "ghost", 2, 2, 2, time.Second); err != nil || r.held != 2 {
-				t.Fatalf("ghost: %+v %v", r, err)
-			}
-			b := newInstance(t, tg.Conn, pool, "b", 2, nil)
-			var got atomic.Int64
-			for range 2 {
-				go func() {
-					if tk, err := b.ctl.Enqueue(context.Background(), flow.Request{}); err == nil {
-						got.Add(1)
-						defer tk.Release()
-						time.Sleep(100 * time.Millisecond)
-					}
-				}()
-			}
-			eventually(t, "the survivor runs 2 at once after the ghost's lease", func() bool {
-				return b.gate.Stats().Allowed == 2 && got.Load() == 2
-			})
+	redistest.Each(t, func(t *testing.T, tg redistest.Target) {
+		pool := uniquePool(t)
+		cl := redistest.Client(t, tg.Conn)
+		k := KeysFor("", pool)
+		// The ghost took both units, then died (no more claims).
+		if r, err := claim(context.Background(), cl, k, "ghost", 2, 2, 2, time.Second); err != nil || r.held != 2 {
+			t.Fatalf("ghost: %+v %v", r, err)
+		}
+		b := newInstance(t, tg.Conn, pool, "b", 2, nil)
+		var got atomic.Int64
+		for range 2 {
+			go func() {
+				if tk, err := b.ctl.Enqueue(context.Background(), flow.Request{}); err == nil {
+					got.Add(1)
+					defer tk.Release()
+					time.Sleep(100 * time.Millisecond)
+				}
+			}()
+		}
+		eventually(t, "the survivor runs 2 at once after the ghost's lease", func() bool {
+			return b.gate.Stats().Allowed == 2 && got.Load() == 2
 		})
-	}
+	})
 }
 
 // TestRedisAwayFallsBackToAShare: with Redis gone each instance
@@ -354,7 +332,7 @@ func TestRedisAwayFallsBackToAShare(t *testing.T) {
 	}
 	releaseA()
 	releaseB()
-	cl := client(t, conn)
+	cl := redistest.Client(t, conn)
 	eventually(t, "idle again, nothing held", func() bool { return poolHeld(t, cl, KeysFor("", pool)) == 0 })
 }
 
