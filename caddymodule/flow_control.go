@@ -233,7 +233,7 @@ func (h *FlowControl) Provision(ctx caddy.Context) error {
 	st, log := h.state, h.log
 	fingerprint := fmt.Sprintf("%+v %+v replicas=%d %s", cfg, mc, h.Replicas, key.variant)
 	if gc != nil {
-		fingerprint += fmt.Sprintf(" lease_ttl=%v fallback_share=%v", gc.LeaseTTL, gc.FallbackShare)
+		fingerprint += fmt.Sprintf(" lease_ttl=%v fallback_share=%v read_timeout=%v", gc.LeaseTTL, gc.FallbackShare, gc.Conn.ReadTimeout)
 	}
 	if err := applyOnStartChecked(ctx, key, fingerprint, h.findReplicas, func() {
 		st.setFixed(h.Replicas, h.static)

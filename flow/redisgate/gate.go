@@ -168,11 +168,14 @@ func New(cfg Config) (*Gate, error) {
 func (g *Gate) Config() Config { return *g.cfgp.Load() }
 
 // Configure applies the settings that can change live: LeaseTTL,
-// FallbackShare, Poll and OnFallback. The connection, pool and instance
+// FallbackShare, Poll, OnFallback and the connection's ReadTimeout (each
+// call's bound). The rest of the connection, the pool and the instance
 // stay (a change of those needs a new gate).
 func (g *Gate) Configure(cfg Config) error {
 	old := g.Config()
+	rt := cfg.Conn.ReadTimeout
 	cfg.Conn, cfg.Pool, cfg.Instance = old.Conn, old.Pool, old.Instance
+	cfg.Conn.ReadTimeout = rt
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return err

@@ -414,3 +414,32 @@ func TestShareBeyondEntitlementIsGivenBackAsRequestsEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigureAppliesLiveSettings: a reload's lease, fallback share and
+// read timeout reach the running gate; its connection and identity stay.
+func TestConfigureAppliesLiveSettings(t *testing.T) {
+	conn := redisconn.Config{Addrs: []string{redistest.Addr(t)}, KeyPrefix: "p"}
+	g, err := New(Config{Conn: conn, Pool: "live", Instance: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	next := Config{Conn: redisconn.Config{Addrs: []string{"10.9.9.9:1"}, ReadTimeout: time.Second},
+		LeaseTTL: 9 * time.Second, FallbackShare: 0.5, Instance: "y"}
+	if err := g.Configure(next); err != nil {
+		t.Fatal(err)
+	}
+	got := g.Config()
+	if got.LeaseTTL != 9*time.Second || got.FallbackShare != 0.5 || got.Conn.ReadTimeout != time.Second {
+		t.Errorf("live settings not applied: %+v", got)
+	}
+	if got.Conn.Addrs[0] != conn.Addrs[0] || got.Conn.KeyPrefix != "p" || got.Instance != "x" || got.Pool != "live" {
+		t.Errorf("connection or identity changed live: %+v", got)
+	}
+	if err := g.Configure(Config{FallbackShare: 3}); err == nil || !strings.Contains(err.Error(), "fallback_share") {
+		t.Errorf("bad share accepted: %v", err)
+	}
+	if g.Config().FallbackShare != 0.5 {
+		t.Errorf("a refused Configure changed the settings: %+v", g.Config())
+	}
+}
