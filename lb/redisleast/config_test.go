@@ -1,6 +1,8 @@
 package redisleast
 
 import (
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +49,31 @@ func TestKeysShareOneHashTag(t *testing.T) {
 		k.queue, k.waiters, k.assigned, k.notify("i1")} {
 		if !strings.HasPrefix(key, "{sluice:prod:llama}:") {
 			t.Errorf("%q lacks the pool's hash tag", key)
+		}
+	}
+}
+
+// permScript runs every command the scripts call, so New's check names
+// a missing one.
+func TestPermScriptCoversEveryScriptCommand(t *testing.T) {
+	call, step := regexp.MustCompile(`redis\.call\('([A-Z]+)'`), regexp.MustCompile(`\{'([A-Z]+)'`)
+	perm, err := os.ReadFile("aclcheck.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := map[string]bool{}
+	for _, m := range step.FindAllStringSubmatch(string(perm), -1) {
+		checked[m[1]] = true
+	}
+	for _, f := range []string{"scripts.go", "queue_scripts.go"} {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range call.FindAllStringSubmatch(string(src), -1) {
+			if !checked[m[1]] {
+				t.Errorf("%s calls %s, which permScript does not check", f, m[1])
+			}
 		}
 	}
 }

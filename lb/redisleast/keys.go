@@ -9,6 +9,7 @@ package redisleast
 //	{tag}:insts         SET  ids of instances that may hold records
 //	{tag}:alive:<id>    STRING with a TTL: the instance is alive while it exists
 //	{tag}:inst:<id>     HASH request id → replica, one field per request in flight
+//	{tag}:permcheck     scratch key of the permission check at New (never left behind)
 //
 // Queueing mode (QueueTimeout > 0) adds one global FIFO per pool. A queued
 // request is named by its token "<instance id>:<request id>" (request ids

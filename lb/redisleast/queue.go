@@ -246,7 +246,10 @@ func (s *Store) subscribe() {
 			case <-done:
 				done = nil
 				cancel()
-			case <-errc:
+			case err := <-errc:
+				if _, isReply := rueidis.IsRedisErr(err); isReply {
+					s.subErr.Store(&err) // NOPERM: New reports it
+				}
 				break wait
 			}
 		}

@@ -77,7 +77,8 @@ type Store struct {
 	rotated  chan struct{} // identity changed: resubscribe
 	subReady chan struct{} // closed at the first subscription
 	subOnce  sync.Once
-	qwg      sync.WaitGroup // waiting Selects, for Close
+	subErr   atomic.Pointer[error] // an error reply to SUBSCRIBE (NOPERM)
+	qwg      sync.WaitGroup        // waiting Selects, for Close
 
 	mu         sync.Mutex
 	last       []string         // replicas of the last Sync, replayed after a Redis restart
@@ -108,7 +109,8 @@ func (s *Store) rc() rueidis.Client { return s.cl.Load().Client }
 // store then starts with the breaker open — every Select served by the
 // local fallback — and the probe connects when Redis answers; Unreachable
 // reports the cause so the caller can log it. A Redis that answers with an
-// error (wrong password, no permission) fails New: that is configuration.
+// error (wrong password, a user lacking a command, key or channel the
+// store uses: see permScript) fails New: that is configuration.
 func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -133,10 +135,14 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 	}
 	s.cl.Store(&clientRef{client})
 	if !s.provisional.Load() {
-		if err := s.renew(ctx); err != nil {
+		err, what := s.renew(ctx), ""
+		if err == nil {
+			err, what = s.checkPermissions(ctx), "checking the user's permissions: "
+		}
+		if err != nil {
 			if !transportErr(err) {
 				client.Close()
-				return nil, fmt.Errorf("redis %v: %w", cfg.Addrs, err)
+				return nil, fmt.Errorf("redis %v: %s%w", cfg.Addrs, what, err)
 			}
 			s.unreachable.Store(&err)
 		}
@@ -173,6 +179,14 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 		case <-ctx.Done():
 		}
 		t.Stop()
+		if p := s.subErr.Load(); p != nil {
+			select {
+			case <-s.subReady:
+			default: // Redis refused the subscription: configuration
+				s.Close()
+				return nil, fmt.Errorf("redis %v: subscribing to %s: %w", cfg.Addrs, s.k.notify(s.InstanceID()), *p)
+			}
+		}
 	}
 	return s, nil
 }
