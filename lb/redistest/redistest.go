@@ -155,15 +155,29 @@ type Server struct {
 // extra arguments, and waits until it answers PING.
 func Start(addr string, args ...string) (*Server, error) {
 	if addr == "" {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+		var err error
+		if addr, err = freeAddr(); err != nil {
 			return nil, err
 		}
-		addr = l.Addr().String()
-		l.Close()
 	}
 	_, port, _ := net.SplitHostPort(addr)
-	argv := append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "",
+	return start(addr, Ping, append([]string{"--port", port}, args...))
+}
+
+// freeAddr is a loopback address nothing listens on (now).
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// start runs redis-server on loopback without persistence with args
+// (which name the port) and waits until ping(addr) holds.
+func start(addr string, ping func(string) bool, args []string) (*Server, error) {
+	argv := append([]string{"--bind", "127.0.0.1", "--save", "",
 		"--appendonly", "no", "--daemonize", "no", "--logfile", ""}, args...)
 	cmd := exec.Command("redis-server", argv...)
 	cmd.Dir = os.TempDir()
@@ -173,7 +187,7 @@ func Start(addr string, args ...string) (*Server, error) {
 	s := &Server{Addr: addr, cmd: cmd}
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if Ping(addr) {
+		if ping(addr) {
 			return s, nil
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -205,6 +219,10 @@ func Ping(addr string) bool {
 	if err != nil {
 		return false
 	}
+	return ping(c)
+}
+
+func ping(c net.Conn) bool {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Second))
 	if _, err := c.Write([]byte("PING\r\n")); err != nil {
