@@ -143,7 +143,10 @@ func (a *attempt) retry() {
 // limit (if > 0) bounds the attempt's time to first byte; stats (if not
 // nil) learns the replica's time to first byte.
 func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats *firstByteStats) bool {
-	t := &attemptTrace{base: a.base, ctx: newAttemptContext(a.base), dial: l.Replica(), stats: stats, att: a}
+	// One allocation for everything the attempt adds to the request: its
+	// trace, its context and its body wrapper.
+	t := &attemptTrace{base: a.base, dial: l.Replica(), stats: stats, att: a}
+	t.ctx.init(a.base)
 	a.mu.Lock()
 	if a.closed || a.base.Err() != nil {
 		a.closed = true
@@ -168,9 +171,11 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats 
 	}
 	// Built on the request's own context, not on the previous attempt's
 	// traced one: an old trace must not report on a new attempt.
-	*r = *r.WithContext(httptrace.WithClientTrace(t.ctx, t.hooks()))
+	t.setHooks()
+	*r = *r.WithContext(httptrace.WithClientTrace(&t.ctx, &t.hooks))
 	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = &clientBody{ReadCloser: r.Body, t: t}
+		t.body = clientBody{ReadCloser: r.Body, t: t}
+		r.Body = &t.body
 	}
 	return true
 }
@@ -268,7 +273,9 @@ func (a *attempt) outcome(dial string, t *attemptTrace) lb.Outcome {
 // attemptTrace is what the transport reports about one attempt.
 type attemptTrace struct {
 	base  context.Context // the request's
-	ctx   *attemptContext // the attempt's
+	ctx   attemptContext  // the attempt's
+	hooks httptrace.ClientTrace
+	body  clientBody // wraps the request body, when there is one
 	dial  string
 	stats *firstByteStats
 	// att is released early (attempt.bodyRead) once the response body was
@@ -311,8 +318,8 @@ func (t *attemptTrace) close() {
 	t.ctx.stop()
 }
 
-func (t *attemptTrace) hooks() *httptrace.ClientTrace {
-	return &httptrace.ClientTrace{
+func (t *attemptTrace) setHooks() {
+	t.hooks = httptrace.ClientTrace{
 		GetConn: func(string) {
 			t.mu.Lock()
 			if t.start.IsZero() {

@@ -93,9 +93,8 @@ type attemptContext struct {
 	cancel context.CancelCauseFunc
 }
 
-func newAttemptContext(parent context.Context) *attemptContext {
-	ctx, cancel := context.WithCancelCause(parent)
-	return &attemptContext{Context: ctx, cancel: cancel}
+func (c *attemptContext) init(parent context.Context) {
+	c.Context, c.cancel = context.WithCancelCause(parent)
 }
 
 func (c *attemptContext) Err() error {
@@ -107,8 +106,12 @@ func (c *attemptContext) Err() error {
 }
 
 // end ends the attempt for err (the first request's end or err wins).
-func (c *attemptContext) end(err error) { c.cancel(err) }
+func (c *attemptContext) end(err error) {
+	if c.cancel != nil {
+		c.cancel(err)
+	}
+}
 
 // stop detaches the attempt from the request's context; called when the
 // attempt is over.
-func (c *attemptContext) stop() { c.cancel(context.Canceled) }
+func (c *attemptContext) stop() { c.end(context.Canceled) }
