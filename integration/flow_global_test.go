@@ -2,11 +2,13 @@ package integration
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluice-router/sluice/caddymodule"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
 // flow_control on two sites (two instances: different connection
@@ -16,9 +18,13 @@ import (
 func globalFlowConfig(tag, redis string) string {
 	site := func(port int, dial string) string {
 		// Locally, two pools: one controller each, as two processes have.
-		pool, opts := fmt.Sprintf("fg-%d", port), ""
+		// Shared, the pool-wide count picks the replica too: least_conn
+		// counts a pick only after it is made, so two concurrent picks can
+		// land on one replica, which would queue there.
+		pool, opts, policy := fmt.Sprintf("fg-%d", port), "", "least_conn"
 		if redis != "" {
 			pool, opts = "fg", fmt.Sprintf("\n\t\t%s\n\t\tdial_timeout %s", redis, dial)
+			policy = fmt.Sprintf("global_redis_least {\n\t\t\tpool fg\n\t\t\t%s\n\t\t}", redis)
 		}
 		return fmt.Sprintf(`
 :%d {
@@ -28,10 +34,10 @@ func globalFlowConfig(tag, redis string) string {
 		max_concurrency 1%s
 	}
 	reverse_proxy 127.0.0.1:9511 127.0.0.1:9512 127.0.0.1:9513 127.0.0.1:9514 {
-		lb_policy least_conn
+		lb_policy %s
 	}
 }
-`, port, pool, opts)
+`, port, pool, opts, policy)
 	}
 	cfg := globals + site(9501, "1s") + site(9502, "2s")
 	for p := 9511; p <= 9514; p++ {
@@ -76,9 +82,14 @@ func floodBoth(t *testing.T, tag string, n int) (map[int]int, int) {
 
 // Without Redis each instance admits the whole pool's capacity, so the
 // replicas queue requests themselves; with redis the two instances admit
-// 4 in all, and no replica ever has a request waiting.
+// 4 in all and global_redis_least sends each to an idle replica, so no
+// replica ever has a request waiting.
 func TestFlowControlCapacitySharedThroughRedis(t *testing.T) {
-	addr := testRedis(t)
+	redistest.Each(t, testFlowControlCapacitySharedThroughRedis)
+}
+
+func testFlowControlCapacitySharedThroughRedis(t *testing.T, tg redistest.Target) {
+	addr := strings.Join(tg.Conn.Addrs, " ") // a cluster: every node listed
 	prefix := fmt.Sprintf("itest-fg-%d", time.Now().UnixNano()%1e9)
 
 	startCaddy(t, globalFlowConfig("local", ""))
