@@ -12,6 +12,8 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluice-router/sluice/flow"
+	"github.com/sluice-router/sluice/flow/redisgate"
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/cacheaware/share"
 	"github.com/sluice-router/sluice/lb/redisconn"
@@ -23,11 +25,12 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 
 // sluiceACL is the ACL of a Redis user restricted to what Sluice's Redis
 // features need (global_redis_least in both modes, cache_aware's
-// sharing), after the user name and its password; docs/redis.md shows it.
+// sharing, flow_control's shared capacity), after the user name and its password; docs/redis.md shows it.
 // Keys and pub/sub channels: only Sluice's (every one starts with the hash
 // tag "{sluice:<key_prefix>:<pool>}"). Commands: those the clients send
 // (EVALSHA and EVAL of the scripts, SET/DEL of the liveness key, SMEMBERS,
-// ZCARD, ZRANGE, HMGET, PING, SUBSCRIBE, XADD, XREAD, and CLUSTER SLOTS /
+// ZCARD, ZRANGE, HMGET, PING, SUBSCRIBE, XADD, XREAD, TIME (the flow
+// gate's script reads Redis's clock), and CLUSTER SLOTS /
 // SHARDS for a cluster client's topology: rueidis asks CLUSTER SLOTS of
 // Redis 7 and CLUSTER SHARDS of Redis 8 and later; on a single server the
 // denied CLUSTER SLOTS would fill the ACL log) and those the scripts call.
@@ -37,7 +40,7 @@ const sluiceACL = "~{sluice:* &{sluice:* -@all" +
 	" +evalsha +eval +ping +subscribe +set +del +smembers +zcard +zrange +hmget +xadd +xread" +
 	" +exists +hdel +hexists +hget +hgetall +hlen +hset +hvals +lindex +llen +lpop +lrem" +
 	" +publish +rpush +sadd +srem +zadd +zincrby +zrangebyscore +zrem +zscore" +
-	" +cluster|slots +cluster|shards"
+	" +time +cluster|slots +cluster|shards"
 
 // setUser creates (or resets) user with the rules on every node of admin.
 func setUser(t *testing.T, admin rueidis.Client, user, password, rules string) {
@@ -224,6 +227,45 @@ func exercise(t *testing.T, conn redisconn.Config, admin rueidis.Client) {
 	for _, s := range []*share.Sharer{p, r} {
 		if st := s.Stats(); st.Errors != 0 || !st.Connected {
 			t.Fatalf("sharer %+v", st)
+		}
+	}
+
+	// flow_control's shared capacity: two instances claim and give back
+	// their shares of a pool of 2.
+	var gates []*redisgate.Gate
+	var ctls []*flow.Controller
+	for i := range 2 {
+		g, err := redisgate.New(redisgate.Config{Conn: conn, Pool: "p", Instance: fmt.Sprint("g", i), LeaseTTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fc := flow.Config{Detector: flow.DetectorConfig{Type: flow.DetectorConcurrency, MaxConcurrency: 1}}
+		g.SetLocal(flow.NewConcurrencyDetector(fc.Detector, func() int { return 2 }))
+		c, err := flow.New(fc, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Attach(c)
+		t.Cleanup(func() { c.Close(); g.Close() })
+		gates, ctls = append(gates, g), append(ctls, c)
+	}
+	var tickets []*flow.Ticket
+	for _, c := range ctls {
+		tk, err := c.Enqueue(ctx, flow.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tickets = append(tickets, tk)
+	}
+	for _, tk := range tickets {
+		tk.Release()
+	}
+	waitFor("the gates to give their shares back", func() bool {
+		return gates[0].Stats().Held == 0 && gates[1].Stats().Held == 0
+	})
+	for _, g := range gates {
+		if st := g.Stats(); st.RedisErrors != 0 || st.Fallback || st.Claims == 0 {
+			t.Fatalf("gate %+v", st)
 		}
 	}
 }
