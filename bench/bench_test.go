@@ -228,3 +228,47 @@ func TestQuickChaos(t *testing.T) {
 		}
 	}
 }
+
+// multi-instance-flow in quick mode, its x2 systems only (about 10 s): two
+// Caddy processes with flow_control sharing the count through a private
+// Redis and two without, tenant A alone first. It checks a clean run and
+// that the replica-side measures are there; no timing assertion.
+func TestQuickMultiInstanceFlow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	if !haveTool(t, "redis-server", "redis-server") {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("redis-server is missing and could not be installed")
+		}
+		t.Skip("redis-server is missing")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	bin := caddyForTests(ctx, t)
+	res, err := Run(ctx, Options{Scenario: "multi-instance-flow", Quick: true, OutDir: filepath.Join(t.TempDir(), "out"),
+		CaddyBin: bin, NoInstall: true, Only: "sluice_flow_redis_x2,sluice_flow_local_x2", Command: "go test ./bench/", Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Err(); err != nil {
+		t.Errorf("run not clean: %v", err)
+	}
+	ran := map[string]Summary{}
+	for _, s := range res.Systems {
+		ran[s.System] = s
+	}
+	for _, want := range []string{"A_alone_sluice_flow_redis_x2", "sluice_flow_redis_x2", "sluice_flow_local_x2"} {
+		s, ok := ran[want]
+		if !ok {
+			t.Errorf("system %s did not run (ran: %v, skipped: %v)", want, ran, res.Skipped)
+			continue
+		}
+		if s.Proxies != 2 || s.Lost != 0 || s.Extra["A_ok"] == 0 {
+			t.Errorf("%s: proxies %d, lost %d, A ok %v", want, s.Proxies, s.Lost, s.Extra["A_ok"])
+		}
+		if s.Extra["max_replica_inflight"] < 1 || s.Extra["max_pool_inflight"] < 1 || s.Extra["A_vs_alone"] == 0 {
+			t.Errorf("%s: replica-side measures missing: %v", want, s.Extra)
+		}
+	}
+}
