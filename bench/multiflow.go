@@ -28,9 +28,10 @@ var multiFlowScenario = scenario{
 		"(X-Gateway-Inference-Fairness-Id: A) sends 4 req/s, tenant B 53 req/s (together 1.5× capacity), Poisson, 10 s, " +
 		"spread round-robin over the N proxies (N = 2, 4), all from 127.0.0.1. Sluice runs `flow_control mf { " +
 		"trusted_sources 127.0.0.0/8; max_concurrency 1 }` then `reverse_proxy <4 upstreams> { lb_policy least_conn }` " +
-		"on every instance: with `redis` + one key_prefix (the saturation detector counts the in-flight requests of " +
-		"every instance in Redis; queues stay local) or without (each instance counts only its own, so N instances admit " +
-		"up to N × the pool's capacity). Peers: N × Caddy least_conn, N × HAProxy leastconn with maxconn 1 per server; " +
+		"on every instance: with `redis` + one key_prefix (each instance holds a share of the pool's capacity in Redis, " +
+		"shared by priority and tenant over every instance; queues stay local), the replica then picked by " +
+		"`global_redis_least` on the same Redis (or, in the _least_conn variant, by each instance's own least_conn), or " +
+		"without redis (each instance counts only its own, so N instances admit up to N × the pool's capacity). Peers: N × Caddy least_conn, N × HAProxy leastconn with maxconn 1 per server; " +
 		"reference: ONE Sluice flow_control taking all the load. A alone first (per setup: through the N Redis-shared " +
 		"instances, and through the one). A_vs_alone = A's p99 ÷ A's p99 alone (same rep, same N). max replica in-flight = " +
 		"the most requests any replica held at once, running + waiting in its own queue (replica-side; 1 = the replicas " +
@@ -125,7 +126,11 @@ func multiFlow(r *runner) {
 	// The same flow_control on every instance; with Redis, one key_prefix
 	// per system and rep (no count left over by an earlier system).
 	runID := time.Now().UnixNano() % 1e9
-	flow := func(name string, n int, shared bool) func(f []*sim.Server) ([]string, error) {
+	// With Redis, the replica is picked by global_redis_least on the same
+	// Redis (each instance's least_conn sees only its own requests, so two
+	// instances would pick one replica while another idles), unless
+	// policy names another.
+	flowWith := func(name string, n int, shared bool, policy string) func(f []*sim.Server) ([]string, error) {
 		return func(f []*sim.Server) ([]string, error) {
 			redis := ""
 			if shared {
@@ -133,13 +138,23 @@ func multiFlow(r *runner) {
 				if err != nil {
 					return nil, fmt.Errorf("%w: %v", errSkipped, err)
 				}
-				redis = fmt.Sprintf("\tredis %s\n\tkey_prefix bench-mf-%d-%s-r%d\n", addr, runID, name, r.rep)
+				prefix := fmt.Sprintf("bench-mf-%d-%s-r%d", runID, name, r.rep)
+				redis = fmt.Sprintf("\tredis %s\n\tkey_prefix %s\n", addr, prefix)
+				if policy == "" {
+					policy = fmt.Sprintf("lb_policy global_redis_least {\n\tpool mf\n\tredis %s\n\tkey_prefix %s\n}", addr, prefix)
+				}
+			}
+			if policy == "" {
+				policy = "lb_policy least_conn"
 			}
 			return r.caddyProxies("sluice-mf", n, func(int) string {
 				return "flow_control mf {\n\ttrusted_sources 127.0.0.0/8\n\tmax_concurrency 1\n" + redis + "}\n" +
-					staticProxy(addrs(f), "lb_policy least_conn")
+					staticProxy(addrs(f), policy)
 			})
 		}
+	}
+	flow := func(name string, n int, shared bool) func(f []*sim.Server) ([]string, error) {
+		return flowWith(name, n, shared, "")
 	}
 	spec := func(name, desc, setup string, n int, isAlone bool, load func([]*sim.Server, []string) workload,
 		start func([]*sim.Server) ([]string, error)) sysSpec {
@@ -160,8 +175,10 @@ func multiFlow(r *runner) {
 		systems = append(systems,
 			spec(name("A_alone_sluice_flow_redis"), fmt.Sprintf("tenant A alone (4 req/s) through %d Sluice flow_control sharing the count through Redis", n),
 				x, n, true, alone, flow(name("A_alone_sluice_flow_redis"), n, true)),
-			spec(name("sluice_flow_redis"), fmt.Sprintf("A + B, %d Sluice flow_control (max_concurrency 1) + least_conn, in-flight count shared through one Redis (redis, one key_prefix)", n),
+			spec(name("sluice_flow_redis"), fmt.Sprintf("A + B, %d Sluice flow_control (max_concurrency 1) sharing the capacity through one Redis + global_redis_least on it", n),
 				x, n, false, both, flow(name("sluice_flow_redis"), n, true)),
+			spec(name("sluice_flow_redis_least_conn"), fmt.Sprintf("A + B, %d Sluice flow_control (max_concurrency 1) sharing the capacity through Redis + each instance's own least_conn", n),
+				x, n, false, both, flowWith(name("sluice_flow_redis_least_conn"), n, true, "lb_policy least_conn")),
 			spec(name("sluice_flow_local"), fmt.Sprintf("A + B, %d Sluice flow_control (max_concurrency 1) + least_conn, no redis: each instance counts only its own requests", n),
 				x, n, false, both, flow(name("sluice_flow_local"), n, false)),
 			spec(name("caddy_least_conn"), fmt.Sprintf("A + B, %d Caddy least_conn, no flow control", n), x, n, false, both,

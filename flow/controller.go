@@ -22,15 +22,18 @@ import (
 // PollInterval while requests wait, because the utilization detector's
 // signal changes without any event the controller sees.
 type Controller struct {
-	mu       sync.Mutex
-	cfg      Config
-	det      SaturationDetector
-	clock    Clock
-	bands    []*band // highest priority first
-	byPrio   map[int]*band
-	queued   int   // requests waiting, all bands
-	bytes    int64 // their bytes
-	tokens   int64 // their estimated tokens
+	mu     sync.Mutex
+	cfg    Config
+	det    SaturationDetector
+	clock  Clock
+	bands  []*band // highest priority first
+	byPrio map[int]*band
+	queued int   // requests waiting, all bands
+	bytes  int64 // their bytes
+	tokens int64 // their estimated tokens
+	// perFlow counts what each flow has in flight, while the detector
+	// watches demand (see demand.go); nil otherwise.
+	perFlow  map[flowKey]*InFlight
 	inFlight InFlight
 	seq      uint64
 	closed   bool
@@ -114,6 +117,7 @@ func New(cfg Config, det SaturationDetector, opts ...Option) (*Controller, error
 	for _, b := range c.cfg.Bands {
 		c.addBandLocked(b)
 	}
+	c.trackFlowsLocked()
 	go c.poll()
 	return c, nil
 }
@@ -155,7 +159,7 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 	}
 	// Work-conserving: nobody waits and the pool has room, so go at once.
 	if c.queued == 0 && !saturated(c.det.Saturation(c.inFlight)) {
-		t := c.admitLocked(req.Tokens, 0)
+		t := c.admitLocked(&req, 0)
 		c.counters.count(Dispatched)
 		c.noteDemandLocked()
 		c.mu.Unlock()
@@ -346,7 +350,7 @@ func (c *Controller) resolveLocked(w *waiter, o Outcome) {
 		w.timer.Stop() // if it already fired, its evict finds w resolved
 	}
 	if o == Dispatched {
-		w.ticket = c.admitLocked(w.req.Tokens, c.clock.Now().Sub(w.item.Arrival))
+		w.ticket = c.admitLocked(&w.req, c.clock.Now().Sub(w.item.Arrival))
 	} else if w.err == nil {
 		w.err = o.err()
 	}
@@ -355,10 +359,12 @@ func (c *Controller) resolveLocked(w *waiter, o Outcome) {
 }
 
 // admitLocked counts a dispatched request in flight.
-func (c *Controller) admitLocked(tokens int64, waited time.Duration) *Ticket {
+func (c *Controller) admitLocked(req *Request, waited time.Duration) *Ticket {
 	c.inFlight.Requests++
-	c.inFlight.Tokens += tokens
-	return &Ticket{c: c, tokens: tokens, Waited: waited}
+	c.inFlight.Tokens += req.Tokens
+	k := flowKey{req.Priority, req.FlowID}
+	c.countFlowLocked(k, req.Tokens, 1)
+	return &Ticket{c: c, tokens: req.Tokens, flow: k, Waited: waited}
 }
 
 // dispatchLocked releases waiting requests, highest band first, the band's
@@ -486,6 +492,7 @@ func (c *Controller) Reconfigure(cfg Config, det SaturationDetector) error {
 	if det != nil {
 		c.det = det
 	}
+	c.trackFlowsLocked()
 	c.bands, c.byPrio = nil, map[int]*band{}
 	c.queued, c.bytes, c.tokens = 0, 0, 0
 	for _, b := range c.cfg.Bands {

@@ -50,6 +50,7 @@ type waiter struct {
 type Ticket struct {
 	c        *Controller
 	tokens   int64
+	flow     flowKey
 	released atomic.Bool
 	// Waited is how long the request waited in the queue (0 when it passed
 	// straight through).
@@ -67,6 +68,7 @@ func (t *Ticket) Release() bool {
 	defer c.mu.Unlock()
 	c.inFlight.Requests--
 	c.inFlight.Tokens -= t.tokens
+	c.countFlowLocked(t.flow, t.tokens, -1)
 	c.counters.Released++
 	c.dispatchLocked()
 	c.noteDemandLocked()

@@ -14,7 +14,7 @@ import (
 // them all.
 type Keys struct {
 	Held  string // hash: instance → units it holds
-	Want  string // hash: instance → units it wants (in flight + queued)
+	Want  string // hash: instance → its demand per flow (encodeDemand)
 	Since string // hash: instance → when it was last granted more (ms)
 	Live  string // sorted set: instance → lease expiry (ms, Redis's clock)
 }
@@ -31,13 +31,18 @@ func (k Keys) list() []string { return []string{k.Held, k.Want, k.Since, k.Live}
 //
 //  1. Instances whose lease ran out lose what they held (a crashed
 //     instance's share comes back within one lease).
-//  2. The caller records what it wants and renews its lease (an idle
-//     caller, holding and wanting nothing, leaves instead).
-//  3. Its entitlement is its max-min fair share of the capacity over
-//     every instance's want: wants below the water line are met in full,
-//     the rest get the line, rounded down; the units left by rounding go
-//     to the unmet instances granted least recently, so with fewer units
-//     than instances they take turns instead of one keeping them.
+//  2. The caller records its demand — per flow: priority, flow, units in
+//     flight + queued — and renews its lease (an idle caller, holding and
+//     wanting nothing, leaves instead).
+//  3. The capacity is shared out as one flow control would: priority
+//     bands first, highest first; within a band max-min fair over the
+//     flows (tenants) of every instance together; a flow's share max-min
+//     fair over the instances where it waits. An instance is entitled to
+//     the sum of its flows' shares, rounded down; the units left by
+//     rounding go to instances with a fraction, granted least recently
+//     first, so with fewer units than instances they take turns. So a
+//     quiet tenant's request waiting at one instance gets a unit there
+//     while a flood spread over every instance shares the rest.
 //  4. It holds min(entitlement, what it holds + what is free) — never more
 //     than the capacity in total — but never less than floor, the units
 //     it may be using already (a holding is lowered only once its
@@ -59,7 +64,7 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
 end
 
 if want > 0 then
-  redis.call('HSET', KEYS[2], inst, want)
+  redis.call('HSET', KEYS[2], inst, ARGV[6])
 else
   redis.call('HDEL', KEYS[2], inst)
 end
@@ -67,31 +72,65 @@ local held = tonumber(redis.call('HGET', KEYS[1], inst) or '0')
 local total = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[1])) do total = total + tonumber(v) end
 
+-- the level that shares amount max-min fairly over vals
+local function level(vals, amount)
+  table.sort(vals)
+  for i, v in ipairs(vals) do
+    local l = amount / (#vals - i + 1)
+    if v > l then return l end
+    amount = amount - v
+  end
+  return math.huge
+end
+
 local flat = redis.call('HGETALL', KEYS[2])
-local list = {}
+local bands, prios, ids = {}, {}, {}
 for i = 1, #flat, 2 do
-  list[#list + 1] = {id = flat[i], w = tonumber(flat[i + 1]),
-    since = tonumber(redis.call('HGET', KEYS[3], flat[i]) or '0')}
-end
-table.sort(list, function(a, b) if a.w ~= b.w then return a.w < b.w end return a.id < b.id end)
-local rem, n, i, entitled = cap, #list, 1, 0
-while i <= #list do
-  if list[i].w > math.floor(rem / n) then break end
-  if list[i].id == inst then entitled = list[i].w end
-  rem, n, i = rem - list[i].w, n - 1, i + 1
-end
-if i <= #list then
-  local base = math.floor(rem / n)
-  local extra = rem - base * n
-  local rest = {}
-  for j = i, #list do rest[#rest + 1] = list[j] end
-  table.sort(rest, function(a, b) if a.since ~= b.since then return a.since < b.since end return a.id < b.id end)
-  for j, e in ipairs(rest) do
-    if e.id == inst then
-      entitled = base
-      if j <= extra then entitled = base + 1 end
+  local id = flat[i]
+  ids[#ids + 1] = id
+  for line in string.gmatch(flat[i + 1], '[^\n]+') do
+    local p, f, n = string.match(line, '^(-?%d+)\t([^\t]+)\t(%d+)$')
+    if p then
+      p, n = tonumber(p), tonumber(n)
+      local b = bands[p]
+      if not b then b = {}; bands[p] = b; prios[#prios + 1] = p end
+      local fl = b[f]
+      if not fl then fl = {total = 0, per = {}}; b[f] = fl end
+      fl.total = fl.total + n
+      fl.per[id] = (fl.per[id] or 0) + n
     end
   end
+end
+table.sort(prios, function(a, b) return a > b end)
+local alloc, rem = {}, cap
+for _, p in ipairs(prios) do
+  if rem <= 0 then break end
+  local totals, bw = {}, 0
+  for _, fl in pairs(bands[p]) do totals[#totals + 1] = fl.total; bw = bw + fl.total end
+  local give = math.min(rem, bw)
+  local lf = level(totals, give)
+  for _, fl in pairs(bands[p]) do
+    local per = {}
+    for _, n in pairs(fl.per) do per[#per + 1] = n end
+    local li = level(per, math.min(fl.total, lf))
+    for id, n in pairs(fl.per) do alloc[id] = (alloc[id] or 0) + math.min(n, li) end
+  end
+  rem = rem - give
+end
+
+local used, frac, entitled = 0, {}, 0
+for _, id in ipairs(ids) do
+  local a = alloc[id] or 0
+  local b = math.floor(a + 1e-9)
+  used = used + b
+  if id == inst then entitled = b end
+  if a - b > 1e-9 then
+    frac[#frac + 1] = {id = id, since = tonumber(redis.call('HGET', KEYS[3], id) or '0')}
+  end
+end
+table.sort(frac, function(a, b) if a.since ~= b.since then return a.since < b.since end return a.id < b.id end)
+for j, e in ipairs(frac) do
+  if e.id == inst and j <= cap - used then entitled = entitled + 1 end
 end
 
 local new = entitled
@@ -117,11 +156,12 @@ type claimed struct {
 	held, total, instances, entitled int64
 }
 
-// claim runs the script for instance: it wants want units, may be using
-// floor already, and the pool holds capacity units in all.
-func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floor, want, capacity int64, ttl time.Duration) (claimed, error) {
+// claim runs the script for instance: it wants want units in all, per
+// flow as demand says (encodeDemand), may be using floor already, and the
+// pool holds capacity units in all.
+func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floor, want int64, demand string, capacity int64, ttl time.Duration) (claimed, error) {
 	args := []string{instance, strconv.FormatInt(floor, 10), strconv.FormatInt(want, 10),
-		strconv.FormatInt(capacity, 10), strconv.FormatInt(ttl.Milliseconds(), 10)}
+		strconv.FormatInt(capacity, 10), strconv.FormatInt(ttl.Milliseconds(), 10), demand}
 	vals, err := claimScript.Exec(ctx, cl, k.list(), args).ToArray()
 	if err != nil {
 		return claimed{}, err

@@ -242,20 +242,22 @@ func (g *Gate) Stats() Stats {
 }
 
 func (g *Gate) units(in flow.InFlight) int64 {
-	if d := g.local.Load(); d != nil {
-		if _, tokens := d.PoolLimit(); tokens {
-			return in.Tokens
-		}
+	if _, tokens := g.poolLimit(); tokens {
+		return in.Tokens
 	}
 	return in.Requests
 }
 
 func (g *Gate) limit() int64 {
+	n, _ := g.poolLimit()
+	return n
+}
+
+func (g *Gate) poolLimit() (int64, bool) {
 	if d := g.local.Load(); d != nil {
-		n, _ := d.PoolLimit()
-		return n
+		return d.PoolLimit()
 	}
-	return 0
+	return 0, false
 }
 
 func (g *Gate) poke() {
@@ -319,8 +321,11 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	fallback, entitled := g.stats.Fallback, g.stats.Entitled
 	g.mu.Unlock()
 	var inUse, want int64
-	read := func(in, q flow.InFlight) {
+	var demand string
+	_, tokens := g.poolLimit()
+	read := func(in, q flow.InFlight, flows []flow.FlowDemand) {
 		inUse, want = g.units(in), g.units(in)+g.units(q)
+		demand = encodeDemand(flows, tokens)
 		if fallback {
 			return // keep the fallback share until Redis has counted it
 		}
@@ -331,15 +336,15 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 		}
 	}
 	if c := g.ctl.Load(); c != nil {
-		c.WithDemand(read)
+		c.WithFlowDemand(tokens, read)
 	} else {
-		read(flow.InFlight{}, flow.InFlight{})
+		read(flow.InFlight{}, flow.InFlight{}, nil)
 	}
 	floor := max(g.allowed.Load(), inUse)
 	capacity := g.limit()
 
 	cctx, cancel := context.WithTimeout(ctx, g.Config().Conn.ReadTimeout)
-	res, err := claim(cctx, cl, g.keys, g.Config().Instance, floor, want, capacity, g.Config().LeaseTTL)
+	res, err := claim(cctx, cl, g.keys, g.Config().Instance, floor, want, demand, capacity, g.Config().LeaseTTL)
 	cancel()
 	if err != nil {
 		return 0, err
@@ -406,7 +411,7 @@ func (g *Gate) leave(cl rueidis.Client) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.Config().Conn.ReadTimeout)
 	defer cancel()
-	_, _ = claim(ctx, cl, g.keys, g.Config().Instance, inUse, 0, g.limit(), g.Config().LeaseTTL)
+	_, _ = claim(ctx, cl, g.keys, g.Config().Instance, inUse, 0, "", g.limit(), g.Config().LeaseTTL)
 }
 
 func (g *Gate) kick() {

@@ -146,6 +146,11 @@ func TestFewerUnitsThanInstancesTakeTurns(t *testing.T) {
 		var order []string
 		var wg sync.WaitGroup
 		const each = 8
+		// a holds the unit until both have their requests queued.
+		blocker, err := a.ctl.Enqueue(context.Background(), flow.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, in := range []*instance{a, b} {
 			for range each {
 				wg.Add(1)
@@ -164,6 +169,10 @@ func TestFewerUnitsThanInstancesTakeTurns(t *testing.T) {
 				}()
 			}
 		}
+		eventually(t, "both instances to queue their requests", func() bool {
+			return a.ctl.Snapshot().Queued == each && b.ctl.Snapshot().Queued == each
+		})
+		blocker.Release()
 		wg.Wait()
 		// While both have requests waiting, the longest run of one
 		// instance is 2 at most (a turn can straddle a claim).
@@ -199,7 +208,8 @@ func TestEntitlementIsMaxMinFair(t *testing.T) {
 		ctx := context.Background()
 		do := func(inst string, floor, want, capacity int64) claimed {
 			t.Helper()
-			r, err := claim(ctx, cl, k, inst, floor, want, capacity, time.Minute)
+			// One flow at every instance: shares are max-min over instances.
+			r, err := claim(ctx, cl, k, inst, floor, want, fmt.Sprintf("0\tf\t%d\n", want), capacity, time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -250,7 +260,7 @@ func TestCrashedInstanceShareIsReclaimed(t *testing.T) {
 		cl := redistest.Client(t, tg.Conn)
 		k := KeysFor("", pool)
 		// The ghost took both units, then died (no more claims).
-		if r, err := claim(context.Background(), cl, k, "ghost", 2, 2, 2, time.Second); err != nil || r.held != 2 {
+		if r, err := claim(context.Background(), cl, k, "ghost", 2, 2, "0\tf\t2\n", 2, time.Second); err != nil || r.held != 2 {
 			t.Fatalf("ghost: %+v %v", r, err)
 		}
 		b := newInstance(t, tg.Conn, pool, "b", 2, nil)
@@ -441,5 +451,67 @@ func TestConfigureAppliesLiveSettings(t *testing.T) {
 	}
 	if g.Config().FallbackShare != 0.5 {
 		t.Errorf("a refused Configure changed the settings: %+v", g.Config())
+	}
+}
+
+// TestSharesFollowTenantsAndPriorityAcrossInstances: the capacity is
+// shared as one flow control would share it — by priority band, then
+// max-min over tenants wherever they wait — not equally by instance.
+func TestSharesFollowTenantsAndPriorityAcrossInstances(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, tg redistest.Target) {
+		cl := redistest.Client(t, tg.Conn)
+		k := KeysFor("", uniquePool(t))
+		ctx := context.Background()
+		do := func(inst string, demand ...flow.FlowDemand) claimed {
+			t.Helper()
+			want := int64(0)
+			for _, d := range demand {
+				want += d.Queued.Requests
+			}
+			r, err := claim(ctx, cl, k, inst, 0, want, encodeDemand(demand, false), 6, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		q := func(prio int, tenant string, n int64) flow.FlowDemand {
+			return flow.FlowDemand{Priority: prio, FlowID: tenant, Queued: flow.InFlight{Requests: n}}
+		}
+		// Capacity 6. Tenant B floods a, b and c; quiet tenant A waits at
+		// c only. Max-min over tenants: A 1, B 5 (5/3 per instance).
+		do("a", q(0, "B", 20))
+		do("b", q(0, "B", 20))
+		do("c", q(0, "B", 20), q(0, "A", 1))
+		ra, rb, rc := do("a", q(0, "B", 20)), do("b", q(0, "B", 20)), do("c", q(0, "B", 20), q(0, "A", 1))
+		if ra.entitled+rb.entitled+rc.entitled != 6 || rc.entitled < 2 || ra.entitled > 2 || rb.entitled > 2 {
+			t.Fatalf("entitlements a %d, b %d, c %d: want 6 in all and c (with tenant A) at least 2", ra.entitled, rb.entitled, rc.entitled)
+		}
+		// A premium request at a: the premium band is served first, so a
+		// is entitled to it on top of its share of the rest.
+		before := do("a", q(0, "B", 20)).entitled
+		if r := do("a", q(0, "B", 20), q(10, "P", 1)); r.entitled < 2 || r.entitled <= before-1 {
+			t.Fatalf("a with a premium request entitled to %d (before %d)", r.entitled, before)
+		}
+		// Flows are named by a hash: no client byte reaches Redis.
+		d := encodeDemand([]flow.FlowDemand{q(0, "evil\t\ntenant", 1)}, false)
+		if strings.Count(d, "\n") != 1 || strings.Count(d, "\t") != 2 || strings.Contains(d, "evil") {
+			t.Fatalf("encoding leaks the flow id: %q", d)
+		}
+	})
+}
+
+// TestDemandLinesAreBounded: an instance with thousands of tenants writes
+// at most maxDemandLines lines, the rest summed per band.
+func TestDemandLinesAreBounded(t *testing.T) {
+	var flows []flow.FlowDemand
+	for i := range 5000 {
+		flows = append(flows, flow.FlowDemand{FlowID: fmt.Sprint("t", i), Queued: flow.InFlight{Requests: 1}})
+	}
+	d := encodeDemand(flows, false)
+	if n := strings.Count(d, "\n"); n != maxDemandLines {
+		t.Fatalf("%d lines", n)
+	}
+	if !strings.Contains(d, "0\t~\t4937\n") {
+		t.Fatalf("the rest is not one line of 4937 units: ...%s", d[len(d)-40:])
 	}
 }

@@ -1,0 +1,72 @@
+package redisgate
+
+import (
+	"cmp"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+
+	"github.com/sluice-router/sluice/flow"
+)
+
+// maxDemandLines bounds what one instance writes to Redis per claim: its
+// largest flows by priority, then units; the rest of each band is one
+// line (flow restFlow).
+const (
+	maxDemandLines = 64
+	restFlow       = "~"
+)
+
+// encodeDemand is an instance's demand as the claim script reads it: one
+// line per flow, "<priority>\t<flow>\t<units>", units being in flight +
+// queued (requests, or tokens). A flow is named by a hash of its id:
+// fixed length, and no client-chosen byte reaches the encoding.
+func encodeDemand(flows []flow.FlowDemand, tokens bool) string {
+	type line struct {
+		prio  int
+		flow  string
+		units int64
+	}
+	var lines []line
+	for _, f := range flows {
+		u := f.InFlight.Requests + f.Queued.Requests
+		if tokens {
+			u = f.InFlight.Tokens + f.Queued.Tokens
+		}
+		if u > 0 {
+			lines = append(lines, line{f.Priority, flowName(f.FlowID), u})
+		}
+	}
+	slices.SortFunc(lines, func(a, b line) int {
+		return cmp.Or(cmp.Compare(b.prio, a.prio), cmp.Compare(b.units, a.units), cmp.Compare(a.flow, b.flow))
+	})
+	if len(lines) > maxDemandLines {
+		kept, rest := lines[:maxDemandLines-1], lines[maxDemandLines-1:]
+		merged := map[int]int64{}
+		var prios []int
+		for _, l := range rest {
+			if _, ok := merged[l.prio]; !ok {
+				prios = append(prios, l.prio)
+			}
+			merged[l.prio] += l.units
+		}
+		lines = kept
+		for _, p := range prios {
+			lines = append(lines, line{p, restFlow, merged[p]})
+		}
+	}
+	var b strings.Builder
+	for _, l := range lines {
+		fmt.Fprintf(&b, "%d\t%s\t%d\n", l.prio, l.flow, l.units)
+	}
+	return b.String()
+}
+
+// flowName is the flow's name in Redis: 16 hex digits of its id's hash,
+// the same on every instance.
+func flowName(id string) string {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return fmt.Sprintf("%016x", h.Sum64())
+}
