@@ -48,8 +48,16 @@ func (k Keys) list() []string { return []string{k.Held, k.Want, k.Since, k.Live}
 //     it may be using already (a holding is lowered only once its
 //     requests are done).
 //
+// Units free now go first to the instances entitled to more than they
+// hold, in the order they were last granted; while any is, the answer
+// says the pool is contended, and an instance holding its whole share
+// gives back the next unit that frees up instead of reusing it (the gate
+// lowers what it allows by one), so a freed unit anywhere goes where the
+// shares say — as one flow control would hand it to the request it
+// serves next.
+//
 // The call is idempotent: the same arguments again give the same holding.
-// Returns {held, pool total held, live instances, entitlement}.
+// Returns {held, pool total held, live instances, entitlement, contended}.
 var claimScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -118,25 +126,51 @@ for _, p in ipairs(prios) do
   rem = rem - give
 end
 
-local used, frac, entitled = 0, {}, 0
+local used, frac, ent, since = 0, {}, {}, {}
 for _, id in ipairs(ids) do
   local a = alloc[id] or 0
   local b = math.floor(a + 1e-9)
   used = used + b
-  if id == inst then entitled = b end
-  if a - b > 1e-9 then
-    frac[#frac + 1] = {id = id, since = tonumber(redis.call('HGET', KEYS[3], id) or '0')}
+  ent[id] = b
+  since[id] = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+  if a - b > 1e-9 then frac[#frac + 1] = id end
+end
+since[inst] = since[inst] or tonumber(redis.call('HGET', KEYS[3], inst) or '0')
+local function older(a, b) if since[a] ~= since[b] then return since[a] < since[b] end return a < b end
+table.sort(frac, older)
+for j, id in ipairs(frac) do
+  if j <= cap - used then ent[id] = ent[id] + 1 end
+end
+local entitled = ent[inst] or 0
+
+-- Instances entitled to more than they hold are served in the order they
+-- were last granted: units free now go to the older ones first.
+local heldBy = {}
+local hflat = redis.call('HGETALL', KEYS[1])
+for i = 1, #hflat, 2 do heldBy[hflat[i]] = tonumber(hflat[i + 1]) end
+local reserved, waiting = 0, 0
+for _, id in ipairs(ids) do
+  local d = (ent[id] or 0) - (heldBy[id] or 0)
+  if id ~= inst and d > 0 then
+    waiting = waiting + d
+    if older(id, inst) then reserved = reserved + d end
   end
 end
-table.sort(frac, function(a, b) if a.since ~= b.since then return a.since < b.since end return a.id < b.id end)
-for j, e in ipairs(frac) do
-  if e.id == inst and j <= cap - used then entitled = entitled + 1 end
-end
+-- contended: others wait for more than is free now
+local contended = 0
+if waiting > math.max(0, cap - total) then contended = 1 end
 
-local new = entitled
-if entitled > held then new = math.min(entitled, held + math.max(0, cap - total)) end
+-- While another instance waits for its share, one holding exactly its own
+-- gives back a unit as soon as it is not in use, and goes to the back of
+-- the line for units left by rounding.
+local target, yielded = entitled, false
+if contended == 1 and held == entitled and entitled > 0 and floor < entitled then
+  target, yielded = entitled - 1, true
+end
+local new = target
+if target > held then new = math.min(target, held + math.max(0, cap - total - reserved)) end
 if new < floor then new = floor end
-if new > held then redis.call('HSET', KEYS[3], inst, now) end
+if new > held or (yielded and new < held) then redis.call('HSET', KEYS[3], inst, now) end
 if new > 0 then
   redis.call('HSET', KEYS[1], inst, new)
 else
@@ -148,12 +182,13 @@ else
   redis.call('ZREM', KEYS[4], inst)
   redis.call('HDEL', KEYS[3], inst)
 end
-return {new, total - held + new, redis.call('ZCARD', KEYS[4]), entitled}
+return {new, total - held + new, redis.call('ZCARD', KEYS[4]), entitled, contended}
 `)
 
 // claimed is one answer of the claim script.
 type claimed struct {
 	held, total, instances, entitled int64
+	contended                        bool
 }
 
 // claim runs the script for instance: it wants want units in all, per
@@ -166,10 +201,10 @@ func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floo
 	if err != nil {
 		return claimed{}, err
 	}
-	if len(vals) != 4 {
-		return claimed{}, fmt.Errorf("redisgate: claim answered %d values, want 4", len(vals))
+	if len(vals) != 5 {
+		return claimed{}, fmt.Errorf("redisgate: claim answered %d values, want 5", len(vals))
 	}
-	var out [4]int64
+	var out [5]int64
 	for i, v := range vals {
 		n, err := v.AsInt64()
 		if err != nil {
@@ -180,5 +215,5 @@ func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floo
 		}
 		out[i] = n
 	}
-	return claimed{held: out[0], total: out[1], instances: out[2], entitled: out[3]}, nil
+	return claimed{held: out[0], total: out[1], instances: out[2], entitled: out[3], contended: out[4] == 1}, nil
 }

@@ -215,13 +215,24 @@ func (g *Gate) Saturation(in flow.InFlight) float64 {
 	return float64(g.units(in)) / float64(allowed)
 }
 
-// Capacity implements flow.CapacityReporter with the pool's capacity
-// (band queues are sized from it).
+// Capacity implements flow.CapacityReporter: band queues without a
+// max_requests are sized from it. It is this instance's part of the
+// pool's capacity (the pool's ÷ the instances holding or wanting a share
+// at the last claim), so that N instances queue about what one flow
+// control in front of the pool would, not N times as much.
 func (g *Gate) Capacity() int64 {
-	if d := g.local.Load(); d != nil {
-		return d.Capacity()
+	d := g.local.Load()
+	if d == nil {
+		return 0
 	}
-	return 0
+	c := d.Capacity()
+	g.mu.Lock()
+	n := g.stats.Instances
+	g.mu.Unlock()
+	if n > 1 {
+		c = (c + n - 1) / n
+	}
+	return c
 }
 
 // Demand implements flow.DemandWatcher: the claimer runs whenever the
@@ -350,6 +361,12 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 		return 0, err
 	}
 	allowed := min(res.held, res.entitled)
+	if res.contended && res.held == res.entitled && allowed > 0 {
+		// Another instance waits for its share: the next unit that frees
+		// up here goes back to Redis (and to it), not to this queue. The
+		// claim that follows that release restores this share.
+		allowed--
+	}
 	g.held.Store(res.held)
 	before := g.allowed.Swap(allowed)
 	g.mu.Lock()

@@ -320,11 +320,15 @@ func TestRedisAwayFallsBackToAShare(t *testing.T) {
 	eventually(t, "each holds 2 of 4", func() bool {
 		return a.gate.Stats().Allowed == 2 && b.gate.Stats().Allowed == 2 && a.gate.Stats().Instances == 2
 	}, func() any { return a.gate.Stats() }, func() any { return b.gate.Stats() })
+	// Each queues for its part of the pool: band queues sized from 4/2.
+	if c := a.gate.Capacity(); c != 2 {
+		t.Errorf("a sizes its queues for %d requests at once, want 2 (4 over 2 instances)", c)
+	}
 	srv.Kill()
 	eventually(t, "both fall back to half the pool", func() bool {
 		sa, sb := a.gate.Stats(), b.gate.Stats()
 		return sa.Fallback && sb.Fallback && sa.Allowed == 2 && sb.Allowed == 2
-	})
+	}, func() any { return a.gate.Stats() }, func() any { return b.gate.Stats() })
 	if _, ok := events.Load("a:false"); !ok {
 		t.Error("a did not report the fallback")
 	}
@@ -514,4 +518,56 @@ func TestDemandLinesAreBounded(t *testing.T) {
 	if !strings.Contains(d, "0\t~\t4937\n") {
 		t.Fatalf("the rest is not one line of 4937 units: ...%s", d[len(d)-40:])
 	}
+}
+
+// TestFreedUnitGoesWhereTheSharesSay: while an instance waits for its
+// share, an instance holding exactly its own gives back the next unit
+// that frees up instead of reusing it for its queue — as one flow control
+// would hand the freed unit to the quiet tenant's request.
+func TestFreedUnitGoesWhereTheSharesSay(t *testing.T) {
+	conn := redisconn.Config{Addrs: []string{redistest.Addr(t)}}
+	pool := uniquePool(t)
+	enqueue := func(in *instance, tenant string) <-chan *flow.Ticket {
+		ch := make(chan *flow.Ticket, 1)
+		go func() {
+			if tk, err := in.ctl.Enqueue(context.Background(), flow.Request{FlowID: tenant}); err == nil {
+				ch <- tk
+			}
+		}()
+		return ch
+	}
+	take := func(ch <-chan *flow.Ticket, what string) *flow.Ticket {
+		t.Helper()
+		select {
+		case tk := <-ch:
+			return tk
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no ticket within 5s: %s", what)
+			return nil
+		}
+	}
+	// y, then x, each run one request of the flood (B) and queue three
+	// more: y was granted first, so the unit left by rounding is y's.
+	y := newInstance(t, conn, pool, "y", 2, nil)
+	ty := take(enqueue(y, "B"), "y's first B")
+	x := newInstance(t, conn, pool, "x", 2, nil)
+	tx := take(enqueue(x, "B"), "x's first B")
+	defer tx.Release()
+	var more []<-chan *flow.Ticket
+	for range 3 {
+		more = append(more, enqueue(y, "B"), enqueue(x, "B"))
+	}
+	// The quiet tenant A arrives at z: A's share is 1 of the 2 units.
+	z := newInstance(t, conn, pool, "z", 2, nil)
+	gotA := enqueue(z, "A")
+	eventually(t, "y to hold its share while z waits, and to stop reusing it", func() bool {
+		s := y.gate.Stats()
+		return s.Entitled == 1 && s.Held == 1 && s.Allowed == 0
+	}, func() any { return y.gate.Stats() }, func() any { return z.gate.Stats() })
+	ty.Release() // y's request ends first: its unit goes to z's A, not to y's queue
+	defer take(gotA, "A at z after y's request ended").Release()
+	if n := y.ctl.Snapshot().Counters.Dispatched; n != 1 {
+		t.Fatalf("y dispatched %d requests; its freed unit should have gone to z", n)
+	}
+	_ = more
 }
