@@ -318,7 +318,9 @@ func TestRedisAwayFallsBackToAShare(t *testing.T) {
 	}
 	releaseA, releaseB := hold(a, 2), hold(b, 2)
 	eventually(t, "each holds 2 of 4", func() bool {
-		return a.gate.Stats().Allowed == 2 && b.gate.Stats().Allowed == 2 && a.gate.Stats().Instances == 2
+		// (each learns of the other at its next claim: a lease renewal at most)
+		return a.gate.Stats().Allowed == 2 && b.gate.Stats().Allowed == 2 &&
+			a.gate.Stats().Instances == 2 && b.gate.Stats().Instances == 2
 	}, func() any { return a.gate.Stats() }, func() any { return b.gate.Stats() })
 	// Each queues for its part of the pool: band queues sized from 4/2.
 	if c := a.gate.Capacity(); c != 2 {
