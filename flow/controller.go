@@ -379,7 +379,10 @@ func (c *Controller) dispatchLocked() {
 	start := time.Now()
 	for c.queued > 0 && !saturated(c.det.Saturation(c.inFlight)) {
 		b := c.topBandLocked()
-		q := b.fairness.Next()
+		q := c.belowShareLocked(b)
+		if q == nil {
+			q = b.fairness.Next()
+		}
 		c.resolveLocked(q.Head().Value.(*waiter), Dispatched)
 	}
 	c.observer.DispatchCycle(time.Since(start))

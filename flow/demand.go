@@ -84,3 +84,25 @@ func (c *Controller) WithFlowDemand(tokens bool, fn func(inFlight, queued InFlig
 	}
 	fn(c.inFlight, InFlight{Requests: int64(c.queued), Tokens: c.tokens}, flows)
 }
+
+// belowShareLocked is the backlogged flow of band b furthest below its
+// share at this instance, when the detector shares the pool per flow;
+// nil otherwise.
+func (c *Controller) belowShareLocked(b *band) *policies.Queue {
+	fs, ok := c.det.(FlowSharer)
+	if !ok || c.perFlow == nil {
+		return nil
+	}
+	var best *policies.Queue
+	bestDeficit := 0.0
+	for id, q := range b.flows {
+		var in InFlight
+		if f := c.perFlow[flowKey{b.cfg.Priority, id}]; f != nil {
+			in = *f
+		}
+		if d, ok := fs.ShareDeficit(b.cfg.Priority, id, in); ok && d > bestDeficit {
+			best, bestDeficit = q, d
+		}
+	}
+	return best
+}

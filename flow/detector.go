@@ -42,3 +42,16 @@ type DemandWatcher interface {
 	// (Requests, and the Tokens of those requests).
 	Demand(inFlight, queued InFlight)
 }
+
+// FlowSharer is implemented by detectors that share the pool out per flow
+// across instances (flow/redisgate). The controller then dispatches first
+// from the flow furthest below its share here — the unit the pool handed
+// this instance for a quiet tenant goes to that tenant, not to the
+// flood's turn in the local round robin — and falls back to the band's
+// fairness policy when no flow is below its share.
+type FlowSharer interface {
+	// ShareDeficit is how far flow id of band priority, holding inFlight
+	// here, is below its share at this instance (<= 0: at or above it;
+	// ok false: no share known).
+	ShareDeficit(priority int, id string, inFlight InFlight) (deficit float64, ok bool)
+}

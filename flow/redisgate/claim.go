@@ -57,7 +57,8 @@ func (k Keys) list() []string { return []string{k.Held, k.Want, k.Since, k.Live}
 // serves next.
 //
 // The call is idempotent: the same arguments again give the same holding.
-// Returns {held, pool total held, live instances, entitlement, contended}.
+// Returns {held, pool total held, live instances, entitlement, contended,
+// the caller's share per flow ("<priority>\t<flow>\t<units>" lines)}.
 var claimScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -110,18 +111,21 @@ for i = 1, #flat, 2 do
   end
 end
 table.sort(prios, function(a, b) return a > b end)
-local alloc, rem = {}, cap
+local alloc, rem, mine = {}, cap, {}
 for _, p in ipairs(prios) do
   if rem <= 0 then break end
   local totals, bw = {}, 0
   for _, fl in pairs(bands[p]) do totals[#totals + 1] = fl.total; bw = bw + fl.total end
   local give = math.min(rem, bw)
   local lf = level(totals, give)
-  for _, fl in pairs(bands[p]) do
+  for f, fl in pairs(bands[p]) do
     local per = {}
     for _, n in pairs(fl.per) do per[#per + 1] = n end
     local li = level(per, math.min(fl.total, lf))
-    for id, n in pairs(fl.per) do alloc[id] = (alloc[id] or 0) + math.min(n, li) end
+    for id, n in pairs(fl.per) do
+      alloc[id] = (alloc[id] or 0) + math.min(n, li)
+      if id == inst then mine[#mine + 1] = p .. '\t' .. f .. '\t' .. string.format('%.3f', math.min(n, li)) end
+    end
   end
   rem = rem - give
 end
@@ -182,13 +186,14 @@ else
   redis.call('ZREM', KEYS[4], inst)
   redis.call('HDEL', KEYS[3], inst)
 end
-return {new, total - held + new, redis.call('ZCARD', KEYS[4]), entitled, contended}
+return {new, total - held + new, redis.call('ZCARD', KEYS[4]), entitled, contended, table.concat(mine, '\n')}
 `)
 
 // claimed is one answer of the claim script.
 type claimed struct {
 	held, total, instances, entitled int64
 	contended                        bool
+	shares                           string // the caller's share per flow
 }
 
 // claim runs the script for instance: it wants want units in all, per
@@ -201,11 +206,15 @@ func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floo
 	if err != nil {
 		return claimed{}, err
 	}
-	if len(vals) != 5 {
-		return claimed{}, fmt.Errorf("redisgate: claim answered %d values, want 5", len(vals))
+	if len(vals) != 6 {
+		return claimed{}, fmt.Errorf("redisgate: claim answered %d values, want 6", len(vals))
+	}
+	shares, err := vals[5].ToString()
+	if err != nil {
+		return claimed{}, fmt.Errorf("redisgate: claim answer 5: %v", err)
 	}
 	var out [5]int64
-	for i, v := range vals {
+	for i, v := range vals[:5] {
 		n, err := v.AsInt64()
 		if err != nil {
 			return claimed{}, fmt.Errorf("redisgate: claim answer %d: %v", i, err)
@@ -215,5 +224,5 @@ func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floo
 		}
 		out[i] = n
 	}
-	return claimed{held: out[0], total: out[1], instances: out[2], entitled: out[3], contended: out[4] == 1}, nil
+	return claimed{held: out[0], total: out[1], instances: out[2], entitled: out[3], contended: out[4] == 1, shares: shares}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/sluice-router/sluice/flow"
@@ -69,4 +70,31 @@ func flowName(id string) string {
 	h := fnv.New64a()
 	h.Write([]byte(id))
 	return fmt.Sprintf("%016x", h.Sum64())
+}
+
+// shareKey names a flow within its band.
+type shareKey struct {
+	prio int
+	id   string
+}
+
+// parseShares reads the claim's per-flow shares of this instance,
+// naming each flow by its id again (names: flowName → id); the summed
+// rest of a band has no id and is left out.
+func parseShares(lines string, names map[string]string) *map[shareKey]float64 {
+	m := map[shareKey]float64{}
+	for _, l := range strings.Split(lines, "\n") {
+		f := strings.Split(l, "\t")
+		if len(f) != 3 {
+			continue
+		}
+		p, err1 := strconv.Atoi(f[0])
+		v, err2 := strconv.ParseFloat(f[2], 64)
+		id, ok := names[f[1]]
+		if err1 != nil || err2 != nil || !ok {
+			continue
+		}
+		m[shareKey{p, id}] += v
+	}
+	return &m
 }

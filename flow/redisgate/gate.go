@@ -135,6 +135,9 @@ type Gate struct {
 	allowed atomic.Int64
 	// held is what Redis counted for this instance at the last claim.
 	held atomic.Int64
+	// shares are this instance's share of the pool per flow at the last
+	// claim (nil: none known, e.g. while Redis is away).
+	shares atomic.Pointer[map[shareKey]float64]
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -333,10 +336,14 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	g.mu.Unlock()
 	var inUse, want int64
 	var demand string
+	names := map[string]string{} // flowName → flow id
 	_, tokens := g.poolLimit()
 	read := func(in, q flow.InFlight, flows []flow.FlowDemand) {
 		inUse, want = g.units(in), g.units(in)+g.units(q)
 		demand = encodeDemand(flows, tokens)
+		for _, f := range flows {
+			names[flowName(f.FlowID)] = f.FlowID
+		}
 		if fallback {
 			return // keep the fallback share until Redis has counted it
 		}
@@ -368,6 +375,7 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 		allowed--
 	}
 	g.held.Store(res.held)
+	g.shares.Store(parseShares(res.shares, names))
 	before := g.allowed.Swap(allowed)
 	g.mu.Lock()
 	g.stats.Claims++
@@ -395,8 +403,23 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	}
 }
 
+// ShareDeficit implements flow.FlowSharer: how far a flow holding
+// inFlight here is below its share at this instance.
+func (g *Gate) ShareDeficit(priority int, id string, inFlight flow.InFlight) (float64, bool) {
+	m := g.shares.Load()
+	if m == nil {
+		return 0, false
+	}
+	share, ok := (*m)[shareKey{priority, id}]
+	if !ok {
+		return 0, false
+	}
+	return share - float64(g.units(inFlight)), true
+}
+
 // failed switches to the fallback share after a Redis error.
 func (g *Gate) failed(err error) {
+	g.shares.Store(nil) // local fairness alone while Redis is away
 	g.mu.Lock()
 	g.stats.RedisErrors++
 	g.stats.LastError = err.Error()
