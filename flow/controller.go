@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -276,7 +277,12 @@ func (c *Controller) fitsLocked(b *band, n int64) bool {
 // limit follows the pool's capacity, so it grows and shrinks with the
 // replica count.
 func (c *Controller) bandLimitLocked(b *band) int64 {
-	return BandQueueLimit(b.cfg, c.capacityLocked())
+	n := BandQueueLimit(b.cfg, c.capacityLocked())
+	if qs, ok := c.det.(QueueSharer); ok {
+		// This instance queues its part of the pool's band queue.
+		n = max(int64(math.Ceil(float64(n)*qs.QueueFraction())), 1)
+	}
+	return n
 }
 
 // capacityLocked is the pool's capacity in requests: the detector's if it

@@ -55,3 +55,12 @@ type FlowSharer interface {
 	// ok false: no share known).
 	ShareDeficit(priority int, id string, inFlight InFlight) (deficit float64, ok bool)
 }
+
+// QueueSharer is implemented by detectors that share the pool with other
+// instances (flow/redisgate): each instance's band queues hold its part
+// of what one flow control in front of the pool would queue, so N
+// instances together queue (and make wait) about as much as one.
+type QueueSharer interface {
+	// QueueFraction is this instance's part, in (0, 1].
+	QueueFraction() float64
+}

@@ -218,24 +218,23 @@ func (g *Gate) Saturation(in flow.InFlight) float64 {
 	return float64(g.units(in)) / float64(allowed)
 }
 
-// Capacity implements flow.CapacityReporter: band queues without a
-// max_requests are sized from it. It is this instance's part of the
-// pool's capacity (the pool's ÷ the instances holding or wanting a share
-// at the last claim), so that N instances queue about what one flow
-// control in front of the pool would, not N times as much.
+// Capacity implements flow.CapacityReporter with the pool's capacity
+// (band queues are sized from it, then split by QueueFraction).
 func (g *Gate) Capacity() int64 {
-	d := g.local.Load()
-	if d == nil {
-		return 0
+	if d := g.local.Load(); d != nil {
+		return d.Capacity()
 	}
-	c := d.Capacity()
+	return 0
+}
+
+// QueueFraction implements flow.QueueSharer: 1 / the instances holding or
+// wanting a share at the last claim, so that N instances queue about what
+// one flow control in front of the pool would, not N times as much.
+func (g *Gate) QueueFraction() float64 {
 	g.mu.Lock()
 	n := g.stats.Instances
 	g.mu.Unlock()
-	if n > 1 {
-		c = (c + n - 1) / n
-	}
-	return c
+	return 1 / float64(max(n, 1))
 }
 
 // Demand implements flow.DemandWatcher: the claimer runs whenever the

@@ -322,9 +322,10 @@ func TestRedisAwayFallsBackToAShare(t *testing.T) {
 		return a.gate.Stats().Allowed == 2 && b.gate.Stats().Allowed == 2 &&
 			a.gate.Stats().Instances == 2 && b.gate.Stats().Instances == 2
 	}, func() any { return a.gate.Stats() }, func() any { return b.gate.Stats() })
-	// Each queues for its part of the pool: band queues sized from 4/2.
-	if c := a.gate.Capacity(); c != 2 {
-		t.Errorf("a sizes its queues for %d requests at once, want 2 (4 over 2 instances)", c)
+	// Each queues its part of the pool's band queue: the default 4 × 4
+	// requests, over 2 instances.
+	if lim := a.ctl.Snapshot().Bands[0].MaxRequests; lim != 8 {
+		t.Errorf("a's band queue holds %d requests, want 8 (16 for the pool over 2 instances)", lim)
 	}
 	srv.Kill()
 	eventually(t, "both fall back to half the pool", func() bool {
