@@ -192,10 +192,10 @@ func caddyForTests(ctx context.Context, t *testing.T) string {
 	return caddyBin
 }
 
-// The chaos scenario in quick mode: every Sluice policy under cancels,
-// replica kills, set-backends churn, hot reloads (good and refused) and
-// Redis outages ends with nothing lost, nothing leaked, no panic.
-func TestQuickChaos(t *testing.T) {
+// needProcessesAndRedis skips a test that starts processes under -short,
+// and one that needs redis-server where there is none (fails under CI).
+func needProcessesAndRedis(t *testing.T) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
@@ -205,6 +205,13 @@ func TestQuickChaos(t *testing.T) {
 		}
 		t.Skip("redis-server is missing")
 	}
+}
+
+// The chaos scenario in quick mode: every Sluice policy under cancels,
+// replica kills, set-backends churn, hot reloads (good and refused) and
+// Redis outages ends with nothing lost, nothing leaked, no panic.
+func TestQuickChaos(t *testing.T) {
+	needProcessesAndRedis(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
 	bin := caddyForTests(ctx, t)
@@ -216,8 +223,8 @@ func TestQuickChaos(t *testing.T) {
 	if err := res.Err(); err != nil {
 		t.Errorf("chaos run not clean: %v", err)
 	}
-	if len(res.Systems) != 6 {
-		t.Errorf("%d systems ran, want 6", len(res.Systems))
+	if len(res.Systems) != 7 {
+		t.Errorf("%d systems ran, want 7", len(res.Systems))
 	}
 	for _, s := range res.Systems {
 		if s.Requests < 1000 || s.Lost != 0 || s.Extra["leaked"] != 0 || s.Extra["panics"] != 0 {
@@ -234,15 +241,7 @@ func TestQuickChaos(t *testing.T) {
 // Redis and two without, tenant A alone first. It checks a clean run and
 // that the replica-side measures are there; no timing assertion.
 func TestQuickMultiInstanceFlow(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes; skipped with -short")
-	}
-	if !haveTool(t, "redis-server", "redis-server") {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server is missing and could not be installed")
-		}
-		t.Skip("redis-server is missing")
-	}
+	needProcessesAndRedis(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	bin := caddyForTests(ctx, t)
