@@ -279,8 +279,11 @@ func (c *Controller) fitsLocked(b *band, n int64) bool {
 func (c *Controller) bandLimitLocked(b *band) int64 {
 	n := BandQueueLimit(b.cfg, c.capacityLocked())
 	if qs, ok := c.det.(QueueSharer); ok {
-		// This instance queues its part of the pool's band queue.
-		n = max(int64(math.Ceil(float64(n)*qs.QueueFraction())), 1)
+		// This instance queues its part of the pool's band queue, but
+		// never fewer than the default floor: a queue of a few requests
+		// would let a flood crowd out a quiet tenant that has two
+		// waiting (a push-out needs the flood to hold two more).
+		n = max(int64(math.Ceil(float64(n)*qs.QueueFraction())), min(n, DefaultBandMinRequests))
 	}
 	return n
 }

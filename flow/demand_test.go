@@ -100,3 +100,37 @@ func TestFlowDemandPerTenant(t *testing.T) {
 		r.ticket.Release()
 	}
 }
+
+// quarterPool is a closed gate of a pool of 4 shared by 4 instances.
+type quarterPool struct{ gate }
+
+func (quarterPool) Capacity() int64        { return 4 }
+func (quarterPool) QueueFraction() float64 { return 0.25 }
+
+// A quiet tenant arriving at a band queue the flood filled (its part of
+// the pool's 16, 16 ÷ 4 instances, floored at 8) still gets in: the
+// flood's newest goes.
+func TestSharedBandQueueStillAdmitsTheQuietTenant(t *testing.T) {
+	g := &quarterPool{}
+	g.closed.Store(true)
+	c := newController(t, Config{}, g)
+	out := make(chan result, 8)
+	for range 8 {
+		enqueueAsync(context.Background(), c, Request{FlowID: "B"}, out)
+	}
+	waitQueued(t, c, 8)
+	if lim := c.Snapshot().Bands[0].MaxRequests; lim != 8 {
+		t.Fatalf("band limit %d, want 8", lim)
+	}
+	enqueueAsync(context.Background(), c, Request{FlowID: "B"}, out)
+	if r := <-out; r.err != ErrCapacity || r.req.FlowID != "B" {
+		t.Fatalf("a fifth B: %+v %v", r.req, r.err)
+	}
+	enqueueAsync(context.Background(), c, Request{FlowID: "A"}, out)
+	if r := <-out; r.err != ErrCapacity || r.req.FlowID != "B" {
+		t.Fatalf("A's arrival should push out B's newest: got %+v %v", r.req, r.err)
+	}
+	if s := c.Snapshot(); s.Queued != 8 {
+		t.Fatalf("queued %d", s.Queued)
+	}
+}
