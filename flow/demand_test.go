@@ -104,8 +104,8 @@ func TestFlowDemandPerTenant(t *testing.T) {
 // quarterPool is a closed gate of a pool of 4 shared by 4 instances.
 type quarterPool struct{ gate }
 
-func (quarterPool) Capacity() int64        { return 4 }
-func (quarterPool) QueueFraction() float64 { return 0.25 }
+func (*quarterPool) Capacity() int64        { return 4 }
+func (*quarterPool) QueueFraction() float64 { return 0.25 }
 
 // A quiet tenant arriving at a band queue the flood filled (its part of
 // the pool's 16, 16 ÷ 4 instances, floored at 8) still gets in: the
