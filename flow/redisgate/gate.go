@@ -40,7 +40,7 @@ type Config struct {
 	// seen at the last answer, 1 before any).
 	FallbackShare float64
 	// Poll is how soon an instance whose requests wait for more of the
-	// capacity asks again (default 10ms): capacity another instance gives
+	// capacity asks again (default 5ms): capacity another instance gives
 	// back reaches it within this.
 	Poll time.Duration
 	// Instance names this instance in Redis (default: host name + a
@@ -54,7 +54,7 @@ type Config struct {
 // Defaults.
 const (
 	DefaultLeaseTTL = 5 * time.Second
-	DefaultPoll     = 10 * time.Millisecond
+	DefaultPoll     = 5 * time.Millisecond
 	retryBackoff    = time.Second
 )
 
