@@ -34,12 +34,7 @@ func flowNewUser(r *runner) {
 	d := r.dur(10*time.Second, 2*time.Second)
 	a := poisson(4, d, 41)
 	b := poisson(80, d, 42)
-	fleet := make([]sim.Config, 4)
-	for i := range fleet {
-		fleet[i] = sim.Config{Name: fmt.Sprintf("nu-%d", i), Concurrency: 1,
-			Latency: sim.Latency{Kind: sim.LatencyLognormal, Duration: 100 * time.Millisecond, Sigma: 0.3},
-			Seed:    uint64(i + 1)}
-	}
+	fleet := gieFleet("nu")
 	load := func(list []classArrival) func(_ []*sim.Server, proxies []string) workload {
 		return func(_ []*sim.Server, proxies []string) workload {
 			return workload{arrivals: arrivalTimes(list), class: func(n int) string { return list[n].class },
@@ -102,4 +97,16 @@ func flowNewUser(r *runner) {
 		}
 		r.system(s)
 	}
+}
+
+// gieFleet is the flow-control scenarios' pool: 4 one-at-a-time replicas
+// of ~100 ms (lognormal σ 0.3; capacity ~38–40 req/s), named <prefix>-<i>.
+func gieFleet(prefix string) []sim.Config {
+	fleet := make([]sim.Config, 4)
+	for i := range fleet {
+		fleet[i] = sim.Config{Name: fmt.Sprintf("%s-%d", prefix, i), Concurrency: 1,
+			Latency: sim.Latency{Kind: sim.LatencyLognormal, Duration: 100 * time.Millisecond, Sigma: 0.3},
+			Seed:    uint64(i + 1)}
+	}
+	return fleet
 }

@@ -52,12 +52,7 @@ func multiFlow(r *runner) {
 	d := r.dur(10*time.Second, 2*time.Second)
 	a := poisson(4, d, 141)
 	b := poisson(53, d, 142)
-	fleet := make([]sim.Config, 4)
-	for i := range fleet {
-		fleet[i] = sim.Config{Name: fmt.Sprintf("mf-%d", i), Concurrency: 1,
-			Latency: sim.Latency{Kind: sim.LatencyLognormal, Duration: 100 * time.Millisecond, Sigma: 0.3},
-			Seed:    uint64(i + 1)}
-	}
+	fleet := gieFleet("mf")
 	// The pool's peak in flight, replica-side (Σ running + queued over the
 	// replicas), sampled every millisecond while the system runs.
 	var poolPeak atomic.Int64

@@ -20,12 +20,7 @@ import (
 func priorityOverload(r *runner) {
 	d := r.dur(10*time.Second, 2*time.Second)
 	premium, batch := poisson(12, d, 31), poisson(60, d, 32)
-	fleet := make([]sim.Config, 4)
-	for i := range fleet {
-		fleet[i] = sim.Config{Name: fmt.Sprintf("po-%d", i), Concurrency: 1,
-			Latency: sim.Latency{Kind: sim.LatencyLognormal, Duration: 100 * time.Millisecond, Sigma: 0.3},
-			Seed:    uint64(i + 1)}
-	}
+	fleet := gieFleet("po")
 	load := func(list []classArrival) func(_ []*sim.Server, proxies []string) workload {
 		return func(_ []*sim.Server, proxies []string) workload {
 			return workload{arrivals: arrivalTimes(list), class: func(n int) string { return list[n].class },

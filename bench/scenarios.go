@@ -538,12 +538,7 @@ func noisyNeighbour(r *runner) {
 	a := poisson(4, d, 1)
 	b := poisson(60, d, 2)
 	both := mergeArrivals([]string{"A", "B"}, a, b)
-	fleet := make([]sim.Config, 4)
-	for i := range fleet {
-		fleet[i] = sim.Config{Name: fmt.Sprintf("nn-%d", i), Concurrency: 1,
-			Latency: sim.Latency{Kind: sim.LatencyLognormal, Duration: 100 * time.Millisecond, Sigma: 0.3},
-			Seed:    uint64(i + 1)}
-	}
+	fleet := gieFleet("nn")
 	load := func(aOnly bool) func(_ []*sim.Server, proxies []string) workload {
 		list := both
 		if aOnly {

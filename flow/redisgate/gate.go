@@ -250,7 +250,7 @@ func (g *Gate) Stats() Stats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	s := g.stats
-	s.Allowed = g.allowed.Load()
+	s.Allowed, s.Held = g.allowed.Load(), g.held.Load()
 	return s
 }
 
@@ -378,7 +378,7 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	before := g.allowed.Swap(allowed)
 	g.mu.Lock()
 	g.stats.Claims++
-	g.stats.Held, g.stats.Entitled, g.stats.PoolHeld = res.held, res.entitled, res.total
+	g.stats.Entitled, g.stats.PoolHeld = res.entitled, res.total
 	g.stats.Instances, g.stats.Capacity = res.instances, capacity
 	g.stats.LastError = ""
 	g.stats.Fallback = false
