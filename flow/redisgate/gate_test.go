@@ -89,7 +89,9 @@ func eventually(t *testing.T, what string, cond func() bool, show ...func() any)
 // request, and give everything back when idle.
 func TestNeverMoreThanCapacityInFlight(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, tg redistest.Target) {
-		const capacity, perInstance = 4, 12
+		// 8 each: an instance's band queue is its part of the pool's 16,
+		// never below 8, whatever the instances it has seen so far.
+		const capacity, perInstance = 4, 8
 		pool := uniquePool(t)
 		var ins []*instance
 		for i := range 3 {
