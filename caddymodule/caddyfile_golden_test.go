@@ -62,6 +62,10 @@ func goldenCases(t *testing.T) []goldenCase {
 			`"no_hit_lru":0.5`,
 			`"queue":2`,
 		},
+		"global_redis_least_call_rate_unlimited": {
+			`"policy":"global_redis_least"`,
+			`"call_rate":-1`,
+		},
 		"qll_all_options": {
 			`"policy":"queued_least_latency"`,
 			`"pool":"gpu-a"`,
@@ -625,6 +629,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"global_redis_least/max_inflight x", goldenRedis("max_inflight lots"), []string{"max_inflight"}},
 		{"global_redis_least/lease_ttl soon", goldenRedis("lease_ttl soon"), []string{"lease_ttl"}},
 		{"global_redis_least/breaker_failures 0", goldenRedis("breaker_failures 0"), []string{"breaker_failures"}},
+		{"global_redis_least/call_rate -2", goldenRedis("call_rate -2"), []string{"call_rate"}},
+		{"global_redis_least/call_rate often", goldenRedis("call_rate often"), []string{"call_rate"}},
 		{"global_redis_least/two values", goldenRedis("key_prefix a b"), []string{"key_prefix"}},
 		{"global_redis_least/missing ca_file", goldenRedis("tls on\nca_file /nonexistent/ca.pem"), []string{"ca_file"}},
 		{"load_aware/unknown scorer", goldenLoadAware("scorer prefix_magic"), []string{"prefix_magic"}},

@@ -28,6 +28,12 @@ type GlobalRedisLeast struct {
 	// one FIFO queue shared by every instance, and gets the next replica
 	// slot freed anywhere; 503 queue_timeout after waiting this long.
 	QueueTimeout caddy.Duration `json:"queue_timeout,omitempty"`
+	// CallRate bounds the Redis calls per second this instance spends on
+	// picks and releases without max_inflight: within it every pick is
+	// exact, beyond it picks come from the view each call refreshes and
+	// go to Redis in batches. 0: the default (100); -1 ("unlimited" in
+	// the Caddyfile): one call per pick and per release.
+	CallRate int `json:"call_rate,omitempty" sluice:"min=-1"`
 	// LeaseTTL: a crashed instance's requests stop counting within about
 	// 4/3 of this (default 10s).
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
@@ -52,7 +58,7 @@ func (GlobalRedisLeast) CaddyModule() caddy.ModuleInfo {
 
 func (p *GlobalRedisLeast) storeConfig() redisleast.Config {
 	return redisleast.Config{
-		Config: p.conn(), MaxInflight: p.MaxInflight, QueueTimeout: time.Duration(p.QueueTimeout), LeaseTTL: time.Duration(p.LeaseTTL),
+		Config: p.conn(), MaxInflight: p.MaxInflight, QueueTimeout: time.Duration(p.QueueTimeout), CallRate: p.CallRate, LeaseTTL: time.Duration(p.LeaseTTL),
 		BreakerFailures: p.BreakerFailures, BreakerBackoff: time.Duration(p.BreakerBackoff), InstanceID: p.InstanceID,
 		MaxFails: p.MaxFails, FailDuration: time.Duration(p.FailDuration),
 	}
@@ -132,6 +138,7 @@ func redactedRedisConfig(cfg redisleast.Config) redisleast.Config {
 //	    key_prefix       <prefix>
 //	    max_inflight     <n>
 //	    queue_timeout    <duration|seconds> # global queueing mode; needs max_inflight
+//	    call_rate        <n>|unlimited      # Redis calls per second before picks batch (default 100)
 //	    lease_ttl        <duration>
 //	    breaker_failures <n>
 //	    breaker_backoff  <duration>
@@ -140,5 +147,11 @@ func redactedRedisConfig(cfg redisleast.Config) redisleast.Config {
 //	    fail_duration    <duration|seconds>
 //	}
 func (p *GlobalRedisLeast) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	return parseModule(d, "global_redis_least", nil, p, nil)
+	return parseModule(d, "global_redis_least", nil, p, func(opt string, vals []string) (bool, error) {
+		if opt == "call_rate" && len(vals) == 1 && vals[0] == "unlimited" {
+			p.CallRate = -1
+			return true, nil
+		}
+		return false, nil
+	})
 }

@@ -24,7 +24,23 @@ func TestReleaseAnsweredWithAnErrorReplyIsRetried(t *testing.T) {
 // scripts differ): cfg makes the mode's config for an address.
 func bothModes(t *testing.T, test func(t *testing.T, cfg func(addr string) Config)) {
 	t.Run("plain", func(t *testing.T) { test(t, func(addr string) Config { return testConfig(t, addr) }) })
+	oneCallModes(t, test)
+}
+
+// oneCallModes runs test in the modes with one Redis call per select and
+// per release: the least-request mode without a call budget (call_rate
+// unlimited), and the queueing mode.
+func oneCallModes(t *testing.T, test func(t *testing.T, cfg func(addr string) Config)) {
+	t.Run("exact", func(t *testing.T) { test(t, func(addr string) Config { return exactConfig(t, addr) }) })
 	t.Run("queueing", func(t *testing.T) { test(t, func(addr string) Config { return queueConfig(t, addr) }) })
+}
+
+// exactConfig is the least-request mode with one call per select and per
+// release, whatever the rate (call_rate unlimited).
+func exactConfig(t testing.TB, addr string) Config {
+	c := testConfig(t, addr)
+	c.CallRate = -1
+	return c
 }
 
 func testReleaseAnsweredWithAnErrorReplyIsRetried(t *testing.T, mode func(string) Config) {

@@ -19,7 +19,9 @@ import (
 type Lease struct {
 	Addr string
 	// Fallback is true when Redis was unavailable and the replica was
-	// picked from this instance's own counts; such a lease is not in Redis.
+	// picked from this instance's own counts; such a lease is not in Redis
+	// (in the least-request mode: it reaches Redis when Redis answers
+	// again, see batcher).
 	Fallback bool
 
 	s        *Store
@@ -27,6 +29,7 @@ type Lease struct {
 	req      string
 	start    time.Time
 	hl       *tracker.Lease // passive health; nil for a replica the tracker does not know
+	batched  bool           // recorded through the batcher (least-request mode)
 	released atomic.Bool
 }
 
@@ -61,6 +64,9 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 	}
 	if s.br.isOpen() {
 		return s.fallback(candidates)
+	}
+	if c := s.conf(); c.MaxInflight == 0 && c.CallRate > 0 && !s.queueing() {
+		return s.selectBatched(ctx, candidates, false)
 	}
 	// One deadline for the whole call: a retry never extends the wait.
 	deadline := time.Now().Add(s.conf().ReadTimeout)
@@ -130,9 +136,7 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 		}
 		switch code {
 		case 1:
-			s.local.get(addr).Add(1)
-			s.c.selections.Add(1)
-			return &Lease{Addr: addr, s: s, ident: ident, req: req, start: time.Now(), hl: s.health.Acquire(addr)}, nil
+			return s.lease(addr, ident, req, false), nil
 		case 2:
 			s.c.shed.Add(1)
 			return nil, ErrSaturated
@@ -223,6 +227,12 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	}
 	s.local.get(l.Addr).Add(-1)
 	s.c.releases.Add(1)
+	if l.batched {
+		if !s.closed.Load() { // else Close handed it to the reapers
+			s.releaseBatched(l.ident, l.req, l.Addr)
+		}
+		return true
+	}
 	if l.Fallback || s.closed.Load() {
 		return true // not in Redis, or Close already handed it to the reapers
 	}

@@ -373,8 +373,14 @@ func TestRetryAfterFollowsTheHoldTime(t *testing.T) {
 // Releases the flush sends (after an outage) that Redis answers with an
 // error reply stay pending: here the ACL user loses EVAL/EVALSHA while
 // SET (the renewal) still works, so the loop reaches its flush. They used
-// to be dropped there, the count +1 for good.
+// to be dropped there, the count +1 for good. Batched (the default): the
+// batch stays and goes again.
 func TestFlushAnsweredWithAnErrorReplyKeepsTheReleases(t *testing.T) {
+	t.Run("batched", func(t *testing.T) { testFlushAnsweredWithAnErrorReplyKeepsTheReleases(t, 0) })
+	t.Run("exact", func(t *testing.T) { testFlushAnsweredWithAnErrorReplyKeepsTheReleases(t, -1) })
+}
+
+func testFlushAnsweredWithAnErrorReplyKeepsTheReleases(t *testing.T, callRate int) {
 	srv := privateRedis(t)
 	admin := raw(t, srv.Addr)
 	ctx := context.Background()
@@ -389,6 +395,7 @@ func TestFlushAnsweredWithAnErrorReplyKeepsTheReleases(t *testing.T) {
 	cfg.Username, cfg.Password = "sluice", "pw"
 	cfg.BreakerBackoff = time.Hour // the test closes the breaker itself
 	cfg.LeaseTTL = 150 * time.Millisecond
+	cfg.CallRate = callRate
 	s := newStore(t, cfg, "flush")
 	s.SetReplicas([]string{"a"})
 	l := sel(t, s, "a")
@@ -400,6 +407,7 @@ func TestFlushAnsweredWithAnErrorReplyKeepsTheReleases(t *testing.T) {
 	acl("-eval", "-evalsha")
 	s.br.close()
 	s.flush(ctx) // what the loop and the probe do once Redis answers
+	s.drainBatches()
 	if p := s.Stats().Pending; p != 1 {
 		t.Fatalf("after a flush answered NOPERM: pending %d, want the release kept", p)
 	}

@@ -46,6 +46,7 @@ func (s *Store) loop() {
 			continue
 		}
 		s.flush(ctx)
+		s.batch.poke() // a batch that failed below the breaker's limit goes again
 		s.sweepTombstones(ctx)
 		if s.unsynced.Load() {
 			s.resync(ctx) // a set Redis refused (an error reply) goes again
@@ -246,8 +247,11 @@ func (s *Store) startProbe() {
 				s.c.errors.Add(1)
 				continue
 			}
-			s.br.close()
+			// The member set and the batches kept during the outage go
+			// first, so the first pick after it is exact again.
 			s.resync(ctx)
+			s.drainBatches()
+			s.br.close()
 			if s.renew(ctx) == nil {
 				s.flush(ctx)
 				if s.queueing() {

@@ -190,7 +190,7 @@ local kv = redis.call('HGETALL', KEYS[4])
 local n = 0
 for i = 1, #kv, 2 do
   redis.call('HDEL', KEYS[6], ARGV[1] .. ':' .. kv[i])
-  if kv[i + 1] ~= '' then
+  if kv[i] ~= '#' and kv[i + 1] ~= '' then
     decr(KEYS[1], KEYS[2], kv[i + 1])
     n = n + 1
   end

@@ -112,7 +112,8 @@ return n
 `)
 
 // reapScript reclaims a dead instance: if its liveness key has expired,
-// every request it recorded is decremented and its records are dropped.
+// every request it recorded is decremented and its records are dropped
+// (the field "#" is its last batch number, not a request: see batchScript).
 // Safe to run concurrently from any instance: the first run empties the
 // hash, the others find nothing.
 //
@@ -121,11 +122,11 @@ return n
 // Reply: -1 alive; else the number of requests reclaimed.
 var reapScript = rueidis.NewLuaScript(decr + `
 if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
-local reps = redis.call('HVALS', KEYS[4])
+local kv = redis.call('HGETALL', KEYS[4])
 local n = 0
-for _, rep in ipairs(reps) do
-  if rep ~= '' then
-    decr(KEYS[1], KEYS[2], rep)
+for i = 1, #kv, 2 do
+  if kv[i] ~= '#' and kv[i + 1] ~= '' then
+    decr(KEYS[1], KEYS[2], kv[i + 1])
     n = n + 1
   end
 end
@@ -177,3 +178,75 @@ local function sync(load, gone, reps)
   return redis.call('ZCARD', load)
 end
 `
+
+// batchScript applies one numbered batch of an instance's picks and
+// releases (least-request mode, see batcher), in order, once: a batch
+// whose number is not above the last one applied (field "#" of the
+// instance's hash) changes nothing, so a batch whose reply was lost can be
+// sent again as it was.
+//
+// Events, three arguments each: kind, request id, replica.
+//
+//	'+' count the request on replica (chosen by the instance from its view)
+//	'*' count it on the least-loaded candidate (ties from the offset on)
+//	'-' release the request: decrement the replica it was recorded on
+//
+// A pick on a replica no longer in the set counts where the replica's last
+// requests do (gone) if they are still counted, else is not recorded.
+//
+// KEYS: load, gone, alive:<id>, inst:<id>, insts
+// ARGV: leaseTTL ms, instance id, batch number, offset, n, n candidates, events...
+// Reply: {picked, exact pick's replica ("" none: no candidate is a member,
+// or no exact pick), load as a flat member/score list}.
+var batchScript = rueidis.NewLuaScript(decr + `
+local load, gone, inst = KEYS[1], KEYS[2], KEYS[4]
+local seq = tonumber(ARGV[3])
+local off = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
+local picked = ''
+if seq > tonumber(redis.call('HGET', inst, '#') or '0') then
+  redis.call('HSET', inst, '#', ARGV[3])
+  for i = 6 + n, #ARGV, 3 do
+    local kind, id, rep = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    if kind == '-' then
+      local r = redis.call('HGET', inst, id)
+      if r then
+        redis.call('HDEL', inst, id)
+        if r ~= '' then decr(load, gone, r) end
+      end
+    else
+      local where = nil
+      if kind == '*' then
+        rep = nil
+        local best
+        for j = 0, n - 1 do
+          local c = ARGV[6 + (j + off) % n]
+          local s = redis.call('ZSCORE', load, c)
+          if s then
+            s = tonumber(s)
+            if best == nil or s < best then rep, best = c, s end
+          end
+        end
+        if rep then where, picked = load, rep end
+      elseif redis.call('ZSCORE', load, rep) then
+        where = load
+      elseif redis.call('ZSCORE', gone, rep) then
+        where = gone
+      end
+      if where then
+        redis.call('ZINCRBY', where, 1, rep)
+        redis.call('HSET', inst, id, rep)
+      end
+    end
+  end
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
+  end
+  redis.call('SADD', KEYS[5], ARGV[2])
+else
+  for i = 6 + n, #ARGV, 3 do
+    if ARGV[i] == '*' then picked = redis.call('HGET', inst, ARGV[i + 1]) or '' end
+  end
+end
+return {1, picked, redis.call('ZRANGE', load, 0, -1, 'WITHSCORES')}
+`)

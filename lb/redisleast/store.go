@@ -61,6 +61,7 @@ type Store struct {
 	seq   atomic.Uint64
 	br    breaker
 	pend  pending
+	batch batcher // least-request mode's picks and releases (batch.go)
 	tombs tombstones
 	local localCounts
 	c     counters
@@ -129,6 +130,10 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 	s.tombs.max = cfg.PendingMax
 	s.health = tracker.New(cfg.healthConfig())
 	s.ident.Store(s.newIdentity())
+	s.batch.resetLocked(s.ident.Load())
+	s.batch.cond.L = &s.batch.mu
+	s.batch.kick = make(chan struct{}, 1)
+	s.batch.sendFn = s.sendBatch
 	client, err := s.connect(opt)
 	if err != nil {
 		return nil, err
@@ -160,8 +165,9 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 		}
 		s.sub, s.rotated, s.subReady = sub, make(chan struct{}, 1), make(chan struct{})
 	}
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.loop()
+	go s.flushBatches()
 	if s.queueing() {
 		s.wg.Add(1)
 		go s.subscribe()
@@ -335,7 +341,7 @@ func (s *Store) Stats() Stats {
 	return Stats{
 		Selections: s.c.selections.Load(), Releases: s.c.releases.Load(),
 		Fallbacks: s.c.fallbacks.Load(), Shed: s.c.shed.Load(), Errors: s.c.errors.Load(),
-		Reclaimed: s.c.reclaimed.Load(), Pending: s.pend.len(), Breaker: s.br.state(),
+		Reclaimed: s.c.reclaimed.Load(), Pending: s.pend.len() + s.batch.stuck(s.ident.Load(), s.br.isOpen()), Breaker: s.br.state(),
 		Buckets: scriptBuckets, BucketCounts: cum, ScriptCount: count, ScriptSum: sum,
 		InFlight: inflight,
 		Queueing: s.queueing(), Queued: s.c.queueLen.Load(), Waiting: s.waiters.len(),
@@ -361,6 +367,7 @@ func (s *Store) Close() {
 	s.wg.Wait()
 	ctx := context.Background()
 	if !s.br.isOpen() {
+		s.drainBatches()
 		s.flush(ctx)
 		id := s.ident.Load()
 		s.call(ctx, func(ctx context.Context) rueidis.RedisResult {

@@ -1,0 +1,479 @@
+package redisleast
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// batcher carries the least-request mode's picks and releases (no
+// max_inflight, no queue) to Redis as numbered batches, so that the
+// instance's Redis calls stay within CallRate per second whatever its
+// request rate.
+//
+// While the budget allows (the usual case below CallRate/2 requests a
+// second), every pick is exact — one script that first applies this
+// instance's queued releases, then picks the least-loaded candidate — and
+// every release is sent at once: Photoroom's semantics. Beyond it, a pick
+// is made from the view: the global counts of the last reply plus this
+// instance's own picks and releases not yet in them (delta), so the view
+// is never older than one budget interval and the instance never piles
+// onto a replica by itself; the pick is queued and goes with the next
+// call. Redis's counts stay exact either way: every pick and release
+// reaches Redis once, in order.
+//
+// Exactly once, in order: at most one batch is out at a time; batches are
+// numbered per identity and the script applies a batch only if its number
+// is above the last one applied (kept in the instance's hash, field "#").
+// A batch whose reply was lost is sent again as it was before anything
+// newer, so it is applied once whether or not the first try ran.
+type batcher struct {
+	mu      sync.Mutex
+	ident   *identity          // the events below are recorded under it
+	queue   []event            // not sent yet, in order
+	out     *batch             // being sent (calling) or, with failed, to send again first
+	failed  bool               // out's outcome is unknown: resend it as is
+	calling bool               // a call is under way (at most one)
+	pickOut bool               // it carries an exact pick not answered yet
+	cond    sync.Cond          // on mu: a call ended
+	armed   bool               // the flusher waits for the budget: no need to wake it
+	seq     uint64             // number of the last batch made for ident
+	view    map[string]int64   // global counts at the last reply
+	delta   map[string]int64   // this instance's events not in view (queued, out)
+	viewAt  time.Time          // when view was read
+	tat     time.Time          // budget: theoretical arrival time (GCRA)
+	kick    chan struct{}      // something to send
+	sendFn  func(*batch) reply // the Redis call (Store.sendBatch)
+}
+
+// event is one pick ('+': replica chosen from the view; '*': exact pick
+// by the script among the batch's candidates) or release ('-') of request
+// id. replica is what this instance counts in delta for it.
+type event struct {
+	kind    byte
+	id      string
+	replica string
+}
+
+// batch is a numbered run of events; an exact pick, if any, is its last
+// event and picks among cands.
+type batch struct {
+	ident  *identity
+	seq    uint64
+	events []event
+	cands  []string
+	off    int
+}
+
+type reply struct {
+	picked string           // the exact pick's replica ("" none: no candidate is a member)
+	counts map[string]int64 // the pool's counts after the batch
+	err    error
+}
+
+// callBurst is how many calls the budget lets through at once.
+const callBurst = 16
+
+// allowLocked takes one call from the budget if there is one (GCRA:
+// rate per second, callBurst at once). Refused, it means a call started
+// less than one interval (1/rate) ago.
+func (b *batcher) allowLocked(now time.Time, rate int) bool {
+	every := time.Second / time.Duration(rate)
+	if b.tat.Before(now) {
+		b.tat = now
+	}
+	if b.tat.Sub(now) > (callBurst-1)*every {
+		return false
+	}
+	b.tat = b.tat.Add(every)
+	return true
+}
+
+// nextAllowedLocked is when the budget next lets a call through.
+func (b *batcher) nextAllowedLocked(rate int) time.Time {
+	return b.tat.Add(-(callBurst - 1) * time.Second / time.Duration(rate))
+}
+
+// resetLocked forgets everything recorded under an abandoned identity.
+func (b *batcher) resetLocked(ident *identity) {
+	b.ident, b.queue, b.out, b.failed, b.seq = ident, nil, nil, false, 0
+	b.delta = map[string]int64{}
+}
+
+// syncIdentLocked drops what belongs to an identity the store abandoned
+// (pending overflow rotates it; the reapers reclaim its records).
+func (b *batcher) syncIdentLocked(cur *identity) {
+	if b.ident != cur {
+		b.resetLocked(cur)
+	}
+}
+
+// pending is the number of events kept for Redis.
+func (b *batcher) pendingLocked() int {
+	n := len(b.queue)
+	if b.out != nil {
+		n += len(b.out.events)
+	}
+	return n
+}
+
+// stuck is the number of events waiting for Redis to answer again (a
+// failed batch, or the breaker open); 0 while batches flow.
+func (b *batcher) stuck(cur *identity, breakerOpen bool) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.syncIdentLocked(cur)
+	if !b.failed && !breakerOpen {
+		return 0
+	}
+	return b.pendingLocked()
+}
+
+// addLocked queues ev and counts it in delta.
+func (b *batcher) addLocked(ev event, d int64) {
+	b.queue = append(b.queue, ev)
+	if ev.replica != "" {
+		b.delta[ev.replica] += d
+	}
+}
+
+// viewLeastLocked is the candidate least loaded in the view, scanning from
+// off so ties go to a random one.
+func (b *batcher) viewLeastLocked(cands []string, off int) string {
+	best, bestN := "", int64(0)
+	for i := range cands {
+		a := cands[(i+off)%len(cands)]
+		n := b.view[a] + b.delta[a]
+		if best == "" || n < bestN {
+			best, bestN = a, n
+		}
+	}
+	return best
+}
+
+// takeLocked makes the next batch: the failed one again, else the queue
+// (plus an exact pick among cands when cands is not nil). It marks a call
+// under way; finishLocked ends it.
+func (b *batcher) takeLocked(pick *event, cands []string) *batch {
+	b.calling = true
+	if b.failed {
+		return b.out // its exact pick, if any, has a replica already
+	}
+	b.seq++
+	bt := &batch{ident: b.ident, seq: b.seq, events: b.queue}
+	b.queue = nil
+	if pick != nil {
+		bt.events = append(bt.events, *pick)
+		bt.cands = cands
+		bt.off = rand.IntN(len(cands))
+		b.pickOut = true
+	}
+	b.out = bt
+	return bt
+}
+
+// finishLocked ends the call that sent bt: on success the view becomes
+// the reply's counts and bt's events leave delta (they are in the view
+// now); on failure bt is kept to be sent again as is.
+func (b *batcher) finishLocked(bt *batch, r reply) {
+	b.calling, b.pickOut = false, false
+	b.cond.Broadcast()
+	if bt.ident != b.ident { // abandoned meanwhile
+		return
+	}
+	if r.err != nil {
+		b.failed = true
+		return
+	}
+	for _, ev := range bt.events {
+		if ev.replica == "" {
+			continue
+		}
+		if ev.kind == '-' {
+			b.delta[ev.replica]++
+		} else {
+			b.delta[ev.replica]--
+		}
+	}
+	for a, n := range b.delta {
+		if n == 0 {
+			delete(b.delta, a)
+		}
+	}
+	b.out, b.failed = nil, false
+	b.view, b.viewAt = r.counts, time.Now()
+}
+
+// poke wakes the flusher, unless it already waits for the budget (it
+// sends what is queued then) or a call is out (its end pokes): a wake-up
+// costs more CPU than the pick.
+func (b *batcher) poke() {
+	b.mu.Lock()
+	idle := !b.armed && !b.calling
+	b.mu.Unlock()
+	if idle {
+		b.kick1()
+	}
+}
+
+// kick1 wakes the flusher unconditionally.
+func (b *batcher) kick1() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// selectBatched is Select in the least-request mode (see batcher): an
+// exact pick while the call budget allows, else a pick from the view.
+// A view pick never uses a view older than two budget intervals (it waits
+// for the call under way instead; under a steady load a call starts every
+// interval) nor runs beside an exact pick whose
+// replica is not known yet (it would not see it).
+func (s *Store) selectBatched(ctx context.Context, candidates []string, resynced bool) (*Lease, error) {
+	b := &s.batch
+	ident := s.ident.Load()
+	req := strconv.FormatUint(s.seq.Add(1), 36)
+	rate := s.conf().CallRate
+	b.mu.Lock()
+	for {
+		b.syncIdentLocked(ident)
+		if b.pendingLocked() >= s.conf().PendingMax {
+			b.mu.Unlock()
+			s.rotate(ident)
+			return s.fallback(candidates)
+		}
+		now := time.Now()
+		if b.calling && (b.pickOut || now.Sub(b.viewAt) > 2*time.Second/time.Duration(rate)) {
+			b.cond.Wait() // the call ends within ReadTimeout
+			continue
+		}
+		if b.calling || b.failed || !b.allowLocked(now, rate) {
+			addr := b.viewLeastLocked(candidates, rand.IntN(len(candidates)))
+			b.addLocked(event{'+', req, addr}, 1)
+			failed := b.failed
+			b.mu.Unlock()
+			b.poke()
+			l := s.lease(addr, ident, req, true)
+			if failed { // Redis did not answer the last batch: a local pick
+				s.c.fallbacks.Add(1)
+				l.Fallback = true
+			}
+			return l, nil
+		}
+		break
+	}
+	bt := b.takeLocked(&event{kind: '*', id: req}, candidates)
+	b.mu.Unlock()
+	r := b.sendFn(bt)
+	b.mu.Lock()
+	if r.err != nil {
+		// The pick may have run: it stays in the batch, sent again until
+		// Redis answers, and this request counts on a replica chosen from
+		// the view meanwhile (its release follows the pick in Redis).
+		addr := b.viewLeastLocked(candidates, rand.IntN(len(candidates)))
+		bt.events[len(bt.events)-1].replica = addr
+		b.delta[addr]++
+		b.finishLocked(bt, r)
+		b.mu.Unlock()
+		b.poke()
+		if ctx.Err() != nil {
+			s.releaseBatched(ident, req, addr)
+			return nil, ctx.Err()
+		}
+		s.c.fallbacks.Add(1)
+		l := s.lease(addr, ident, req, true)
+		l.Fallback = true
+		return l, nil
+	}
+	b.finishLocked(bt, r)
+	more := len(b.queue) > 0
+	b.mu.Unlock()
+	if more {
+		b.poke()
+	}
+	if r.picked != "" {
+		return s.lease(r.picked, ident, req, true), nil
+	}
+	// No candidate is a member: Redis may have restarted empty.
+	if resynced || !s.resync(ctx) {
+		return nil, ErrNoCandidates
+	}
+	return s.selectBatched(ctx, candidates, true)
+}
+
+// lease hands out a lease on addr recorded (or to be recorded) under
+// ident as req.
+func (s *Store) lease(addr string, ident *identity, req string, batched bool) *Lease {
+	s.local.get(addr).Add(1)
+	s.c.selections.Add(1)
+	return &Lease{Addr: addr, s: s, ident: ident, req: req, batched: batched, start: time.Now(), hl: s.health.Acquire(addr)}
+}
+
+// releaseBatched queues the release of a batched pick and sends it at once
+// if the budget allows (from the caller's goroutine: Release runs off the
+// request path), else leaves it to the flusher.
+func (s *Store) releaseBatched(ident *identity, req, addr string) {
+	b := &s.batch
+	b.mu.Lock()
+	if b.ident != ident {
+		b.mu.Unlock() // abandoned identity: the reapers reclaim it
+		return
+	}
+	if b.pendingLocked() >= s.conf().PendingMax {
+		b.mu.Unlock()
+		s.rotate(ident)
+		return
+	}
+	b.addLocked(event{'-', req, addr}, -1)
+	if b.calling || s.br.isOpen() || !b.allowLocked(time.Now(), s.conf().CallRate) {
+		b.mu.Unlock()
+		b.poke()
+		return
+	}
+	bt := b.takeLocked(nil, nil)
+	b.mu.Unlock()
+	s.finishSend(bt, b.sendFn(bt))
+}
+
+// finishSend ends a call outside selectBatched and wakes the flusher if
+// more is queued (or the batch must go again).
+func (s *Store) finishSend(bt *batch, r reply) {
+	b := &s.batch
+	b.mu.Lock()
+	b.finishLocked(bt, r)
+	more := len(b.queue) > 0 || b.failed
+	b.mu.Unlock()
+	if more && r.err == nil {
+		b.poke()
+	}
+	// After a failure the breaker (or the next kick) decides when to try
+	// again: the flusher waits for the probe while the breaker is open.
+	if more && r.err != nil && !s.br.isOpen() {
+		b.poke()
+	}
+}
+
+// flushBatches is the flusher goroutine, one per store: the backstop that
+// sends what is queued when no pick or release comes along to send it.
+// Under load the picks and releases send the batches themselves, from
+// their own goroutines, as soon as the budget allows; the flusher waits
+// one budget interval beyond that before it does (each wake-up of an idle
+// goroutine costs about as much CPU as the call).
+func (s *Store) flushBatches() {
+	defer s.wg.Done()
+	b := &s.batch
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-b.kick:
+		}
+		for !s.br.isOpen() { // else the probe kicks when Redis answers
+			b.mu.Lock()
+			b.syncIdentLocked(s.ident.Load())
+			if b.calling || (len(b.queue) == 0 && !b.failed) {
+				b.armed = false
+				b.mu.Unlock()
+				break // a call under way pokes at its end if more is queued
+			}
+			rate := s.conf().CallRate
+			now := time.Now()
+			if !b.armed {
+				b.armed = true
+				wait := max(b.nextAllowedLocked(rate).Sub(now), 0) + time.Second/time.Duration(rate)
+				b.mu.Unlock()
+				timer.Reset(wait)
+				select {
+				case <-s.done:
+					return
+				case <-timer.C:
+				}
+				continue
+			}
+			b.armed = false
+			if !b.allowLocked(now, rate) {
+				b.mu.Unlock()
+				continue // armed again for the next slot
+			}
+			bt := b.takeLocked(nil, nil)
+			b.mu.Unlock()
+			r := b.sendFn(bt)
+			b.mu.Lock()
+			b.finishLocked(bt, r)
+			b.mu.Unlock()
+			if r.err != nil {
+				break // the breaker counted it; the next kick (or the probe) retries
+			}
+		}
+	}
+}
+
+// drainBatches sends everything queued, ignoring the budget (Close, and
+// the maintenance loop as a safety net); false if a call failed.
+func (s *Store) drainBatches() bool {
+	b := &s.batch
+	for range 64 {
+		b.mu.Lock()
+		b.syncIdentLocked(s.ident.Load())
+		if b.calling || (len(b.queue) == 0 && !b.failed) {
+			b.mu.Unlock()
+			return true
+		}
+		bt := b.takeLocked(nil, nil)
+		b.mu.Unlock()
+		r := b.sendFn(bt)
+		b.mu.Lock()
+		b.finishLocked(bt, r)
+		b.mu.Unlock()
+		if r.err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// sendBatch runs the batch script for bt within ReadTimeout.
+func (s *Store) sendBatch(bt *batch) reply {
+	args := make([]string, 0, 5+len(bt.cands)+3*len(bt.events))
+	args = append(args, strconv.FormatInt(s.conf().LeaseTTL.Milliseconds(), 10), bt.ident.id,
+		strconv.FormatUint(bt.seq, 10), strconv.Itoa(bt.off), strconv.Itoa(len(bt.cands)))
+	args = append(args, bt.cands...)
+	for _, ev := range bt.events {
+		args = append(args, string(ev.kind), ev.id, ev.replica)
+	}
+	res := s.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
+		return batchScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, bt.ident.alive, bt.ident.inst, s.k.insts}, args)
+	})
+	arr, err := res.ToArray()
+	if err == nil && len(arr) != 3 {
+		err = errBadReply
+	}
+	if err != nil {
+		return reply{err: err}
+	}
+	picked, _ := arr[1].ToString()
+	zs, err := arr[2].AsStrSlice()
+	if err != nil || len(zs)%2 != 0 {
+		return reply{err: errBadReply}
+	}
+	counts := make(map[string]int64, len(zs)/2)
+	for i := 0; i < len(zs); i += 2 {
+		n, err := strconv.ParseFloat(zs[i+1], 64)
+		if err != nil {
+			return reply{err: errBadReply}
+		}
+		counts[zs[i]] = int64(n)
+	}
+	s.mu.Lock()
+	s.lastCounts = counts
+	s.mu.Unlock()
+	return reply{picked: picked, counts: counts}
+}

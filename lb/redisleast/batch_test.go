@@ -1,0 +1,152 @@
+package redisleast
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/redistest"
+)
+
+// A batch whose reply was lost is sent again as it was: Redis applies it
+// once, and a replayed exact pick answers the replica it recorded.
+func TestBatchIsAppliedOnce(t *testing.T) { redistest.Each(t, testBatchIsAppliedOnce) }
+
+func testBatchIsAppliedOnce(t *testing.T, tg redistest.Target) {
+	s := newStore(t, confFor(t, tg), "p")
+	if err := s.Sync(context.Background(), []string{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	id := s.ident.Load()
+	bt := &batch{ident: id, seq: 1, cands: []string{"a", "b"},
+		events: []event{{'+', "r1", "a"}, {'+', "r2", "a"}, {'-', "r1", "a"}, {'*', "r3", ""}}}
+	first := s.sendBatch(bt)
+	if first.err != nil {
+		t.Fatal(first.err)
+	}
+	if first.picked != "b" { // a holds r2, b nothing
+		t.Fatalf("exact pick %q, want b", first.picked)
+	}
+	again := s.sendBatch(bt)
+	if again.err != nil || again.picked != "b" {
+		t.Fatalf("replayed batch: picked %q, err %v; want b", again.picked, again.err)
+	}
+	wantCounts(t, s, map[string]int64{"a": 1, "b": 1})
+	// The next number applies; an older one does not.
+	if r := s.sendBatch(&batch{ident: id, seq: 2, events: []event{{'-', "r2", "a"}, {'-', "r3", "b"}}}); r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r := s.sendBatch(&batch{ident: id, seq: 1, events: []event{{'+', "r4", "a"}}}); r.err != nil {
+		t.Fatal(r.err)
+	}
+	wantCounts(t, s, map[string]int64{"a": 0, "b": 0})
+	if !drained(t, s, rawFor(t, tg)) {
+		t.Fatal("records left")
+	}
+}
+
+// Beyond the call budget an instance picks from its view plus its own
+// picks not yet in Redis: a burst from one instance spreads evenly, and
+// every pick and release reaches Redis once, within the budget's calls.
+func TestViewPicksSpreadOwnBurst(t *testing.T) { redistest.Each(t, testViewPicksSpreadOwnBurst) }
+
+func testViewPicksSpreadOwnBurst(t *testing.T, tg redistest.Target) {
+	cfg := confFor(t, tg)
+	cfg.CallRate = 1 // the burst of 16 calls, then one a second
+	s := newStore(t, cfg, "p")
+	reps := []string{"a", "b", "c", "d"}
+	if err := s.Sync(context.Background(), reps); err != nil {
+		t.Fatal(err)
+	}
+	calls0 := s.Stats().ScriptCount
+	var mu sync.Mutex
+	var held []*Lease
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			l, err := s.Select(context.Background(), reps)
+			if err != nil || l.Fallback {
+				t.Errorf("select: %v (fallback %v)", err, l != nil && l.Fallback)
+				return
+			}
+			mu.Lock()
+			held = append(held, l)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	per := map[string]int{}
+	for _, l := range held {
+		per[l.Addr]++
+	}
+	for _, a := range reps {
+		if per[a] != 16 {
+			t.Fatalf("64 picks from one instance: %v, want 16 each", per)
+		}
+	}
+	if calls := s.Stats().ScriptCount - calls0; calls > callBurst+2 {
+		t.Fatalf("%d Redis calls for 64 picks with a budget of %d at once", calls, callBurst)
+	}
+	waitFor(t, "the view picks to reach Redis", func() bool {
+		return mustCounts(t, s)["a"] == 16 && mustCounts(t, s)["d"] == 16
+	})
+	for _, l := range held {
+		l.Release(lb.Outcome{Kind: lb.Success})
+	}
+	waitFor(t, "the releases to reach Redis", func() bool { return drained(t, s, rawFor(t, tg)) })
+	if st := s.Stats(); st.Selections != st.Releases || st.Fallbacks != 0 || st.Pending != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A reload that sets max_inflight while batched leases are out: they are
+// released through the batches, the new picks take the one-call path.
+func TestSwitchingToMaxInflightKeepsBatchedLeasesExact(t *testing.T) {
+	addr := testRedis(t)
+	cfg := testConfig(t, addr)
+	s := newStore(t, cfg, "p")
+	reps := []string{"a", "b"}
+	if err := s.Sync(context.Background(), reps); err != nil {
+		t.Fatal(err)
+	}
+	old := []*Lease{sel(t, s, reps...), sel(t, s, reps...)}
+	capped := cfg
+	capped.MaxInflight = 2
+	if err := s.Configure(capped); err != nil {
+		t.Fatal(err)
+	}
+	l := sel(t, s, reps...)
+	if l.batched || !old[0].batched {
+		t.Fatalf("batched: old %v, new %v", old[0].batched, l.batched)
+	}
+	if c := mustCounts(t, s); c["a"]+c["b"] != 3 || c["a"] == 0 || c["b"] == 0 {
+		t.Fatalf("counts %v after 3 picks over 2 replicas", c)
+	}
+	for _, l := range append(old, l) {
+		l.Release(lb.Outcome{Kind: lb.Success})
+	}
+	waitFor(t, "every release to reach Redis", func() bool { return drained(t, s, raw(t, addr)) })
+}
+
+// The flusher sends what is queued when nothing else comes along: a pick
+// made from the view reaches Redis within about two budget intervals.
+func TestFlusherSendsTheTail(t *testing.T) {
+	addr := testRedis(t)
+	cfg := testConfig(t, addr)
+	cfg.CallRate = 50
+	s := newStore(t, cfg, "p")
+	if err := s.Sync(context.Background(), []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	for range callBurst { // spend the burst
+		sel(t, s, "a").Release(lb.Outcome{Kind: lb.Success})
+	}
+	l := sel(t, s, "a")
+	start := time.Now()
+	waitFor(t, "the last pick to reach Redis", func() bool { return mustCounts(t, s)["a"] == 1 })
+	t.Logf("reached Redis after %v", time.Since(start))
+	l.Release(lb.Outcome{Kind: lb.Success})
+	waitFor(t, "its release to reach Redis", func() bool { return drained(t, s, raw(t, addr)) })
+}
