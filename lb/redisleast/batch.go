@@ -208,6 +208,18 @@ func (b *batcher) finishLocked(bt *batch, r reply) {
 	b.view, b.viewAt = r.counts, time.Now()
 }
 
+// sendQueuedLocked sends the next batch (called with mu held, returns with
+// it released) and returns the call's error.
+func (b *batcher) sendQueuedLocked() error {
+	bt := b.takeLocked(nil, nil)
+	b.mu.Unlock()
+	r := b.sendFn(bt)
+	b.mu.Lock()
+	b.finishLocked(bt, r)
+	b.mu.Unlock()
+	return r.err
+}
+
 // poke wakes the flusher, unless it already waits for the budget (it
 // sends what is queued then) or a call is out (its end pokes): a wake-up
 // costs more CPU than the pick.
@@ -403,16 +415,15 @@ func (s *Store) flushBatches() {
 				b.mu.Unlock()
 				continue // armed again for the next slot
 			}
-			bt := b.takeLocked(nil, nil)
-			b.mu.Unlock()
-			r := b.sendFn(bt)
-			b.mu.Lock()
-			b.finishLocked(bt, r)
-			b.mu.Unlock()
-			if r.err != nil {
+			if b.sendQueuedLocked() != nil {
 				break // the breaker counted it; the next kick (or the probe) retries
 			}
 		}
+		// Not waiting any more, whichever way it left (the breaker may have
+		// opened during the wait): the next poke must wake it.
+		b.mu.Lock()
+		b.armed = false
+		b.mu.Unlock()
 	}
 }
 
@@ -427,13 +438,7 @@ func (s *Store) drainBatches() bool {
 			b.mu.Unlock()
 			return true
 		}
-		bt := b.takeLocked(nil, nil)
-		b.mu.Unlock()
-		r := b.sendFn(bt)
-		b.mu.Lock()
-		b.finishLocked(bt, r)
-		b.mu.Unlock()
-		if r.err != nil {
+		if b.sendQueuedLocked() != nil {
 			return false
 		}
 	}
