@@ -150,3 +150,39 @@ func TestFlusherSendsTheTail(t *testing.T) {
 	l.Release(lb.Outcome{Kind: lb.Success})
 	waitFor(t, "its release to reach Redis", func() bool { return drained(t, s, raw(t, addr)) })
 }
+
+// The flusher waiting for the budget when the breaker opened used to stay
+// marked as waiting: no later poke woke it, and what was queued after the
+// outage reached Redis only if a pick or release came along with the
+// budget to send it.
+func TestFlusherWakesAfterAnOutageDuringItsWait(t *testing.T) {
+	addr := testRedis(t)
+	cfg := testConfig(t, addr)
+	cfg.CallRate = 10
+	cfg.BreakerBackoff = time.Hour // the test opens and closes the breaker itself
+	s := newStore(t, cfg, "p")
+	if err := s.Sync(context.Background(), []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	ok := lb.Outcome{Kind: lb.Success}
+	for range callBurst / 2 { // a pick and a release each: the budget is spent
+		sel(t, s, "a").Release(ok)
+	}
+	l := sel(t, s, "a") // from the view: the flusher waits ~200 ms for the budget
+	waitFor(t, "the flusher to wait for the budget", func() bool {
+		s.batch.mu.Lock()
+		defer s.batch.mu.Unlock()
+		return s.batch.armed
+	})
+	s.br.record(context.DeadlineExceeded) // Redis "times out" meanwhile
+	time.Sleep(300 * time.Millisecond)    // the flusher's wait ends with the breaker open
+	s.br.close()
+	for queued := 0; queued == 0; { // spend what the budget regained
+		sel(t, s, "a").Release(ok)
+		s.batch.mu.Lock()
+		queued = len(s.batch.queue)
+		s.batch.mu.Unlock()
+	}
+	l.Release(ok) // queued too: only the flusher sends them now
+	waitFor(t, "the queued picks and releases to reach Redis", func() bool { return drained(t, s, raw(t, addr)) })
+}
