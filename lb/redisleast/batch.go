@@ -82,6 +82,9 @@ const callBurst = 16
 // rate per second, callBurst at once). Refused, it means a call started
 // less than one interval (1/rate) ago.
 func (b *batcher) allowLocked(now time.Time, rate int) bool {
+	if rate <= 0 { // call_rate went unlimited by a reload: send what is left at once
+		return true
+	}
 	every := time.Second / time.Duration(rate)
 	if b.tat.Before(now) {
 		b.tat = now
@@ -95,6 +98,9 @@ func (b *batcher) allowLocked(now time.Time, rate int) bool {
 
 // nextAllowedLocked is when the budget next lets a call through.
 func (b *batcher) nextAllowedLocked(rate int) time.Time {
+	if rate <= 0 {
+		return time.Time{}
+	}
 	return b.tat.Add(-(callBurst - 1) * time.Second / time.Duration(rate))
 }
 
@@ -400,7 +406,10 @@ func (s *Store) flushBatches() {
 			now := time.Now()
 			if !b.armed {
 				b.armed = true
-				wait := max(b.nextAllowedLocked(rate).Sub(now), 0) + time.Second/time.Duration(rate)
+				wait := time.Duration(0)
+				if rate > 0 {
+					wait = max(b.nextAllowedLocked(rate).Sub(now), 0) + time.Second/time.Duration(rate)
+				}
 				b.mu.Unlock()
 				timer.Reset(wait)
 				select {

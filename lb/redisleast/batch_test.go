@@ -186,3 +186,29 @@ func TestFlusherWakesAfterAnOutageDuringItsWait(t *testing.T) {
 	l.Release(ok) // queued too: only the flusher sends them now
 	waitFor(t, "the queued picks and releases to reach Redis", func() bool { return drained(t, s, raw(t, addr)) })
 }
+
+// A reload to call_rate unlimited while picks and releases wait for the
+// budget: they go at once (the budget used to read the new rate as a
+// negative interval and refuse every call).
+func TestCallRateUnlimitedByReloadSendsWhatWaits(t *testing.T) {
+	addr := testRedis(t)
+	cfg := testConfig(t, addr)
+	cfg.CallRate = 1
+	s := newStore(t, cfg, "p")
+	if err := s.Sync(context.Background(), []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	ok := lb.Outcome{Kind: lb.Success}
+	for range callBurst / 2 { // the budget is spent: the next call in ~1 s
+		sel(t, s, "a").Release(ok)
+	}
+	l := sel(t, s, "a")
+	unlimited := cfg
+	unlimited.CallRate = -1
+	if err := s.Configure(unlimited); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the waiting pick to reach Redis", func() bool { return mustCounts(t, s)["a"] == 1 })
+	l.Release(ok)
+	waitFor(t, "its release to reach Redis", func() bool { return drained(t, s, raw(t, addr)) })
+}
