@@ -120,6 +120,27 @@ func reloadCases() []reloadCase {
 			},
 		},
 		{
+			// call_rate: live; the least-request mode's call budget.
+			module: "global_redis_least", pool: "rl-grlc", port: 9751,
+			block: func(s string) string {
+				return `reverse_proxy {
+			dynamic custom_router rl-grlc
+			lb_policy global_redis_least {
+				pool rl-grlc
+				redis ` + redis + `
+				key_prefix reload-test-rate
+				call_rate ` + s + `
+				breaker_backoff 7s
+			}
+		}`
+			},
+			first: "50", refused: "70", second: "200",
+			badFrom: `"breaker_backoff":7000000000`, badTo: `"breaker_backoff":-7000000000`,
+			applied: func(t *testing.T, url, s string) bool {
+				return settingIs(t, url, "global_redis_least", "CallRate", s)
+			},
+		},
+		{
 			module: "flow_control", pool: "rl-fc", port: 9741,
 			block: func(s string) string {
 				return `flow_control rl-fc {
