@@ -280,6 +280,8 @@ func (s *Store) selectBatched(ctx context.Context, candidates []string, resynced
 			if failed { // Redis did not answer the last batch: a local pick
 				s.c.fallbacks.Add(1)
 				l.Fallback = true
+			} else {
+				s.c.viewPicks.Add(1)
 			}
 			return l, nil
 		}

@@ -86,6 +86,9 @@ func testViewPicksSpreadOwnBurst(t *testing.T, tg redistest.Target) {
 			t.Fatalf("64 picks from one instance: %v, want 16 each", per)
 		}
 	}
+	if st := s.Stats(); st.ViewPicks != 64-callBurst {
+		t.Fatalf("%d view picks, want %d (the picks beyond the burst of calls)", st.ViewPicks, 64-callBurst)
+	}
 	if calls := s.Stats().ScriptCount - calls0; calls > callBurst+2 {
 		t.Fatalf("%d Redis calls for 64 picks with a budget of %d at once", calls, callBurst)
 	}

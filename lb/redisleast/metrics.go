@@ -9,8 +9,8 @@ import "github.com/prometheus/client_golang/prometheus"
 type Collector struct {
 	stores func() map[string]*Store
 
-	selections, releases, fallbacks, shed, errs, reclaimed *prometheus.Desc
-	pending, breakerOpen, inflight, script                 *prometheus.Desc
+	selections, releases, fallbacks, viewPicks, shed, errs, reclaimed *prometheus.Desc
+	pending, breakerOpen, inflight, script                            *prometheus.Desc
 	// queueing mode only
 	queued, waiting, queueTimeouts, queueCancels, handovers, queueWait *prometheus.Desc
 }
@@ -23,6 +23,7 @@ func NewCollector(stores func() map[string]*Store) *Collector {
 		selections:  prometheus.NewDesc("sluice_redis_selections_total", "Leases handed out by global_redis_least, Redis or fallback.", pool, nil),
 		releases:    prometheus.NewDesc("sluice_redis_releases_total", "Leases released.", pool, nil),
 		fallbacks:   prometheus.NewDesc("sluice_redis_fallbacks_total", "Selections made from local counts because Redis was unavailable.", pool, nil),
+		viewPicks:   prometheus.NewDesc("sluice_redis_view_picks_total", "Selections made from this instance's view of the global counts because its Redis calls were at call_rate (sent to Redis with the next batch).", pool, nil),
 		shed:        prometheus.NewDesc("sluice_redis_shed_total", "Requests refused because every candidate was at max_inflight.", pool, nil),
 		errs:        prometheus.NewDesc("sluice_redis_errors_total", "Failed Redis calls (transport errors and timeouts).", pool, nil),
 		reclaimed:   prometheus.NewDesc("sluice_redis_reclaimed_total", "Requests of dead instances reclaimed by this instance.", pool, nil),
@@ -42,7 +43,7 @@ func NewCollector(stores func() map[string]*Store) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.selections, c.releases, c.fallbacks, c.shed, c.errs,
+	for _, d := range []*prometheus.Desc{c.selections, c.releases, c.fallbacks, c.viewPicks, c.shed, c.errs,
 		c.reclaimed, c.pending, c.breakerOpen, c.inflight, c.script,
 		c.queued, c.waiting, c.queueTimeouts, c.queueCancels, c.handovers, c.queueWait} {
 		ch <- d
@@ -59,6 +60,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.selections, st.Selections)
 		counter(c.releases, st.Releases)
 		counter(c.fallbacks, st.Fallbacks)
+		counter(c.viewPicks, st.ViewPicks)
 		counter(c.shed, st.Shed)
 		counter(c.errs, st.Errors)
 		counter(c.reclaimed, st.Reclaimed)

@@ -16,6 +16,7 @@ type Stats struct {
 	Selections uint64 // leases handed out, Redis or fallback
 	Releases   uint64 // leases released (first Release only)
 	Fallbacks  uint64 // selections made locally because Redis was unavailable
+	ViewPicks  uint64 // selections made from the view beyond call_rate (Redis reachable; see batcher)
 	Shed       uint64 // ErrSaturated answers
 	Errors     uint64 // failed Redis calls (transport errors and timeouts)
 	Reclaimed  uint64 // requests of dead instances this instance's reaper reclaimed
@@ -79,7 +80,7 @@ func (h *histo) snapshot() (cum []uint64, count uint64, sum float64) {
 }
 
 type counters struct {
-	selections, releases, fallbacks, shed, errors, reclaimed atomic.Uint64
+	selections, releases, fallbacks, shed, errors, reclaimed, viewPicks atomic.Uint64
 	hist                                                     [14]atomic.Uint64 // len(scriptBuckets)+1: the last is +Inf
 	histCount, histSumNanos                                  atomic.Uint64
 

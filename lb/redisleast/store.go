@@ -340,7 +340,7 @@ func (s *Store) Stats() Stats {
 	s.mu.Unlock()
 	return Stats{
 		Selections: s.c.selections.Load(), Releases: s.c.releases.Load(),
-		Fallbacks: s.c.fallbacks.Load(), Shed: s.c.shed.Load(), Errors: s.c.errors.Load(),
+		Fallbacks: s.c.fallbacks.Load(), ViewPicks: s.c.viewPicks.Load(), Shed: s.c.shed.Load(), Errors: s.c.errors.Load(),
 		Reclaimed: s.c.reclaimed.Load(), Pending: s.pend.len() + s.batch.stuck(s.ident.Load(), s.br.isOpen()), Breaker: s.br.state(),
 		Buckets: scriptBuckets, BucketCounts: cum, ScriptCount: count, ScriptSum: sum,
 		InFlight: inflight,
