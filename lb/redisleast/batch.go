@@ -20,10 +20,10 @@ import (
 // instance's queued releases, then picks the least-loaded candidate — and
 // every release is sent at once: Photoroom's semantics. Beyond it, a pick
 // is made from the view: the global counts of the last reply plus this
-// instance's own picks and releases not yet in them (delta), so the view
-// is never older than one budget interval and the instance never piles
-// onto a replica by itself; the pick is queued and goes with the next
-// call. Redis's counts stay exact either way: every pick and release
+// instance's own picks and releases not yet in them (delta): the view is
+// never older than two budget intervals (20 ms at the default 100 calls a
+// second) and the instance never piles onto a replica by itself; the pick
+// is queued and goes with the next call. Redis's counts stay exact either way: every pick and release
 // reaches Redis once, in order.
 //
 // Exactly once, in order: at most one batch is out at a time; batches are
