@@ -81,8 +81,8 @@ func (h *histo) snapshot() (cum []uint64, count uint64, sum float64) {
 
 type counters struct {
 	selections, releases, fallbacks, shed, errors, reclaimed, viewPicks atomic.Uint64
-	hist                                                     [14]atomic.Uint64 // len(scriptBuckets)+1: the last is +Inf
-	histCount, histSumNanos                                  atomic.Uint64
+	hist                                                                [14]atomic.Uint64 // len(scriptBuckets)+1: the last is +Inf
+	histCount, histSumNanos                                             atomic.Uint64
 
 	queuedTotal, handovers, queueTimeouts, queueCancels atomic.Uint64
 	queueLen                                            atomic.Int64
