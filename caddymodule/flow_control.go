@@ -555,6 +555,11 @@ func newFlowState(name string, cfg flow.Config, mc modelmetrics.Config, gc *redi
 	st := &flowState{name: name, scraper: modelmetrics.New(mc)}
 	st.view.Store(&replicaView{})
 	if gc != nil {
+		// A wrong password or a user lacking a command is configuration:
+		// refuse the load (Redis unreachable is not: the gate falls back).
+		if err := redisgate.CheckAccess(context.Background(), *gc); err != nil {
+			return nil, err
+		}
 		g, err := redisgate.New(*gc)
 		if err != nil {
 			return nil, err

@@ -3,6 +3,8 @@ package redisgate
 import (
 	"context"
 	"fmt"
+	"os"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -575,4 +577,26 @@ func TestFreedUnitGoesWhereTheSharesSay(t *testing.T) {
 		t.Fatalf("y dispatched %d requests; its freed unit should have gone to z", n)
 	}
 	_ = more
+}
+
+// Every command the claim script calls is one the access check runs.
+func TestAccessScriptCoversTheClaimScript(t *testing.T) {
+	call, step := regexp.MustCompile(`redis\.call\('([A-Z]+)'`), regexp.MustCompile(`\{'([A-Z]+)'`)
+	access, err := os.ReadFile("access.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := map[string]bool{}
+	for _, m := range step.FindAllStringSubmatch(string(access), -1) {
+		checked[m[1]] = true
+	}
+	claim, err := os.ReadFile("claim.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range call.FindAllStringSubmatch(string(claim), -1) {
+		if !checked[m[1]] {
+			t.Errorf("the claim script calls %s, which the access check does not run", m[1])
+		}
+	}
 }

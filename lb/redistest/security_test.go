@@ -391,3 +391,50 @@ func TestACLRefusalsAreClearErrors(t *testing.T) {
 		})
 	}
 }
+
+// flow_control's gate: a wrong password, or a user lacking a command or
+// the pool's keys, is refused when the config loads (CheckAccess) with
+// Redis's own error naming what is wrong; it used to start anyway and
+// serve on its fallback share for good, NOPERM in its last error. A Redis
+// that cannot be reached is not refused: the gate falls back and retries.
+func TestFlowGateAccessRefusalsAreClearErrors(t *testing.T) {
+	srv := redistest.StartTLS(t)
+	admin := redistest.Client(t, srv.Conn())
+	cases := []struct{ name, rules, want string }{
+		{"wrong password", sluiceACL, "WRONGPASS"},
+		{"no time", strings.Replace(sluiceACL, " +time", "", 1), "may not run TIME"},
+		{"no zrangebyscore", strings.Replace(sluiceACL, " +zrangebyscore", "", 1), "may not run ZRANGEBYSCORE"},
+		{"no evalsha", strings.Replace(sluiceACL, " +evalsha", "", 1), "'evalsha' command"},
+		{"other keys only", strings.Replace(sluiceACL, "~{sluice:*", "~other:*", 1), "NOPERM"},
+		{"everything it needs", sluiceACL, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			user := fmt.Sprint("sluice-", time.Now().UnixNano())
+			setUser(t, admin, user, "right", c.rules)
+			conn := srv.Conn()
+			conn.Username, conn.Password = user, "right"
+			if c.name == "wrong password" {
+				conn.Password = "wrong"
+			}
+			err := redisgate.CheckAccess(context.Background(), redisgate.Config{Conn: conn, Pool: "p"})
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("the gate does not need what this user lacks: %v", err)
+			case c.want == "":
+			case err == nil:
+				t.Fatal("CheckAccess accepted the user")
+			case !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "redis ["+srv.Addr+"]"):
+				t.Fatalf("error %q: want it to name Redis (%s) and %q", err, srv.Addr, c.want)
+			default:
+				t.Log(err)
+			}
+		})
+	}
+	t.Run("unreachable", func(t *testing.T) {
+		conn := redisconn.Config{Addrs: []string{"127.0.0.1:1"}, DialTimeout: 200 * time.Millisecond}
+		if err := redisgate.CheckAccess(context.Background(), redisgate.Config{Conn: conn, Pool: "p"}); err != nil {
+			t.Fatalf("unreachable Redis refused: %v (the gate falls back instead)", err)
+		}
+	})
+}
