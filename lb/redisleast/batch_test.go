@@ -136,16 +136,7 @@ func TestSwitchingToMaxInflightKeepsBatchedLeasesExact(t *testing.T) {
 // The flusher sends what is queued when nothing else comes along: a pick
 // made from the view reaches Redis within about two budget intervals.
 func TestFlusherSendsTheTail(t *testing.T) {
-	addr := testRedis(t)
-	cfg := testConfig(t, addr)
-	cfg.CallRate = 50
-	s := newStore(t, cfg, "p")
-	if err := s.Sync(context.Background(), []string{"a"}); err != nil {
-		t.Fatal(err)
-	}
-	for range callBurst { // spend the burst
-		sel(t, s, "a").Release(lb.Outcome{Kind: lb.Success})
-	}
+	s, addr, _ := budgetSpent(t, 50)
 	l := sel(t, s, "a")
 	start := time.Now()
 	waitFor(t, "the last pick to reach Redis", func() bool { return mustCounts(t, s)["a"] == 1 })
@@ -159,18 +150,7 @@ func TestFlusherSendsTheTail(t *testing.T) {
 // outage reached Redis only if a pick or release came along with the
 // budget to send it.
 func TestFlusherWakesAfterAnOutageDuringItsWait(t *testing.T) {
-	addr := testRedis(t)
-	cfg := testConfig(t, addr)
-	cfg.CallRate = 10
-	cfg.BreakerBackoff = time.Hour // the test opens and closes the breaker itself
-	s := newStore(t, cfg, "p")
-	if err := s.Sync(context.Background(), []string{"a"}); err != nil {
-		t.Fatal(err)
-	}
-	ok := lb.Outcome{Kind: lb.Success}
-	for range callBurst / 2 { // a pick and a release each: the budget is spent
-		sel(t, s, "a").Release(ok)
-	}
+	s, addr, _ := budgetSpent(t, 10)
 	l := sel(t, s, "a") // from the view: the flusher waits ~200 ms for the budget
 	waitFor(t, "the flusher to wait for the budget", func() bool {
 		s.batch.mu.Lock()
@@ -194,17 +174,7 @@ func TestFlusherWakesAfterAnOutageDuringItsWait(t *testing.T) {
 // budget: they go at once (the budget used to read the new rate as a
 // negative interval and refuse every call).
 func TestCallRateUnlimitedByReloadSendsWhatWaits(t *testing.T) {
-	addr := testRedis(t)
-	cfg := testConfig(t, addr)
-	cfg.CallRate = 1
-	s := newStore(t, cfg, "p")
-	if err := s.Sync(context.Background(), []string{"a"}); err != nil {
-		t.Fatal(err)
-	}
-	ok := lb.Outcome{Kind: lb.Success}
-	for range callBurst / 2 { // the budget is spent: the next call in ~1 s
-		sel(t, s, "a").Release(ok)
-	}
+	s, addr, cfg := budgetSpent(t, 1) // the next call in ~1 s
 	l := sel(t, s, "a")
 	unlimited := cfg
 	unlimited.CallRate = -1
@@ -214,4 +184,22 @@ func TestCallRateUnlimitedByReloadSendsWhatWaits(t *testing.T) {
 	waitFor(t, "the waiting pick to reach Redis", func() bool { return mustCounts(t, s)["a"] == 1 })
 	l.Release(ok)
 	waitFor(t, "its release to reach Redis", func() bool { return drained(t, s, raw(t, addr)) })
+}
+
+// budgetSpent is a store at rate calls a second over one replica "a"
+// whose burst of calls was just spent (each a pick or a release), and
+// whose breaker only the test opens and closes.
+func budgetSpent(t *testing.T, rate int) (*Store, string, Config) {
+	addr := testRedis(t)
+	cfg := testConfig(t, addr)
+	cfg.CallRate = rate
+	cfg.BreakerBackoff = time.Hour
+	s := newStore(t, cfg, "p")
+	if err := s.Sync(context.Background(), []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	for range callBurst / 2 {
+		sel(t, s, "a").Release(ok)
+	}
+	return s, addr, cfg
 }
