@@ -33,21 +33,26 @@ import (
 // newer, so it is applied once whether or not the first try ran.
 type batcher struct {
 	mu      sync.Mutex
-	ident   *identity          // the events below are recorded under it
-	queue   []event            // not sent yet, in order
-	out     *batch             // being sent (calling) or, with failed, to send again first
-	failed  bool               // out's outcome is unknown: resend it as is
-	calling bool               // a call is under way (at most one)
-	pickOut bool               // it carries an exact pick not answered yet
-	cond    sync.Cond          // on mu: a call ended
-	armed   bool               // the flusher waits for the budget: no need to wake it
-	seq     uint64             // number of the last batch made for ident
-	view    map[string]int64   // global counts at the last reply
-	delta   map[string]int64   // this instance's events not in view (queued, out)
-	viewAt  time.Time          // when view was read
-	tat     time.Time          // budget: theoretical arrival time (GCRA)
-	kick    chan struct{}      // something to send
-	sendFn  func(*batch) reply // the Redis call (Store.sendBatch)
+	ident   *identity        // the events below are recorded under it
+	queue   []event          // not sent yet, in order
+	out     *batch           // being sent (calling) or, with failed, to send again first
+	failed  bool             // out's outcome is unknown: resend it as is
+	calling bool             // a call is under way (at most one)
+	pickOut bool             // it carries an exact pick not answered yet
+	cond    sync.Cond        // on mu: a call ended
+	armed   bool             // the flusher waits for the budget: no need to wake it
+	seq     uint64           // number of the last batch made for ident
+	view    map[string]int64 // global counts at the last reply
+	delta   map[string]int64 // this instance's events not in view (queued, out)
+	viewAt  time.Time        // when view was read
+	tat     time.Time        // budget: theoretical arrival time (GCRA)
+	// The other instances' pick rate (viewpick.go): the pool's pick
+	// counter at the last reply, when, and the smoothed rate per second.
+	pickCount   float64
+	pickAt      time.Time
+	foreignRate float64
+	kick        chan struct{}      // something to send
+	sendFn      func(*batch) reply // the Redis call (Store.sendBatch)
 }
 
 // event is one pick ('+': replica chosen from the view; '*': exact pick
@@ -70,9 +75,11 @@ type batch struct {
 }
 
 type reply struct {
-	picked string           // the exact pick's replica ("" none: no candidate is a member)
-	counts map[string]int64 // the pool's counts after the batch
-	err    error
+	picked  string           // the exact pick's replica ("" none: no candidate is a member)
+	counts  map[string]int64 // the pool's counts after the batch
+	counter float64          // the pool's pick counter after the batch
+	applied int64            // this batch's picks in it (0: applied before)
+	err     error
 }
 
 // callBurst is how many calls the budget lets through at once.
@@ -147,20 +154,6 @@ func (b *batcher) addLocked(ev event, d int64) {
 	}
 }
 
-// viewLeastLocked is the candidate least loaded in the view, scanning from
-// off so ties go to a random one.
-func (b *batcher) viewLeastLocked(cands []string, off int) string {
-	best, bestN := "", int64(0)
-	for i := range cands {
-		a := cands[(i+off)%len(cands)]
-		n := b.view[a] + b.delta[a]
-		if best == "" || n < bestN {
-			best, bestN = a, n
-		}
-	}
-	return best
-}
-
 // takeLocked makes the next batch: the failed one again, else the queue
 // (plus an exact pick among cands when cands is not nil). It marks a call
 // under way; finishLocked ends it.
@@ -211,7 +204,9 @@ func (b *batcher) finishLocked(bt *batch, r reply) {
 		}
 	}
 	b.out, b.failed = nil, false
-	b.view, b.viewAt = r.counts, time.Now()
+	now := time.Now()
+	b.observePicksLocked(r.counter, r.applied, now)
+	b.view, b.viewAt = r.counts, now
 }
 
 // sendQueuedLocked sends the next batch (called with mu held, returns with
@@ -271,7 +266,7 @@ func (s *Store) selectBatched(ctx context.Context, candidates []string, resynced
 			continue
 		}
 		if b.calling || b.failed || !b.allowLocked(now, rate) {
-			addr := b.viewLeastLocked(candidates, rand.IntN(len(candidates)))
+			addr := b.viewPickLocked(candidates, rand.IntN(len(candidates)), time.Now())
 			b.addLocked(event{'+', req, addr}, 1)
 			failed := b.failed
 			b.mu.Unlock()
@@ -295,7 +290,7 @@ func (s *Store) selectBatched(ctx context.Context, candidates []string, resynced
 		// The pick may have run: it stays in the batch, sent again until
 		// Redis answers, and this request counts on a replica chosen from
 		// the view meanwhile (its release follows the pick in Redis).
-		addr := b.viewLeastLocked(candidates, rand.IntN(len(candidates)))
+		addr := b.viewPickLocked(candidates, rand.IntN(len(candidates)), time.Now())
 		bt.events[len(bt.events)-1].replica = addr
 		b.delta[addr]++
 		b.finishLocked(bt, r)
@@ -466,10 +461,10 @@ func (s *Store) sendBatch(bt *batch) reply {
 		args = append(args, string(ev.kind), ev.id, ev.replica)
 	}
 	res := s.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return batchScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, bt.ident.alive, bt.ident.inst, s.k.insts}, args)
+		return batchScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, bt.ident.alive, bt.ident.inst, s.k.insts, s.k.picks}, args)
 	})
 	arr, err := res.ToArray()
-	if err == nil && len(arr) != 3 {
+	if err == nil && len(arr) != 5 {
 		err = errBadReply
 	}
 	if err != nil {
@@ -488,8 +483,14 @@ func (s *Store) sendBatch(bt *batch) reply {
 		}
 		counts[zs[i]] = int64(n)
 	}
+	c, _ := arr[3].ToString()
+	counter, err := strconv.ParseFloat(c, 64)
+	if err != nil {
+		return reply{err: errBadReply}
+	}
+	applied, _ := arr[4].AsInt64()
 	s.mu.Lock()
 	s.lastCounts = counts
 	s.mu.Unlock()
-	return reply{picked: picked, counts: counts}
+	return reply{picked: picked, counts: counts, counter: counter, applied: applied}
 }

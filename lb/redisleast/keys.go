@@ -7,6 +7,7 @@ package redisleast
 //	{tag}:load          ZSET replica → global in-flight count (members = the backend set)
 //	{tag}:gone          ZSET replica removed by Sync → requests still in flight on it
 //	{tag}:insts         SET  ids of instances that may hold records
+//	{tag}:picks         ZSET member "n": picks recorded by batches (least-request mode, viewpick.go)
 //	{tag}:alive:<id>    STRING with a TTL: the instance is alive while it exists
 //	{tag}:inst:<id>     HASH request id → replica, one field per request in flight
 //	{tag}:permcheck     scratch key of the permission check at New (never left behind)
@@ -23,7 +24,7 @@ package redisleast
 //	                    candidates); only for waiters that have some
 //	{tag}:notify:<id>   pub/sub channel of instance <id>: "<request id> <replica>" per hand-over
 type keys struct {
-	load, gone, insts        string
+	load, gone, insts, picks string
 	queue, waiters, assigned string
 	avoid                    string
 	tag                      string
@@ -31,7 +32,7 @@ type keys struct {
 
 func newKeys(prefix, pool string) keys {
 	tag := "{sluice:" + prefix + ":" + pool + "}"
-	return keys{load: tag + ":load", gone: tag + ":gone", insts: tag + ":insts",
+	return keys{load: tag + ":load", gone: tag + ":gone", insts: tag + ":insts", picks: tag + ":picks",
 		queue: tag + ":queue", waiters: tag + ":waiters", assigned: tag + ":assigned",
 		avoid: tag + ":avoid", tag: tag}
 }

@@ -194,16 +194,22 @@ end
 // A pick on a replica no longer in the set counts where the replica's last
 // requests do (gone) if they are still counted, else is not recorded.
 //
-// KEYS: load, gone, alive:<id>, inst:<id>, insts
+// The pool's pick counter (member "n" of the picks sorted set) counts
+// every pick recorded: the instances estimate from it how many picks they
+// cannot see in their view (viewpick.go).
+//
+// KEYS: load, gone, alive:<id>, inst:<id>, insts, picks
 // ARGV: leaseTTL ms, instance id, batch number, offset, n, n candidates, events...
-// Reply: {picked, exact pick's replica ("" none: no candidate is a member,
-// or no exact pick), load as a flat member/score list}.
+// Reply: {1, exact pick's replica ("" none: no candidate is a member,
+// or no exact pick), load as a flat member/score list, the pick counter,
+// the picks this call recorded}.
 var batchScript = rueidis.NewLuaScript(decr + `
 local load, gone, inst = KEYS[1], KEYS[2], KEYS[4]
 local seq = tonumber(ARGV[3])
 local off = tonumber(ARGV[4])
 local n = tonumber(ARGV[5])
 local picked = ''
+local recorded = 0
 if seq > tonumber(redis.call('HGET', inst, '#') or '0') then
   redis.call('HSET', inst, '#', ARGV[3])
   for i = 6 + n, #ARGV, 3 do
@@ -236,6 +242,7 @@ if seq > tonumber(redis.call('HGET', inst, '#') or '0') then
       if where then
         redis.call('ZINCRBY', where, 1, rep)
         redis.call('HSET', inst, id, rep)
+        recorded = recorded + 1
       end
     end
   end
@@ -243,10 +250,11 @@ if seq > tonumber(redis.call('HGET', inst, '#') or '0') then
     redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
   end
   redis.call('SADD', KEYS[5], ARGV[2])
+  if recorded > 0 then redis.call('ZINCRBY', KEYS[6], recorded, 'n') end
 else
   for i = 6 + n, #ARGV, 3 do
     if ARGV[i] == '*' then picked = redis.call('HGET', inst, ARGV[i + 1]) or '' end
   end
 end
-return {1, picked, redis.call('ZRANGE', load, 0, -1, 'WITHSCORES')}
+return {1, picked, redis.call('ZRANGE', load, 0, -1, 'WITHSCORES'), redis.call('ZSCORE', KEYS[6], 'n') or '0', recorded}
 `)

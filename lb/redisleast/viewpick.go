@@ -1,0 +1,96 @@
+package redisleast
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// A pick from the view (beyond call_rate) cannot see what the other
+// instances picked since the view was read. Picking the view's least
+// loaded replica regardless, every instance would send its requests to the
+// same few replicas until the next reply (herding): on one-at-a-time
+// replicas the one idle replica everybody sees gets them all.
+//
+// So the batcher estimates the other instances' pick rate from the pool's
+// pick counter (every batch adds its picks to it; the reply carries it)
+// and assumes the picks it cannot see went where an exact pick would have
+// sent them: to the least loaded, filling them up level by level (water
+// filling). It then picks at random among the replicas at or below that
+// level. With no other instance picking, that is the least loaded, as an
+// exact pick.
+
+// foreignWeight smooths the other instances' pick rate (per reply).
+const foreignWeight = 0.3
+
+// observePicksLocked updates the other instances' pick rate from a reply:
+// counter is the pool's pick counter after the batch, applied the picks
+// of this batch in it.
+func (b *batcher) observePicksLocked(counter float64, applied int64, now time.Time) {
+	if !b.pickAt.IsZero() && now.After(b.pickAt) {
+		foreign := max(counter-b.pickCount-float64(applied), 0) // < 0: Redis restarted
+		rate := foreign / now.Sub(b.pickAt).Seconds()
+		b.foreignRate += foreignWeight * (rate - b.foreignRate)
+	}
+	b.pickCount, b.pickAt = counter, now
+}
+
+// viewPickLocked picks for a request from the view (see above), scanning
+// from off among the candidates.
+func (b *batcher) viewPickLocked(cands []string, off int, now time.Time) string {
+	unseen := b.foreignRate * now.Sub(b.viewAt).Seconds()
+	if unseen < 0.05 { // nobody else picks: the least loaded, ties at random
+		best, bestN := "", int64(0)
+		for i := range cands {
+			a := cands[(i+off)%len(cands)]
+			if n := b.view[a] + b.delta[a]; best == "" || n < bestN {
+				best, bestN = a, n
+			}
+		}
+		return best
+	}
+	scores := make([]float64, len(cands))
+	for i, a := range cands {
+		scores[i] = float64(b.view[a] + b.delta[a])
+	}
+	level := waterLevel(scores, unseen)
+	k := 0
+	for _, s := range scores {
+		if s <= level {
+			k++
+		}
+	}
+	n := rand.IntN(k)
+	for i, s := range scores {
+		if s <= level {
+			if n == 0 {
+				return cands[i]
+			}
+			n--
+		}
+	}
+	return cands[0] // unreachable: k >= 1 (the least is always at or below the level)
+}
+
+// waterLevel is the level that units poured onto the lowest of scores
+// reach: the smallest L with the sum of max(0, L - s) equal to units.
+func waterLevel(scores []float64, units float64) float64 {
+	s := slices.Clone(scores)
+	slices.Sort(s)
+	level := s[0]
+	for i := range s {
+		next := math.Inf(1)
+		if i+1 < len(s) {
+			next = s[i+1]
+		}
+		width := float64(i + 1)
+		if need := (next - level) * width; units <= need {
+			return level + units/width
+		} else {
+			units -= need
+		}
+		level = next
+	}
+	return level
+}
