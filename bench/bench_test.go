@@ -223,8 +223,8 @@ func TestQuickChaos(t *testing.T) {
 	if err := res.Err(); err != nil {
 		t.Errorf("chaos run not clean: %v", err)
 	}
-	if len(res.Systems) != 7 {
-		t.Errorf("%d systems ran, want 7", len(res.Systems))
+	if len(res.Systems) != 8 {
+		t.Errorf("%d systems ran, want 8", len(res.Systems))
 	}
 	for _, s := range res.Systems {
 		if s.Requests < 1000 || s.Lost != 0 || s.Extra["leaked"] != 0 || s.Extra["panics"] != 0 {
