@@ -11,28 +11,17 @@ import (
 
 // accessScript runs, on two scratch keys of the pool, every command the
 // claim script uses, in forms that leave nothing behind (what HSET and
-// ZADD add, HDEL and ZREM take away). A script stops at its first denied
-// step, so each runs under pcall and the first refusal comes back as
-// NOPERM naming the command. TestAccessScriptCoversTheClaimScript keeps it
-// in step with the claim script.
+// ZADD add, HDEL and ZREM take away); the first refusal comes back as
+// NOPERM naming the command (redisconn.PermScript).
+// TestAccessScriptCoversTheClaimScript keeps it in step with the claim
+// script.
 //
 // KEYS: {tag}:flow:permcheck (a hash), {tag}:flow:permcheck:z (a sorted set)
-var accessScript = rueidis.NewLuaScript(`
-local h, z = KEYS[1], KEYS[2]
-local steps = {
+var accessScript = redisconn.PermScript(`local h, z = KEYS[1], KEYS[2]`, `{
   {'TIME'},
   {'HSET', h, 'f', 'v'}, {'HGET', h, 'f'}, {'HGETALL', h}, {'HVALS', h}, {'HDEL', h, 'f'},
   {'ZADD', z, 0, 'm'}, {'ZCARD', z}, {'ZRANGEBYSCORE', z, '-inf', '+inf'}, {'ZREM', z, 'm'},
-}
-for _, step in ipairs(steps) do
-  local r = redis.pcall(unpack(step))
-  if type(r) == 'table' and r.err then
-    return redis.error_reply('NOPERM this Redis user may not run ' .. step[1] ..
-      ' on the pool\'s keys, which flow_control needs (' .. r.err .. ')')
-  end
-end
-return 1
-`)
+}`, "on the pool's keys, which flow_control needs")
 
 // CheckAccess connects once with cfg and runs every command the gate
 // will use on the pool's keys. A Redis that answers with an error — a

@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/lb/redisconn"
 )
 
 // permScript runs, on one scratch key of the pool and on the instance's
@@ -11,15 +13,13 @@ import (
 // in forms that leave nothing behind. New runs it once, so a Redis user
 // lacking a command, or access to the pool's keys or channels, fails the
 // load with Redis's NOPERM naming what is missing, instead of every select
-// later falling back to local counts (a script stops at its first denied
-// step; what it wrote is not rolled back, hence the DEL first).
+// later falling back to local counts (what a denied script wrote is not
+// rolled back, hence the DEL first).
 // TestPermScriptCoversEveryScriptCommand keeps it in step with the scripts.
 //
 // KEYS: {tag}:permcheck
 // ARGV: notification channel
-var permScript = rueidis.NewLuaScript(`
-local k, ch = KEYS[1], ARGV[1]
-local steps = {
+var permScript = redisconn.PermScript(`local k, ch = KEYS[1], ARGV[1]`, `{
   {'DEL', k}, {'EXISTS', k},
   {'HGET', k, 'f'}, {'HMGET', k, 'f'}, {'HEXISTS', k, 'f'}, {'HGETALL', k}, {'HLEN', k}, {'HVALS', k},
   {'HSET', k, 'f', 'v'}, {'HDEL', k, 'f'},
@@ -29,16 +29,7 @@ local steps = {
   {'SMEMBERS', k}, {'SADD', k, 'm'}, {'SREM', k, 'm'},
   {'SET', k, '1', 'PX', 1000}, {'DEL', k},
   {'PUBLISH', ch, 'permcheck'},
-}
-for _, step in ipairs(steps) do
-  local r = redis.pcall(unpack(step))
-  if type(r) == 'table' and r.err then
-    return redis.error_reply('NOPERM this Redis user may not run ' .. step[1] ..
-      ' on the pool\'s keys or channel, which Sluice needs (' .. r.err .. ')')
-  end
-end
-return 1
-`)
+}`, "on the pool's keys or channel, which Sluice needs")
 
 // checkPermissions runs permScript (see there).
 func (s *Store) checkPermissions(ctx context.Context) error {

@@ -247,15 +247,15 @@ func (b *batcher) kick1() {
 // for the call under way instead; under a steady load a call starts every
 // interval) nor runs beside an exact pick whose
 // replica is not known yet (it would not see it).
-func (s *Store) selectBatched(ctx context.Context, candidates []string, resynced bool) (*Lease, error) {
+func (s *Store) selectBatched(ctx context.Context, cfg *Config, candidates []string, resynced bool) (*Lease, error) {
 	b := &s.batch
 	ident := s.ident.Load()
 	req := strconv.FormatUint(s.seq.Add(1), 36)
-	rate := s.conf().CallRate
+	rate := cfg.CallRate
 	b.mu.Lock()
 	for {
 		b.syncIdentLocked(ident)
-		if b.pendingLocked() >= s.conf().PendingMax {
+		if b.pendingLocked() >= cfg.PendingMax {
 			b.mu.Unlock()
 			s.rotate(ident)
 			return s.fallback(candidates)
@@ -318,7 +318,7 @@ func (s *Store) selectBatched(ctx context.Context, candidates []string, resynced
 	if resynced || !s.resync(ctx) {
 		return nil, ErrNoCandidates
 	}
-	return s.selectBatched(ctx, candidates, true)
+	return s.selectBatched(ctx, cfg, candidates, true)
 }
 
 // lease hands out a lease on addr recorded (or to be recorded) under
@@ -339,13 +339,14 @@ func (s *Store) releaseBatched(ident *identity, req, addr string) {
 		b.mu.Unlock() // abandoned identity: the reapers reclaim it
 		return
 	}
-	if b.pendingLocked() >= s.conf().PendingMax {
+	cfg := s.cfgp.Load()
+	if b.pendingLocked() >= cfg.PendingMax {
 		b.mu.Unlock()
 		s.rotate(ident)
 		return
 	}
 	b.addLocked(event{'-', req, addr}, -1)
-	if b.calling || s.br.isOpen() || !b.allowLocked(time.Now(), s.conf().CallRate) {
+	if b.calling || s.br.isOpen() || !b.allowLocked(time.Now(), cfg.CallRate) {
 		b.mu.Unlock()
 		b.poke()
 		return
@@ -363,12 +364,9 @@ func (s *Store) finishSend(bt *batch, r reply) {
 	b.finishLocked(bt, r)
 	more := len(b.queue) > 0 || b.failed
 	b.mu.Unlock()
-	if more && r.err == nil {
-		b.poke()
-	}
-	// After a failure the breaker (or the next kick) decides when to try
-	// again: the flusher waits for the probe while the breaker is open.
-	if more && r.err != nil && !s.br.isOpen() {
+	// After a failure with the breaker open, the probe kicks the flusher
+	// when Redis answers.
+	if more && (r.err == nil || !s.br.isOpen()) {
 		b.poke()
 	}
 }

@@ -2,7 +2,6 @@ package redisleast
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -61,22 +60,7 @@ func testViewPicksSpreadOwnBurst(t *testing.T, tg redistest.Target) {
 		t.Fatal(err)
 	}
 	calls0 := s.Stats().ScriptCount
-	var mu sync.Mutex
-	var held []*Lease
-	var wg sync.WaitGroup
-	for range 64 {
-		wg.Go(func() {
-			l, err := s.Select(context.Background(), reps)
-			if err != nil || l.Fallback {
-				t.Errorf("select: %v (fallback %v)", err, l != nil && l.Fallback)
-				return
-			}
-			mu.Lock()
-			held = append(held, l)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
+	held := selectAtOnce(t, []*Store{s}, reps, 64)
 	per := map[string]int{}
 	for _, l := range held {
 		per[l.Addr]++

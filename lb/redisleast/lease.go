@@ -65,8 +65,8 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 	if s.br.isOpen() {
 		return s.fallback(candidates)
 	}
-	if c := s.conf(); c.MaxInflight == 0 && c.CallRate > 0 && !s.queueing() {
-		return s.selectBatched(ctx, candidates, false)
+	if c := s.cfgp.Load(); c.MaxInflight == 0 && c.CallRate > 0 && !s.queueing() {
+		return s.selectBatched(ctx, c, candidates, false)
 	}
 	// One deadline for the whole call: a retry never extends the wait.
 	deadline := time.Now().Add(s.conf().ReadTimeout)

@@ -214,24 +214,8 @@ func testConcurrentInstancesBalanceAndDrain(t *testing.T, tg redistest.Target, c
 
 	// Phase 1: every goroutine selects once and holds: least-request
 	// spreads N requests over R replicas with counts differing by <= 1.
-	var mu sync.Mutex
-	var held []*Lease
+	held := selectAtOnce(t, stores, reps, perInstance)
 	var wg sync.WaitGroup
-	for _, s := range stores {
-		for range perInstance {
-			wg.Go(func() {
-				l, err := s.Select(context.Background(), reps)
-				if err != nil || l.Fallback {
-					t.Errorf("select: %v (fallback %v)", err, l != nil && l.Fallback)
-					return
-				}
-				mu.Lock()
-				held = append(held, l)
-				mu.Unlock()
-			})
-		}
-	}
-	wg.Wait()
 	var counts map[string]int64
 	var lo, hi, sum int64
 	waitFor(t, "every pick to reach Redis", func() bool {
@@ -340,4 +324,28 @@ func testShedWhenEveryCandidateIsFull(t *testing.T, tg redistest.Target) {
 		l.Release(ok)
 	}
 	wantCounts(t, a, map[string]int64{"r1": 0, "r2": 0, "r3": 0})
+}
+
+// selectAtOnce makes n selects on each of stores, all at once, and returns
+// their leases; an error or a fallback fails the test.
+func selectAtOnce(t *testing.T, stores []*Store, reps []string, n int) []*Lease {
+	t.Helper()
+	var mu sync.Mutex
+	var held []*Lease
+	var wg sync.WaitGroup
+	for i := range n * len(stores) {
+		s := stores[i%len(stores)]
+		wg.Go(func() {
+			l, err := s.Select(context.Background(), reps)
+			if err != nil || l.Fallback {
+				t.Errorf("select: %v (fallback %v)", err, l != nil && l.Fallback)
+				return
+			}
+			mu.Lock()
+			held = append(held, l)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return held
 }

@@ -43,6 +43,20 @@ const sluiceACL = "~{sluice:* &{sluice:* -@all" +
 	" +time +cluster|slots +cluster|shards"
 
 // setUser creates (or resets) user with the rules on every node of admin.
+// userConn is srv's connection as a new user with rules (and the wrong
+// password when wrongPassword).
+func userConn(t *testing.T, srv *redistest.TLSServer, admin rueidis.Client, rules string, wrongPassword bool) redisconn.Config {
+	t.Helper()
+	user := fmt.Sprint("sluice-", time.Now().UnixNano())
+	setUser(t, admin, user, "right", rules)
+	conn := srv.Conn()
+	conn.Username, conn.Password = user, "right"
+	if wrongPassword {
+		conn.Password = "wrong"
+	}
+	return conn
+}
+
 func setUser(t *testing.T, admin rueidis.Client, user, password, rules string) {
 	t.Helper()
 	ctx := context.Background()
@@ -343,13 +357,7 @@ func TestACLRefusalsAreClearErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			user := fmt.Sprint("sluice-", time.Now().UnixNano())
-			setUser(t, admin, user, "right", c.rules)
-			conn := srv.Conn()
-			conn.Username, conn.Password = user, "right"
-			if c.name == "wrong password" {
-				conn.Password = "wrong"
-			}
+			conn := userConn(t, srv, admin, c.rules, c.name == "wrong password")
 			cfg := redisleast.Config{Config: conn}
 			if c.queueing {
 				cfg.MaxInflight, cfg.QueueTimeout = 1, time.Second
@@ -410,13 +418,7 @@ func TestFlowGateAccessRefusalsAreClearErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			user := fmt.Sprint("sluice-", time.Now().UnixNano())
-			setUser(t, admin, user, "right", c.rules)
-			conn := srv.Conn()
-			conn.Username, conn.Password = user, "right"
-			if c.name == "wrong password" {
-				conn.Password = "wrong"
-			}
+			conn := userConn(t, srv, admin, c.rules, c.name == "wrong password")
 			err := redisgate.CheckAccess(context.Background(), redisgate.Config{Conn: conn, Pool: "p"})
 			switch {
 			case c.want == "" && err != nil:
