@@ -207,6 +207,20 @@ func (a *attempt) bodyRead(t *attemptTrace) {
 	l.Release(o)
 }
 
+// firstByte tells the lease of the attempt traced by t, if it learns
+// from it (lb.FirstByter), that the replica's response began.
+func (a *attempt) firstByte(t *attemptTrace, d time.Duration) {
+	a.mu.Lock()
+	l := a.lease
+	if a.trace != t {
+		l = nil
+	}
+	a.mu.Unlock()
+	if fb, ok := l.(lb.FirstByter); ok {
+		fb.FirstByte(d)
+	}
+}
+
 func (a *attempt) finish() {
 	a.mu.Lock()
 	a.closed = true
@@ -345,6 +359,9 @@ func (t *attemptTrace) setHooks() {
 			t.mu.Unlock()
 			if first && t.stats != nil {
 				t.stats.observe(t.dial, d)
+			}
+			if first && t.att != nil {
+				t.att.firstByte(t, d)
 			}
 		},
 		// Called when the response body was read to its end and the

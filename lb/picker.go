@@ -34,6 +34,15 @@ type Lease interface {
 	Release(Outcome) bool
 }
 
+// FirstByter is implemented by leases that learn from the moment the
+// replica's response began (its first byte), before the attempt ends:
+// a batching engine answers its first token while the rest of its batch
+// runs, which tells a policy that it has room long before a generation of
+// seconds completes. Called at most once per lease, before Release.
+type FirstByter interface {
+	FirstByte(latency time.Duration)
+}
+
 // RetryAfterer is implemented by pickers that can tell a refused client
 // how long to wait (e.g. a queue's mean service time).
 type RetryAfterer interface {

@@ -16,18 +16,26 @@ const (
 // Tuning of the adaptive limit. These are properties of the signal, not of
 // the workload: they hold for one-at-a-time and batching replicas alike.
 const (
-	// A request slowed by more than this factor, against the same replica
-	// serving the same kind of request alone, waited inside the replica:
-	// the concurrency it was sent at is beyond what the replica serves at
-	// once. A one-at-a-time replica slows a second request by 1–2× (it
-	// waits for the rest of the first); a batching one by a few percent
-	// per extra request. The delay is measured against a whole request's
-	// duration (see observe), so for a stream, whose first byte is what is
-	// timed, a first token 100 ms later in a batch is a small slowdown and
-	// a first token that waited for a whole generation a large one.
-	slowdownTolerance = 1.3
+	// minMarginalGain: one more request in flight must add at least this
+	// much throughput, in requests served alone per solo service time,
+	// for the replica to count as having room. A replica's throughput at
+	// k in flight is k / slowdown(k) (Little's law over the solo
+	// latency): a one-at-a-time replica stays at 1 however many it holds
+	// (a second request adds nothing), a batching engine keeps adding
+	// (every request of its batch slows, yet the batch serves more), and
+	// a batching engine whose batch is full adds nothing again (what it
+	// cannot fit waits inside it). Per-request slowdown alone cannot tell
+	// the last two apart: a real engine slows each request 1.5-3x at a
+	// batch size where its throughput is still growing fast.
+	minMarginalGain = 0.25
+	// kneeFraction: a full replica's limit goes back to the lowest
+	// concurrency seen serving this fraction of what it serves at the
+	// concurrency found full.
+	kneeFraction = 0.9
 	// Weight of a new solo latency in its running estimate.
 	soloAlpha = 0.2
+	// Weight of a new slowdown in its level's running estimate.
+	levelAlpha = 0.3
 	// Probes above a limit that keep failing are made exponentially
 	// rarer, down to one growth step per about 2^maxProbeBackoff samples.
 	maxProbeBackoff = 8
@@ -36,25 +44,33 @@ const (
 )
 
 // concurrencyLimit learns how many requests one replica serves at once
-// without slowing them down — its useful concurrency: 1 for a diffusion
-// server, about the batch size for an LLM server. It is Vegas-like
-// (Netflix concurrency-limits, Envoy's adaptive concurrency): a request's
-// latency is compared with the latency of the same replica serving
-// alone, and the limit grows while that ratio stays within
-// slowdownTolerance. Three differences make it fit inference:
+// while its throughput still grows — its useful concurrency: 1 for a
+// diffusion server, up to what its batch (KV cache, max_num_seqs) holds
+// for an LLM server. A request's latency is compared with the latency of
+// the same replica serving alone, which gives the slowdown at the
+// concurrency it was sent at and, by Little's law, the replica's
+// throughput there (k / slowdown). The limit grows while one more request
+// adds at least minMarginalGain of throughput, measured between the
+// concurrency of the sample and a lower level seen before:
 //   - the baseline is learned from requests that really ran alone (sent
 //     when nothing else was in flight), per latency kind, instead of a
 //     windowed minimum (a minimum is the smallest request, so every larger
 //     one would read as queueing);
-//   - a slowdown sets the limit to the concurrency the replica showed
-//     (k / slowdown), not a fixed fraction;
+//   - slowdowns are kept per concurrency level (EWMA), so the throughput
+//     curve is compared at two points, not read from one request;
+//   - a full replica sets the limit towards the level where the
+//     throughput still grew;
 //   - a probe above a limit that fails again and again is backed off
 //     exponentially, so a one-at-a-time replica is probed rarely: a probe
 //     costs the probing request one extra service time.
 //
-// It starts at 1 in slow start (doubling per unslowed request sent at the
-// limit: a batching replica is found within a few requests, which matters
-// when each takes seconds), which ends at the first slowdown.
+// It starts at 1 in slow start, which doubles the limit per request sent
+// at the limit that got its first byte (a batching engine answers its
+// first token while the others run; a one-at-a-time server answers only
+// once the one before it is done), and ends at the first full sample.
+// Slow start on first bytes matters for engines whose requests take
+// seconds: doubling per completed request kept a real engine at a small
+// batch for tens of seconds while the rest waited at the edge.
 type concurrencyLimit struct {
 	limit   float64 // >= 1; floor(limit) requests at once are "free slots"
 	growing bool    // slow start
@@ -62,9 +78,12 @@ type concurrencyLimit struct {
 	// and of the whole duration (the same for plain responses).
 	solo, soloTotal [kinds]float64
 	soloN           [kinds]int
-	// failedAt is the lowest concurrency a slowdown was last seen at, and
-	// failures how often in a row; a request served unslowed at or above
-	// failedAt clears both.
+	// level[k] is the EWMA of the slowdown of requests sent at k in
+	// flight (0: none seen); grown on demand up to maxLimit+1.
+	level []float64
+	// failedAt is the lowest concurrency a full sample was last seen at,
+	// and failures how often in a row; a request served with room at or
+	// above failedAt clears both.
 	failedAt, failures int
 }
 
@@ -75,6 +94,22 @@ func newConcurrencyLimit() concurrencyLimit {
 // slots is the number of requests the replica takes before it counts as
 // busy.
 func (c *concurrencyLimit) slots() int { return int(c.limit) }
+
+// firstByte learns from a request sent at k in flight (itself included)
+// whose response began: in slow start, one that was sent at the limit
+// doubles it. cap (> 0) bounds the limit.
+func (c *concurrencyLimit) firstByte(k, cap int) {
+	if c.growing && k >= c.slots() && (c.failedAt == 0 || 2*k < c.failedAt) {
+		c.grow(2*c.limit, cap)
+	}
+}
+
+func (c *concurrencyLimit) grow(to float64, cap int) {
+	c.limit = math.Min(to, maxLimit)
+	if cap > 0 && c.limit > float64(cap) {
+		c.limit = float64(cap)
+	}
+}
 
 // observe learns from one successful request of the given kind, sent when
 // k requests (itself included) were in flight on the replica, whose timed
@@ -95,22 +130,29 @@ func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int)
 		c.soloN[kind]++
 	}
 	base, whole := c.solo[kind], c.soloTotal[kind]
-	if !(base > 0) || !(whole > 0) || !(latency > 0) {
+	if !(base > 0) || !(whole > 0) || !(latency > 0) || k < 1 || k > maxLimit {
 		return // no baseline for this kind yet: nothing to compare with
 	}
 	// The delay over the solo latency, in whole solo requests: for plain
-	// responses latency/base.
-	slowdown := 1 + (latency-base)/whole
+	// responses latency/base. At least 1: a request faster than the
+	// baseline is not a sign of more room than none at all.
+	slowdown := math.Max(1, 1+(latency-base)/whole)
+	s := c.record(k, slowdown)
 	at := c.slots()
+	full := false
+	if k >= 2 {
+		j, sj := c.reference(k)
+		full = (float64(k)/s-float64(j)/sj)/float64(k-j) < minMarginalGain
+	}
 	switch {
-	case k >= 2 && slowdown > slowdownTolerance:
-		// Waited inside the replica: it serves about k/slowdown at once.
-		served := math.Max(1, float64(k)/slowdown)
-		if served < c.limit {
-			// Halfway to what was shown, at least one slot down from k:
-			// one noisy sample does not undo many good ones, and a failed
-			// probe at k always ends below k.
-			c.limit = math.Max(1, math.Min(c.limit-(c.limit-served)/2, float64(k)-0.5))
+	case full:
+		// Full: what it holds beyond some level waits inside it. Back
+		// towards the lowest level that served about as much, at least
+		// one slot down from k: one noisy sample does not undo many good
+		// ones, and a failed probe at k always ends below k.
+		target := float64(c.knee(k, float64(k)/s))
+		if target < c.limit {
+			c.limit = math.Max(1, math.Min(c.limit-(c.limit-target)/2, float64(k)-0.5))
 		}
 		c.growing = false
 		if k == c.failedAt {
@@ -119,21 +161,58 @@ func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int)
 			c.failedAt, c.failures = k, 1
 		}
 	case k >= at:
-		// Used up to its limit and not slowed: allow one more.
+		// Used up to its limit with room: allow one more.
 		if c.failedAt > 0 && k >= c.failedAt {
 			c.failedAt, c.failures = 0, 0 // what failed before works now
 		}
 		switch {
 		case c.growing:
-			c.limit *= 2
+			c.grow(2*c.limit, cap)
 		case c.failedAt == 0 || k+1 < c.failedAt:
-			c.limit++ // back up to where it last worked, fast
+			c.grow(c.limit+1, cap) // back up to where it last worked, fast
 		default: // probing where it failed: +1 per round, backed off
-			c.limit += 1 / (c.limit * float64(int(1)<<min(c.failures, maxProbeBackoff)))
+			c.grow(c.limit+1/(c.limit*float64(int(1)<<min(c.failures, maxProbeBackoff))), cap)
 		}
-		if cap > 0 && c.limit > float64(cap) {
-			c.limit = float64(cap)
-		}
-		c.limit = math.Min(c.limit, maxLimit)
 	}
+}
+
+// record folds a slowdown seen at k into level k's EWMA and returns it.
+func (c *concurrencyLimit) record(k int, slowdown float64) float64 {
+	if k >= len(c.level) {
+		c.level = append(c.level, make([]float64, k+1-len(c.level))...)
+	}
+	if c.level[k] == 0 {
+		c.level[k] = slowdown
+	} else {
+		c.level[k] = levelAlpha*slowdown + (1-levelAlpha)*c.level[k]
+	}
+	return c.level[k]
+}
+
+// knee is the lowest level below k whose throughput reached
+// kneeFraction of x (the throughput at k), or k-1 when none did: the
+// concurrency beyond which the replica served no more.
+func (c *concurrencyLimit) knee(k int, x float64) int {
+	if x*kneeFraction <= 1 {
+		return 1
+	}
+	for j := 2; j < k && j < len(c.level); j++ {
+		if c.level[j] > 0 && float64(j)/c.level[j] >= kneeFraction*x {
+			return j
+		}
+	}
+	return k - 1
+}
+
+// reference is the level the throughput at k is compared with and its
+// slowdown: the highest level seen at or below k - k/4 (a gap, so that
+// the noise of two nearby levels does not swamp their difference), or 1,
+// whose slowdown is 1 by definition.
+func (c *concurrencyLimit) reference(k int) (int, float64) {
+	for j := k - max(1, k/4); j > 1; j-- {
+		if j < len(c.level) && c.level[j] > 0 {
+			return j, c.level[j]
+		}
+	}
+	return 1, 1
 }

@@ -223,3 +223,60 @@ func TestAStreamedSampleDoesNotMakeAReplicaLookFaster(t *testing.T) {
 		l.Release(success(200 * time.Millisecond))
 	}
 }
+
+// A continuous-batching engine slows every request of its batch as the
+// batch grows (each step computes more tokens), yet serves more per
+// second: the limit must follow the throughput, not the slowdown. With
+// 5% per extra request, a request at 8 in flight is 1.35× slower than
+// alone and the engine's throughput is still 6× a solo request's; the
+// earlier rule (no request slowed more than 1.3×) held it at about 7
+// while it had room for many more.
+func TestLimitFollowsThroughputOfABatchThatSlowsAsItGrows(t *testing.T) {
+	for _, tc := range []struct {
+		servers  int
+		min, max int
+	}{
+		{servers: 64, min: 16, max: 64}, // room far beyond the slowdown rule
+		{servers: 20, min: 14, max: 28}, // a full batch (KV cache): about its size
+	} {
+		d := newDriver(t, map[string]*modelReplica{"llm:1": {servers: tc.servers, service: 1, slowdown: 0.05}})
+		d.run(t, 400)
+		sum := 0
+		for i := 0; i < 40; i++ {
+			d.run(t, 20)
+			sum += d.slots("llm:1")
+		}
+		if mean := sum / 40; mean < tc.min || mean > tc.max {
+			t.Fatalf("%d-sequence engine slowing 5%% per request: slots averaged %d, want %d..%d", tc.servers, mean, tc.min, tc.max)
+		}
+	}
+}
+
+// Slow start grows on first bytes: an engine whose generations take
+// seconds gets its batch filled as soon as its first tokens come back,
+// not one doubling per completed generation (which kept a real engine at
+// a batch of a few for tens of seconds while the rest waited at the edge).
+func TestSlowStartGrowsOnFirstBytes(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"llm:1"})
+	t.Cleanup(s.Close)
+	var held []*Lease
+	for len(held) < 32 {
+		// Without room the request would wait for a release that never
+		// comes: give up after a while and report the slots.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		l, err := s.acquire(ctx, nil)
+		cancel()
+		if err != nil {
+			t.Fatalf("request %d: %v (slots %d, no completion yet)", len(held)+1, err, s.Snapshot().Replicas[0].Parallelism)
+		}
+		held = append(held, l)
+		l.FirstByte(100 * time.Millisecond)
+	}
+	if got := s.Snapshot().Replicas[0].Parallelism; got < 32 {
+		t.Fatalf("slots = %d after 32 first bytes and no completion, want >= 32", got)
+	}
+	for _, l := range held {
+		l.Release(lb.Outcome{Kind: lb.Cancelled})
+	}
+}

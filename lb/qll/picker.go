@@ -102,4 +102,5 @@ var (
 	_ lb.Picker       = (*State)(nil)
 	_ lb.RetryAfterer = (*State)(nil)
 	_ lb.Lease        = (*Lease)(nil)
+	_ lb.FirstByter   = (*Lease)(nil)
 )

@@ -409,6 +409,26 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	return true
 }
 
+// FirstByte implements lb.FirstByter: in slow start, a request sent at
+// the replica's limit whose response began doubles the limit, and the
+// waiting requests get the new slots at once.
+func (l *Lease) FirstByte(time.Duration) {
+	if l.released.Load() {
+		return
+	}
+	s, r := l.state, l.rep
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cfg.Parallelism != 0 || s.cfg.LatencyThreshold != 0 {
+		return
+	}
+	before := r.lim.slots()
+	r.lim.firstByte(l.conc, s.cfg.MaxConcurrency)
+	if r.lim.slots() > before {
+		s.dispatchLocked()
+	}
+}
+
 // Close fails every waiter with ErrShutdown and refuses new requests.
 // In-flight leases can still be released.
 func (s *State) Close() {
