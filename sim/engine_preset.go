@@ -22,8 +22,14 @@ import "time"
 // the KV blocks, not by Concurrency (64): each request holds 13 blocks of
 // which 11 are its shared prefix's, so with the 4 prefixes pinned 26
 // requests run at once, a saturated step schedules ~26 decodes and ~117
-// prefill tokens and lasts ~126 ms (~180 tokens/s at most), and at 4 req/s
-// ~15 requests run with steps of ~115 ms. The fit is within 25% on TTFT
+// prefill tokens and lasts ~126 ms (~205 tokens/s steady; 170–185 as the
+// table counts them, from first arrival to last answer), and at 4 req/s
+// ~15 requests run with steps of ~115 ms. StepBase is most of a step: the
+// measured engine took ~4 s for 31 tokens at every load, which a large
+// per-token share could not give at light load. Simulated vs real
+// (SLUICE_CALIBRATE=1, time scale 0.1): TTFT p50 0.22/0.49, 5.8/4.8,
+// 15.7/19.7 s; e2e p50 3.7/4.8, 9.6/8.4, 19.5/23.3 s; tokens/s 108/94,
+// 173/147, 183/156. The fit is within 25% on TTFT
 // p50 at 8 and 12 req/s, e2e p50 and tokens/s at every load; TTFT at
 // 4 req/s is about half the real one (the real engine queued more at light
 // load than a step model that saturates near the measured throughput can).
