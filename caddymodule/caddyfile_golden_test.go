@@ -156,6 +156,14 @@ func goldenCases(t *testing.T) []goldenCase {
 			`"prefill":500000`,
 			`"decode":10000000`,
 			`"name":"replica-5"`,
+			`"kind":"engine"`,
+			`"step_base":20000000`,
+			`"step_per_token":250000`,
+			`"kv_blocks":512`,
+			`"block_tokens":32`,
+			`"max_batch_tokens":4096`,
+			`"preset":"calibrated_engine"`,
+			`"preset_time_scale":0.1`,
 		},
 	}
 	var cases []goldenCase
@@ -735,6 +743,14 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"inference_sim/latency lognormal zero mean", goldenSim("latency lognormal 0s 0.3"), []string{"inference_sim", "mean"}},
 		{"inference_sim/latency per_token extra", goldenSim("latency per_token 1ms 2ms slowdown 3"), []string{"inference_sim", "batch_slowdown"}},
 		{"inference_sim/latency negative", goldenSim("latency fixed -1s"), []string{"inference_sim", "latency fixed"}},
+		{"inference_sim/latency engine one value", goldenSim("latency engine 20ms"), []string{"inference_sim", "latency engine"}},
+		{"inference_sim/latency engine bad", goldenSim("latency engine 20ms soon"), []string{"inference_sim", "step_per_token"}},
+		{"inference_sim/kv_blocks 0", goldenSim("latency engine 20ms 1ms\nkv_blocks 0"), []string{"inference_sim", "kv_blocks"}},
+		{"inference_sim/kv_blocks without engine", goldenSim("kv_blocks 64"), []string{"inference_sim", "KVBlocks"}},
+		{"inference_sim/max_batch_tokens below concurrency", goldenSim("latency engine 20ms 1ms\nconcurrency 64\nmax_batch_tokens 32"), []string{"inference_sim", "MaxBatchTokens"}},
+		{"inference_sim/engine with prefix_cache", goldenSim("latency engine 20ms 1ms\nprefix_cache 64"), []string{"inference_sim", "PrefixCache"}},
+		{"inference_sim/preset unknown", goldenSim("preset fast_engine"), []string{"inference_sim", "preset", "fast_engine"}},
+		{"inference_sim/preset scale 0", goldenSim("preset calibrated_engine 0"), []string{"inference_sim", "time scale"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -51,6 +51,19 @@ type InferenceSim struct {
 	// capacity starts alone), and the KV usage metrics report held tokens /
 	// capacity (see sim.Config.KVCapacityTokens). Default 0: off.
 	KVCapacityTokens int `json:"kv_capacity_tokens,omitempty"`
+	// KVBlocks, BlockTokens and MaxBatchTokens shape the engine latency
+	// model (latency engine only): its KV cache in blocks, the block size
+	// in tokens, and the token budget of one step (see sim.Config).
+	// Defaults 4096, 16 and 2048.
+	KVBlocks       int `json:"kv_blocks,omitempty"`
+	BlockTokens    int `json:"block_tokens,omitempty"`
+	MaxBatchTokens int `json:"max_batch_tokens,omitempty"`
+	// Preset starts from a named configuration, which the other fields
+	// then override: "calibrated_engine" is sim.CalibratedEngine, an engine
+	// fitted to a measured H100 engine, its durations multiplied by
+	// PresetTimeScale (default 1: real time).
+	Preset          string  `json:"preset,omitempty"`
+	PresetTimeScale float64 `json:"preset_time_scale,omitempty"`
 	// MaxTokens is the output length when a request does not say. Default 16.
 	MaxTokens int `json:"max_tokens,omitempty"`
 	// StreamChunkTokens is the number of tokens per streamed chunk. Default 1.
@@ -85,7 +98,7 @@ type InferenceSimPrefixCache struct {
 
 // InferenceSimLatency is the JSON form of the service-time model.
 type InferenceSimLatency struct {
-	// Kind is "fixed" (default), "lognormal" or "per_token".
+	// Kind is "fixed" (default), "lognormal", "per_token" or "engine".
 	Kind string `json:"kind,omitempty"`
 	// Duration is the service time (fixed) or its mean (lognormal).
 	Duration caddy.Duration `json:"duration,omitempty"`
@@ -101,15 +114,50 @@ type InferenceSimLatency struct {
 	// BatchSlowdown slows each decode step by this fraction per additional
 	// running request (per_token).
 	BatchSlowdown float64 `json:"batch_slowdown,omitempty"`
+	// StepBase and StepPerToken are the engine's step time: StepBase +
+	// StepPerToken × tokens scheduled in the step (engine).
+	StepBase     caddy.Duration `json:"step_base,omitempty"`
+	StepPerToken caddy.Duration `json:"step_per_token,omitempty"`
 }
+
+// PresetCalibratedEngine names sim.CalibratedEngine as an inference_sim preset.
+const PresetCalibratedEngine = "calibrated_engine"
 
 // CaddyModule returns the Caddy module information.
 func (InferenceSim) CaddyModule() caddy.ModuleInfo {
 	return moduleInfo("http.handlers.inference_sim", func() caddy.Module { return new(InferenceSim) })
 }
 
-// simConfig converts the module's fields to a sim.Config.
+// simConfig converts the module's fields to a sim.Config, on top of the
+// preset if one is named.
 func (s *InferenceSim) simConfig() sim.Config {
+	cfg := s.ownConfig()
+	if s.Preset != PresetCalibratedEngine {
+		return cfg
+	}
+	scale := s.PresetTimeScale
+	if scale == 0 {
+		scale = 1
+	}
+	p := sim.CalibratedEngine(scale)
+	p.Name, p.Model = cfg.Name, cfg.Model // the replica's identity is not the preset's
+	// The module's set (non-zero) fields override the preset's.
+	if cfg.Latency == (sim.Latency{}) {
+		cfg.Latency = p.Latency
+	}
+	for _, f := range []struct{ own, preset *int }{
+		{&cfg.Concurrency, &p.Concurrency}, {&cfg.KVBlocks, &p.KVBlocks}, {&cfg.BlockTokens, &p.BlockTokens},
+		{&cfg.MaxBatchTokens, &p.MaxBatchTokens}, {&cfg.MaxTokens, &p.MaxTokens}, {&cfg.StreamChunkTokens, &p.StreamChunkTokens},
+	} {
+		if *f.own == 0 {
+			*f.own = *f.preset
+		}
+	}
+	return cfg
+}
+
+// ownConfig converts the module's own fields to a sim.Config.
+func (s *InferenceSim) ownConfig() sim.Config {
 	cfg := sim.Config{
 		Name:                s.Name,
 		Model:               s.Model,
@@ -119,6 +167,9 @@ func (s *InferenceSim) simConfig() sim.Config {
 		MaxBodyBytes:        s.MaxBodyBytes,
 		PrefillBlocksDecode: s.PrefillBlocksDecode,
 		KVCapacityTokens:    s.KVCapacityTokens,
+		KVBlocks:            s.KVBlocks,
+		BlockTokens:         s.BlockTokens,
+		MaxBatchTokens:      s.MaxBatchTokens,
 		Faults: sim.Faults{
 			ErrorRate:   s.ErrorRate,
 			ErrorStatus: s.ErrorStatus,
@@ -136,6 +187,8 @@ func (s *InferenceSim) simConfig() sim.Config {
 			PrefillPerToken: time.Duration(l.PrefillPerToken),
 			Decode:          time.Duration(l.Decode),
 			BatchSlowdown:   l.BatchSlowdown,
+			StepBase:        time.Duration(l.StepBase),
+			StepPerToken:    time.Duration(l.StepPerToken),
 		}
 	}
 	if p := s.PrefixCache; p != nil {
@@ -144,8 +197,24 @@ func (s *InferenceSim) simConfig() sim.Config {
 	return cfg
 }
 
+func (s *InferenceSim) validatePreset() error {
+	if s.Preset != "" && s.Preset != PresetCalibratedEngine {
+		return fmt.Errorf("inference_sim: preset %q is unknown: want %q", s.Preset, PresetCalibratedEngine)
+	}
+	if !(s.PresetTimeScale >= 0 && s.PresetTimeScale <= 1000) {
+		return fmt.Errorf("inference_sim: preset_time_scale must be between 0 (1, real time) and 1000, got %v", s.PresetTimeScale)
+	}
+	if s.PresetTimeScale != 0 && s.Preset == "" {
+		return fmt.Errorf("inference_sim: preset_time_scale is set (%v) but no preset is named", s.PresetTimeScale)
+	}
+	return nil
+}
+
 // Provision builds the simulated replica.
 func (s *InferenceSim) Provision(caddy.Context) error {
+	if err := s.validatePreset(); err != nil {
+		return err
+	}
 	rp, err := sim.New(s.simConfig())
 	if err != nil {
 		return fmt.Errorf("inference_sim: %w", err)
@@ -157,6 +226,9 @@ func (s *InferenceSim) Provision(caddy.Context) error {
 
 // Validate checks the configuration.
 func (s *InferenceSim) Validate() error {
+	if err := s.validatePreset(); err != nil {
+		return err
+	}
 	if err := s.simConfig().Validate(); err != nil {
 		return fmt.Errorf("inference_sim: %w", err)
 	}
@@ -222,6 +294,11 @@ func (reg *inferenceSimReplicas) remove(rp *sim.Replica) {
 //	    latency      fixed <duration>
 //	    latency      lognormal <mean> <sigma>
 //	    latency      per_token <prefill per token> <decode per token> [batch_slowdown <factor>]
+//	    latency      engine <step base> <step per token>
+//	    kv_blocks        <n>                   (engine only)
+//	    block_tokens     <tokens per block>    (engine only)
+//	    max_batch_tokens <tokens per step>     (engine only)
+//	    preset       calibrated_engine [<time scale>]
 //	    prefill_per_token <duration>          (fixed and lognormal only)
 //	    prefix_cache <blocks> [<block chars>]
 //	    prefill_blocks_decode on|off          (per_token only)
@@ -249,6 +326,15 @@ func (reg *inferenceSimReplicas) remove(rp *sim.Replica) {
 // num_requests_waiting, meanwhile). A prompt larger than n is not rejected:
 // it starts alone once nothing else runs. vllm:kv_cache_usage_perc and
 // vllm:gpu_cache_usage_perc then report held tokens / n, clamped to 1.
+//
+// latency engine runs a step-based continuous-batching engine (see
+// sim.LatencyEngine): every step decodes a token for each running request,
+// continues chunked prefills and admits waiting requests FIFO within
+// max_batch_tokens, concurrency and kv_blocks (with prefix caching), and
+// lasts step base + step per token × tokens scheduled. preset
+// calibrated_engine starts from sim.CalibratedEngine (fitted to a measured
+// H100 engine), its durations × time scale (default 1); the other options
+// override it.
 func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
 	if d.NextArg() {
@@ -400,6 +486,36 @@ func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			s.KVCapacityTokens = n
+		case "kv_blocks", "block_tokens", "max_batch_tokens":
+			hi := map[string]int{"kv_blocks": sim.MaxKVBlocks, "block_tokens": sim.MaxBlockTokens, "max_batch_tokens": sim.MaxBatchTokensLimit}[sub]
+			n, err := inferenceSimInt(d, sub, 1, hi)
+			if err != nil {
+				return err
+			}
+			switch sub {
+			case "kv_blocks":
+				s.KVBlocks = n
+			case "block_tokens":
+				s.BlockTokens = n
+			default:
+				s.MaxBatchTokens = n
+			}
+		case "preset":
+			args := d.RemainingArgs()
+			if len(args) != 1 && len(args) != 2 {
+				return d.Errf("inference_sim: usage: preset %s [<time scale>]", PresetCalibratedEngine)
+			}
+			if args[0] != PresetCalibratedEngine {
+				return d.Errf("inference_sim: preset %q is unknown: want %s", args[0], PresetCalibratedEngine)
+			}
+			s.Preset = args[0]
+			if len(args) == 2 {
+				f, err := strconv.ParseFloat(args[1], 64)
+				if err != nil || !(f > 0 && f <= 1000) {
+					return d.Errf("inference_sim: preset time scale %q must be a number above 0 and at most 1000", args[1])
+				}
+				s.PresetTimeScale = f
+			}
 		case "latency":
 			l, err := parseInferenceSimLatency(d)
 			if err != nil {
@@ -430,7 +546,7 @@ func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func parseInferenceSimLatency(d *caddyfile.Dispenser) (*InferenceSimLatency, error) {
 	args := d.RemainingArgs()
 	if len(args) == 0 {
-		return nil, d.Errf("inference_sim: latency needs a model: fixed, lognormal or per_token")
+		return nil, d.Errf("inference_sim: latency needs a model: fixed, lognormal, per_token or engine")
 	}
 	l := &InferenceSimLatency{Kind: args[0]}
 	durations := func(names ...string) ([]time.Duration, error) {
@@ -489,8 +605,17 @@ func parseInferenceSimLatency(d *caddyfile.Dispenser) (*InferenceSimLatency, err
 			}
 			l.BatchSlowdown = f
 		}
+	case sim.LatencyEngine:
+		if len(args) != 3 {
+			return nil, d.Errf("inference_sim: usage: latency engine <step base> <step per token>")
+		}
+		ds, err := durations("step_base", "step_per_token")
+		if err != nil {
+			return nil, err
+		}
+		l.StepBase, l.StepPerToken = caddy.Duration(ds[0]), caddy.Duration(ds[1])
 	default:
-		return nil, d.Errf("inference_sim: unknown latency model %q: want fixed, lognormal or per_token", args[0])
+		return nil, d.Errf("inference_sim: unknown latency model %q: want fixed, lognormal, per_token or engine", args[0])
 	}
 	return l, nil
 }

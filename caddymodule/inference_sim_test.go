@@ -487,3 +487,68 @@ func provisionSim(t *testing.T, h map[string]any) *InferenceSim {
 	t.Cleanup(func() { _ = mod.Cleanup() })
 	return mod
 }
+
+func TestInferenceSimEngineOptions(t *testing.T) {
+	byName, raw := simHandlersByName(t, `
+:8080 {
+	inference_sim eng-1 {
+		latency          engine 2ms 10us
+		max_num_seqs     16
+		kv_blocks        256
+		block_tokens     32
+		max_batch_tokens 1024
+	}
+}
+
+:8081 {
+	inference_sim eng-2 {
+		preset     calibrated_engine 0.01
+		max_tokens 4
+	}
+}
+`)
+	assertInferenceSimJSON(t, byName["eng-1"], map[string]any{
+		"handler":          "inference_sim",
+		"name":             "eng-1",
+		"concurrency":      float64(16),
+		"latency":          map[string]any{"kind": "engine", "step_base": float64(2 * time.Millisecond), "step_per_token": float64(10 * time.Microsecond)},
+		"kv_blocks":        float64(256),
+		"block_tokens":     float64(32),
+		"max_batch_tokens": float64(1024),
+	})
+	assertInferenceSimJSON(t, byName["eng-2"], map[string]any{
+		"handler":           "inference_sim",
+		"name":              "eng-2",
+		"preset":            "calibrated_engine",
+		"preset_time_scale": 0.01,
+		"max_tokens":        float64(4),
+	})
+	if t.Failed() {
+		t.Logf("adapted:\n%s", raw)
+	}
+
+	mod := provisionSim(t, byName["eng-1"])
+	cfg := mod.replica.Config()
+	if cfg.Latency.Kind != sim.LatencyEngine || cfg.KVBlocks != 256 || cfg.BlockTokens != 32 || cfg.MaxBatchTokens != 1024 || cfg.Concurrency != 16 {
+		t.Errorf("sim config %+v", cfg)
+	}
+
+	// The preset, overridden by max_tokens, and scaled.
+	mod = provisionSim(t, byName["eng-2"])
+	cfg = mod.replica.Config()
+	want := sim.CalibratedEngine(0.01)
+	if cfg.Name != "eng-2" || cfg.MaxTokens != 4 || cfg.KVBlocks != want.KVBlocks || cfg.Latency != want.Latency || cfg.Concurrency != want.Concurrency {
+		t.Errorf("preset config %+v, want the preset's engine with max_tokens 4", cfg)
+	}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"hello world","stream":true}`))
+	if err := mod.ServeHTTP(rec, req, nil); err != nil || rec.Code != http.StatusOK {
+		t.Fatalf("status %d err %v body %s", rec.Code, err, rec.Body)
+	}
+	if n := strings.Count(rec.Body.String(), "data: {"); n != 4 {
+		t.Errorf("%d streamed tokens, want 4:\n%s", n, rec.Body)
+	}
+	if st := mod.replica.Stats(); st.Steps != 4 {
+		t.Errorf("%d engine steps, want 4 (a prefill and 3 decodes)", st.Steps)
+	}
+}

@@ -83,7 +83,7 @@ func (rp *Replica) parseRequest(w http.ResponseWriter, r *http.Request) (inferen
 	req.IncludeUsage = wr.StreamOptions != nil && wr.StreamOptions.IncludeUsage
 
 	var pc promptCount
-	if rp.cache != nil {
+	if rp.cache != nil || rp.eng != nil {
 		pc.text = &textBuilder{b: make([]byte, 0, min(len(body), 1<<16))}
 	}
 	present := false
@@ -130,6 +130,8 @@ func (rp *Replica) parseRequest(w http.ResponseWriter, r *http.Request) (inferen
 	req.PromptTokens = max(1, pc.tokens+pc.chars/4)
 	if rp.cache != nil {
 		req.Prefix = newPromptPrefix(pc.text.b, rp.cache.blockChars, rp.cache.capacity)
+	} else if rp.eng != nil {
+		req.Prefix = newPromptPrefix(pc.text.b, rp.eng.blockChars(), rp.eng.kvBlocks)
 	}
 
 	out := int64(rp.cfg.MaxTokens)
@@ -245,6 +247,12 @@ type generation struct {
 	kvHeld *int
 	// dc is the request's decode clock on the prefill line (PrefillBlocksDecode).
 	dc decodeClock
+
+	// er is the request in the engine (LatencyEngine), and onAdmit is
+	// called once it is admitted, before any token is emitted (seq and
+	// cached are set then).
+	er      *engineReq
+	onAdmit func()
 }
 
 func (g *generation) id() string {
@@ -268,6 +276,9 @@ func (g *generation) id() string {
 // With a KV capacity, the tokens of each chunk are added to the KV tokens
 // the request holds once the chunk's wait is over (before emit).
 func (g *generation) run(sl *sleeper, chunk int, emit func(from, to int) error) error {
+	if g.er != nil {
+		return g.runEngine(sl, chunk, emit)
+	}
 	l := g.rp.cfg.Latency
 	n := g.req.OutputTokens
 	if l.Kind != LatencyPerToken {
@@ -365,7 +376,7 @@ func (g *generation) usage() usage {
 		CompletionTokens: g.req.OutputTokens,
 		TotalTokens:      g.req.PromptTokens + g.req.OutputTokens,
 	}
-	if g.rp.cache != nil {
+	if g.rp.cachesPrefixes() {
 		u.PromptTokensDetails = &promptDetails{CachedTokens: g.cached}
 	}
 	return u
@@ -425,7 +436,7 @@ func (g *generation) sglang(text string, done int) sglangResponse {
 	r := sglangResponse{Text: text, MetaInfo: sglangMeta{
 		ID: g.id(), PromptTokens: g.req.PromptTokens, CompletionTokens: done,
 	}}
-	if g.rp.cache != nil {
+	if g.rp.cachesPrefixes() {
 		r.MetaInfo.CachedTokens = &g.cached
 	}
 	if done == g.req.OutputTokens {

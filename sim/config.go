@@ -5,10 +5,12 @@
 // stalls). It stands in for real inference replicas in Sluice's quick start,
 // tests and benchmarks.
 //
-// The simulator starts no goroutines of its own: every request is served on
-// the goroutine of its HTTP handler, waiting on timers and channels, so
-// thousands of concurrent simulated requests are cheap, and a client that goes
-// away frees its slot or queue place immediately.
+// Every request is served on the goroutine of its HTTP handler, waiting on
+// timers and channels, so thousands of concurrent simulated requests are
+// cheap, and a client that goes away frees its slot or queue place
+// immediately. The simulator starts no goroutines of its own, except with
+// LatencyEngine: that replica runs one step loop while it has requests (it
+// exits when the replica is idle or closed).
 package sim
 
 import (
@@ -44,6 +46,16 @@ const (
 	// shrinks. Config.PrefillBlocksDecode adds contention between prefills
 	// and decodes; Config.KVCapacityTokens admits requests by KV tokens.
 	LatencyPerToken LatencyKind = "per_token"
+	// LatencyEngine runs the replica as a step-based continuous-batching
+	// engine (vLLM V1, transformers continuous batching): one step loop per
+	// replica, each step decoding one token for every running request whose
+	// prefill is done, then continuing partial prefills and admitting waiting
+	// requests FIFO within Config.MaxBatchTokens, the Concurrency cap and the
+	// KV blocks (Config.KVBlocks × Config.BlockTokens, with prefix caching).
+	// A step lasts Latency.StepBase + Latency.StepPerToken × tokens
+	// scheduled in it (prefill and decode), so every request's tokens slow
+	// down as the batch grows while throughput rises. See engine.go.
+	LatencyEngine LatencyKind = "engine"
 )
 
 // Defaults applied by New to zero-valued Config fields.
@@ -57,6 +69,17 @@ const (
 	MaxOutputTokens = 1 << 20
 	// MaxKVCapacityTokens is the largest Config.KVCapacityTokens.
 	MaxKVCapacityTokens = 1<<31 - 1
+
+	// Defaults of the engine latency model (LatencyEngine).
+	DefaultEngineConcurrency    = 256  // vLLM's max_num_seqs
+	DefaultEngineKVBlocks       = 4096 // 64k tokens of 16
+	DefaultEngineBlockTokens    = 16   // vLLM's block size
+	DefaultEngineMaxBatchTokens = 2048
+	// MaxKVBlocks, MaxBlockTokens and MaxBatchTokensLimit bound the engine's
+	// KVBlocks, BlockTokens and MaxBatchTokens.
+	MaxKVBlocks         = 1 << 24
+	MaxBlockTokens      = 1 << 16
+	MaxBatchTokensLimit = 1 << 24
 )
 
 // Latency describes the service-time model. The zero value is "fixed 0":
@@ -81,6 +104,14 @@ type Latency struct {
 	// BatchSlowdown is the relative slowdown of a decode step per additional
 	// running request (per_token only), >= 0.
 	BatchSlowdown float64 `json:"batch_slowdown,omitempty"`
+	// StepBase is the fixed cost of one engine step (engine only): the
+	// part of a step's time that does not depend on how many tokens it
+	// schedules (weights read, launch and scheduling overhead).
+	StepBase time.Duration `json:"step_base,omitempty"`
+	// StepPerToken is the cost of each token scheduled in an engine step
+	// (engine only), prefill and decode tokens alike: step time = StepBase +
+	// StepPerToken × tokens.
+	StepPerToken time.Duration `json:"step_per_token,omitempty"`
 }
 
 // Faults are the injected failures of a replica. They can be changed at run
@@ -172,7 +203,8 @@ type Config struct {
 	Model string `json:"model,omitempty"`
 	// Concurrency is how many requests are served at once (1 = one at a
 	// time, diffusion-like); the others wait in a FIFO queue. It is vLLM's
-	// max_num_seqs (the size of the running batch). Default 1.
+	// max_num_seqs (the size of the running batch). Default 1, or 256 with
+	// LatencyEngine.
 	Concurrency int `json:"concurrency,omitempty"`
 	// PrefixCache, when Blocks > 0, gives the replica a prefix (KV) cache
 	// that shortens the prefill of requests whose prompt starts like a
@@ -219,6 +251,19 @@ type Config struct {
 	// latency model; at most MaxKVCapacityTokens. Default 0: off, requests
 	// are admitted by Concurrency alone.
 	KVCapacityTokens int `json:"kv_capacity_tokens,omitempty"`
+	// KVBlocks is the engine's KV cache in blocks of BlockTokens tokens
+	// (LatencyEngine only; invalid with the other models). Default 4096.
+	KVBlocks int `json:"kv_blocks,omitempty"`
+	// BlockTokens is the size of a KV block in tokens (LatencyEngine only).
+	// Prefix caching matches whole blocks of BlockTokens × 4 characters of
+	// prompt text (the simulator counts 4 characters per token). Default 16.
+	BlockTokens int `json:"block_tokens,omitempty"`
+	// MaxBatchTokens is the token budget of one engine step, prefill and
+	// decode tokens together (vLLM's max_num_batched_tokens; LatencyEngine
+	// only). Prefills longer than what is left of it are chunked across
+	// steps. At least Concurrency, so that every running request can decode
+	// in every step. Default 2048.
+	MaxBatchTokens int `json:"max_batch_tokens,omitempty"`
 	// MaxTokens is the number of output tokens when the request does not
 	// say (max_tokens / max_completion_tokens / sampling_params.max_new_tokens).
 	// Default 16.
@@ -243,8 +288,23 @@ func (c Config) withDefaults() Config {
 	if c.Model == "" {
 		c.Model = DefaultModel
 	}
+	engine := c.Latency.Kind == LatencyEngine
 	if c.Concurrency == 0 {
 		c.Concurrency = 1
+		if engine {
+			c.Concurrency = DefaultEngineConcurrency
+		}
+	}
+	if engine {
+		if c.KVBlocks == 0 {
+			c.KVBlocks = DefaultEngineKVBlocks
+		}
+		if c.BlockTokens == 0 {
+			c.BlockTokens = DefaultEngineBlockTokens
+		}
+		if c.MaxBatchTokens == 0 {
+			c.MaxBatchTokens = DefaultEngineMaxBatchTokens
+		}
 	}
 	if c.PrefixCache.Enabled() && c.PrefixCache.BlockChars == 0 {
 		c.PrefixCache.BlockChars = DefaultBlockChars
@@ -294,6 +354,9 @@ func (c Config) Validate() error {
 		}
 		return fmt.Errorf("sim: PrefillBlocksDecode needs Latency.Kind %q, got %q", LatencyPerToken, kind)
 	}
+	if err := c.validateEngine(); err != nil {
+		return err
+	}
 	if c.KVCapacityTokens < 0 || c.KVCapacityTokens > MaxKVCapacityTokens {
 		return fmt.Errorf("sim: KVCapacityTokens must be between 0 (off) and %d, got %d", MaxKVCapacityTokens, c.KVCapacityTokens)
 	}
@@ -342,9 +405,69 @@ func (l Latency) Validate() error {
 		if !(l.BatchSlowdown >= 0 && l.BatchSlowdown <= 1e6) {
 			return fmt.Errorf("sim: Latency.BatchSlowdown must be between 0 and 1e6, got %v", l.BatchSlowdown)
 		}
+	case LatencyEngine:
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{
+			{"Duration", l.Duration != 0}, {"Sigma", l.Sigma != 0}, {"Prefill", l.Prefill != 0},
+			{"PrefillPerToken", l.PrefillPerToken != 0}, {"Decode", l.Decode != 0}, {"BatchSlowdown", l.BatchSlowdown != 0},
+		} {
+			if f.set {
+				return fmt.Errorf("sim: Latency.%s is not for Latency.Kind %q, which uses Latency.StepBase and Latency.StepPerToken", f.name, LatencyEngine)
+			}
+		}
+		if l.StepBase < 0 {
+			return fmt.Errorf("sim: Latency.StepBase must not be negative, got %v", l.StepBase)
+		}
+		if l.StepPerToken < 0 {
+			return fmt.Errorf("sim: Latency.StepPerToken must not be negative, got %v", l.StepPerToken)
+		}
+		return nil
 	default:
-		return fmt.Errorf("sim: Latency.Kind must be %q, %q or %q, got %q",
-			LatencyFixed, LatencyLognormal, LatencyPerToken, l.Kind)
+		return fmt.Errorf("sim: Latency.Kind must be %q, %q, %q or %q, got %q",
+			LatencyFixed, LatencyLognormal, LatencyPerToken, LatencyEngine, l.Kind)
+	}
+	if l.StepBase != 0 || l.StepPerToken != 0 {
+		return fmt.Errorf("sim: Latency.StepBase and Latency.StepPerToken are for Latency.Kind %q", LatencyEngine)
+	}
+	return nil
+}
+
+// validateEngine checks the fields of the engine model: their ranges with
+// LatencyEngine, their absence with the other models, and the options the
+// engine replaces (PrefixCache, KVCapacityTokens, PrefillBlocksDecode).
+func (c Config) validateEngine() error {
+	if c.Latency.Kind != LatencyEngine {
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"KVBlocks", c.KVBlocks != 0}, {"BlockTokens", c.BlockTokens != 0}, {"MaxBatchTokens", c.MaxBatchTokens != 0}} {
+			if f.set {
+				return fmt.Errorf("sim: %s is for Latency.Kind %q", f.name, LatencyEngine)
+			}
+		}
+		return nil
+	}
+	if c.KVBlocks < 0 || c.KVBlocks > MaxKVBlocks {
+		return fmt.Errorf("sim: KVBlocks must be between 1 and %d, got %d", MaxKVBlocks, c.KVBlocks)
+	}
+	if c.BlockTokens < 0 || c.BlockTokens > MaxBlockTokens {
+		return fmt.Errorf("sim: BlockTokens must be between 1 and %d, got %d", MaxBlockTokens, c.BlockTokens)
+	}
+	if c.MaxBatchTokens < 0 || c.MaxBatchTokens > MaxBatchTokensLimit {
+		return fmt.Errorf("sim: MaxBatchTokens must be between 1 and %d, got %d", MaxBatchTokensLimit, c.MaxBatchTokens)
+	}
+	d := c.withDefaults()
+	if d.MaxBatchTokens < d.Concurrency {
+		return fmt.Errorf("sim: MaxBatchTokens (%d) must be at least Concurrency (%d), so that every running request decodes in every step",
+			d.MaxBatchTokens, d.Concurrency)
+	}
+	if c.PrefixCache.Blocks != 0 || c.PrefixCache.BlockChars != 0 {
+		return fmt.Errorf("sim: PrefixCache is not for Latency.Kind %q: the engine caches prefixes in its KV blocks (KVBlocks, BlockTokens)", LatencyEngine)
+	}
+	if c.KVCapacityTokens != 0 {
+		return fmt.Errorf("sim: KVCapacityTokens is not for Latency.Kind %q: the engine admits by KVBlocks", LatencyEngine)
 	}
 	return nil
 }

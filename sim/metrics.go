@@ -36,6 +36,11 @@ func (rp *Replica) appendMetrics(dst []byte) []byte {
 	metric("vllm:num_requests_running", "gauge", "Number of requests currently running on the simulated GPU.", label, i(st.Running))
 	metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting in the replica's queue.", label, i(st.Waiting))
 	switch {
+	case st.KVBlocks > 0:
+		kv := f(st.KVUsage())
+		help := "Simulated KV-cache usage (blocks held by running requests / KV blocks), 0..1."
+		metric("vllm:gpu_cache_usage_perc", "gauge", help, label, kv)
+		metric("vllm:kv_cache_usage_perc", "gauge", help, label, kv)
 	case st.KVCapacityTokens > 0:
 		kv := f(st.KVUsage())
 		help := "Simulated KV-cache usage (tokens held by running requests / capacity), 0..1."
@@ -68,6 +73,15 @@ func (rp *Replica) appendMetrics(dst []byte) []byte {
 	if st.KVCapacityTokens > 0 {
 		metric("sim_kv_tokens", "gauge", "KV tokens held by running requests (prompt + generated so far).", replica, i(st.KVTokens))
 		metric("sim_kv_capacity_tokens", "gauge", "Configured KV capacity in tokens.", replica, i(st.KVCapacityTokens))
+	}
+	if rp.eng != nil {
+		metric("sim_engine_steps_total", "counter", "Engine steps run.", replica, u(st.Steps))
+		metric("sim_engine_prefill_tokens_total", "counter", "Prompt tokens prefilled in engine steps.", replica, u(st.PrefillTokens))
+		metric("sim_engine_decode_tokens_total", "counter", "Tokens decoded in engine steps (first tokens excluded: the prefill yields them).", replica, u(st.DecodeTokens))
+		metric("sim_engine_busy_seconds_total", "counter", "Time the engine spent in steps.", replica, f(st.Busy.Seconds()))
+		metric("sim_kv_blocks_used", "gauge", "KV blocks held by running requests (shared prompt blocks once).", replica, i(st.KVBlocksUsed))
+		metric("sim_kv_blocks_cached", "gauge", "Free KV blocks still holding a cached prompt block.", replica, i(st.KVBlocksCached))
+		metric("sim_kv_blocks", "gauge", "Configured KV blocks.", replica, i(st.KVBlocks))
 	}
 	if rp.pl != nil {
 		metric("sim_prefilling", "gauge", "Prefills running now (at most 1 with prefill_blocks_decode).", replica, i(st.Prefilling))

@@ -38,6 +38,7 @@ type Replica struct {
 	q     *slotQueue
 	cache *prefixCache  // nil unless cfg.PrefixCache is enabled
 	pl    *prefillLine  // nil unless cfg.PrefillBlocksDecode
+	eng   *engine       // nil unless cfg.Latency.Kind is LatencyEngine
 	done  chan struct{} // closed by Close
 
 	rngMu sync.Mutex
@@ -77,12 +78,18 @@ func New(cfg Config) (*Replica, error) {
 	if cfg.PrefillBlocksDecode {
 		pl = newPrefillLine()
 	}
+	done := make(chan struct{})
+	var eng *engine
+	if cfg.Latency.Kind == LatencyEngine {
+		eng = newEngine(cfg, done)
+	}
 	return &Replica{
 		cfg:          cfg,
 		cache:        cache,
 		pl:           pl,
+		eng:          eng,
 		q:            newSlotQueue(cfg.Concurrency, cfg.KVCapacityTokens),
-		done:         make(chan struct{}),
+		done:         done,
 		rng:          rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		faults:       cfg.Faults,
 		stallRelease: make(chan struct{}),
@@ -195,11 +202,40 @@ type Stats struct {
 	// requests' prefills, summed over requests (a decode pause of d counts
 	// once per request decoding meanwhile).
 	DecodeStall time.Duration
+
+	// Engine counters (zero unless Latency.Kind is LatencyEngine; the
+	// fields above then describe the engine: Running is the batch, Waiting
+	// its queue, Started the admissions, QueueWait the time spent queued,
+	// and the prefix counters its KV blocks' prefix caching). Steps counts
+	// the steps run; PrefillTokens and DecodeTokens sum the tokens they
+	// scheduled; MaxStepTokens is the most in one step; Busy sums the
+	// steps' durations.
+	Steps                       uint64
+	PrefillTokens, DecodeTokens uint64
+	MaxStepTokens               int
+	Busy                        time.Duration
+	// KVBlocksUsed is the number of blocks held by running requests (a
+	// shared prompt block counts once), out of KVBlocks; KVBlocksCached
+	// the free blocks still holding a cached prompt block (the LRU);
+	// MaxKVBlocksUsed the largest KVBlocksUsed seen at an admission.
+	KVBlocksUsed, KVBlocksCached, KVBlocks, MaxKVBlocksUsed int
 }
 
-// KVUsage returns KVTokens / KVCapacityTokens clamped to 1, or 0 when the
-// KV capacity is off.
+// TokensPerStep returns the mean number of tokens an engine step
+// scheduled, or 0 before any step.
+func (s Stats) TokensPerStep() float64 {
+	if s.Steps == 0 {
+		return 0
+	}
+	return float64(s.PrefillTokens+s.DecodeTokens) / float64(s.Steps)
+}
+
+// KVUsage returns KVTokens / KVCapacityTokens clamped to 1 (with the
+// engine, KVBlocksUsed / KVBlocks), or 0 when the KV capacity is off.
 func (s Stats) KVUsage() float64 {
+	if s.KVBlocks > 0 {
+		return float64(s.KVBlocksUsed) / float64(s.KVBlocks)
+	}
 	if s.KVCapacityTokens <= 0 {
 		return 0
 	}
@@ -237,7 +273,7 @@ func (rp *Replica) Stats() Stats {
 	if rp.pl != nil {
 		ps = rp.pl.stats()
 	}
-	return Stats{
+	st := Stats{
 		Requests:         rp.requests.Load(),
 		Served:           rp.served.Load(),
 		Errors:           rp.errs.Load(),
@@ -272,6 +308,20 @@ func (rp *Replica) Stats() Stats {
 		Prefills:       ps.prefills,
 		DecodeStall:    ps.stall,
 	}
+	if rp.eng != nil {
+		es := rp.eng.snapshot()
+		st.Started, st.Queued = es.started, es.queued
+		st.Running, st.Waiting = es.running, es.waiting
+		st.MaxRunning, st.MaxWaiting, st.MaxInFlight = es.maxRunning, es.maxWaiting, es.maxInFlight
+		st.QueueWait, st.MaxQueueWait = es.waited, es.maxWait
+		st.PrefixQueries, st.PrefixHits = es.queryTokens, es.hitTokens
+		st.PrefixQueryBlocks, st.PrefixHitBlocks = es.queryBlocks, es.hitBlocks
+		st.Steps, st.PrefillTokens, st.DecodeTokens = es.steps, es.prefillTokens, es.decodeTokens
+		st.MaxStepTokens, st.Busy = es.maxStepTokens, es.busy
+		st.KVBlocksUsed, st.KVBlocksCached, st.KVBlocks = es.blocksUsed, es.blocksCached, rp.cfg.KVBlocks
+		st.MaxKVBlocksUsed = es.maxBlocksUsed
+	}
+	return st
 }
 
 // Close shuts the replica down without waiting: queued and stalled requests
@@ -292,8 +342,15 @@ func (rp *Replica) Close() error {
 	}
 	rp.lifeMu.Unlock()
 	rp.q.close()
+	if rp.eng != nil {
+		rp.eng.close() // after done is closed: the loop watches it
+	}
 	return nil
 }
+
+// cachesPrefixes reports whether the replica reports cached prompt tokens
+// (a prefix cache, or the engine's KV blocks).
+func (rp *Replica) cachesPrefixes() bool { return rp.cache != nil || rp.eng != nil }
 
 // enter registers a handler; it fails once the replica is closed.
 func (rp *Replica) enter() bool {
@@ -473,6 +530,11 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 		rp.errs.Add(1)
 		rp.record(faults.ErrorStatus)
 		writeError(w, faults.ErrorStatus, "simulated_fault", "injected error from replica "+rp.cfg.Name)
+		return
+	}
+
+	if rp.eng != nil {
+		rp.serveEngine(w, r, req, api)
 		return
 	}
 
