@@ -44,6 +44,9 @@ type Options struct {
 	// Reps runs every system this many times (default 1), interleaved:
 	// rep 1 of every system, then rep 2… The report adds mean ± sd.
 	Reps int
+	// Engine configures the real-engine and engine-calibration scenarios
+	// (ignored by the others).
+	Engine EngineOptions
 	// Command is the command line shown in the report.
 	Command string
 	// Log receives progress (default os.Stderr).
@@ -87,6 +90,10 @@ type Result struct {
 
 	extras  []extraCol
 	records []Record
+	// suffix is added to the output files' stem (a scenario's variant).
+	suffix string
+	// appendix is markdown the scenario adds after the table (also printed).
+	appendix string
 }
 
 // extraCol is a scenario-specific column of the table.
@@ -144,6 +151,9 @@ type runner struct {
 	res      *Result
 	seq      int
 	rep      int // 1-based repetition now running
+	// engines are the base URLs of replicas that live for the whole
+	// scenario (the real-engine scenario's external or Python replicas).
+	engines []string
 }
 
 // Run runs one scenario and writes its outputs. The returned Result is
@@ -444,6 +454,9 @@ type sysSpec struct {
 	after func(fleet []*sim.Server, recs []Record, s *Summary)
 	// timeout bounds each request.
 	reqTimeout time.Duration
+	// timeScale, if > 0, is the scenario's time scale: every record's
+	// times are divided by it before the summary (figures in engine time).
+	timeScale float64
 }
 
 // system runs one system end to end: fleet, proxies, load, stop.
@@ -498,6 +511,12 @@ func (r *runner) system(spec sysSpec) {
 	}
 	for i := range recs {
 		recs[i].Rep = r.rep
+		if k := spec.timeScale; k > 0 && k != 1 {
+			rec := &recs[i]
+			for _, d := range []*time.Duration{&rec.Start, &rec.Latency, &rec.TTFB, &rec.TTFT} {
+				*d = time.Duration(float64(*d) / k)
+			}
+		}
 	}
 	sum := summarize(spec.name, spec.desc, spec.proxies, names, recs)
 	sum.Rep = r.rep

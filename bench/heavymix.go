@@ -183,7 +183,7 @@ func runMix(r *runner, script []mixRequest, engine func(*sim.Config)) {
 			}
 		}
 	}
-	sys := oneProxy{r, sysSpec{fleet: fleet, load: load, after: measures}}
+	sys := oneProxy{r: r, base: sysSpec{fleet: fleet, load: load, after: measures}}
 	caddy := sys.caddy
 	systems := append(sys.references(),
 		// Defaults only: no option but the pool (active_request + active_tokens).

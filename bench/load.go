@@ -1,8 +1,11 @@
 package bench
 
 import (
+	"bufio"
+	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -25,6 +28,12 @@ type Record struct {
 	Replica string        // X-Sim-Replica
 	Class   string        // the workload's class of the request (tenant…), if any
 	Err     string
+
+	// TTFT is the time to the first streamed token (the first SSE data
+	// chunk carrying text) and Tokens the number of such chunks, for
+	// workloads with sse set; 0 otherwise.
+	TTFT   time.Duration
+	Tokens int
 }
 
 // Lost reports whether the request got no HTTP answer at all.
@@ -41,6 +50,9 @@ type workload struct {
 	actions []action
 	// monitor, if set, runs from the start until every request has ended.
 	monitor func(ctx context.Context)
+	// sse reads each 200 answer as an OpenAI completion stream
+	// (server-sent events), recording Record.TTFT and Record.Tokens.
+	sse bool
 	// ordered sends the arrivals one after another: each waits until the
 	// previous request was written (at most orderWait), so arrivals due at
 	// the same instant reach the proxy in script order, as from one client
@@ -161,7 +173,7 @@ func drive(ctx context.Context, system string, w workload, reqTimeout time.Durat
 				rctx, cancel = context.WithDeadline(ctx, d)
 				defer cancel()
 			}
-			recs[n] = send(client, req.WithContext(rctx), system, n, proxy, start, wrote)
+			recs[n] = send(client, req.WithContext(rctx), system, n, proxy, start, wrote, w.sse)
 			if w.class != nil {
 				recs[n].Class = w.class(n)
 			}
@@ -182,7 +194,7 @@ func drive(ctx context.Context, system string, w workload, reqTimeout time.Durat
 
 // send sends one request and records it. If wrote is not nil it is closed
 // once the request has been written (or has failed).
-func send(client *http.Client, req *http.Request, system string, n, proxy int, runStart time.Time, wrote chan struct{}) Record {
+func send(client *http.Client, req *http.Request, system string, n, proxy int, runStart time.Time, wrote chan struct{}, sse bool) Record {
 	r := Record{System: system, Seq: n, Proxy: proxy}
 	var first time.Time
 	written := func() {}
@@ -202,7 +214,11 @@ func send(client *http.Client, req *http.Request, system string, n, proxy int, r
 		r.Latency = time.Since(t0)
 		return r
 	}
-	_, err = io.Copy(io.Discard, resp.Body)
+	if sse && resp.StatusCode == http.StatusOK {
+		err = readSSE(resp.Body, t0, &r)
+	} else {
+		_, err = io.Copy(io.Discard, resp.Body)
+	}
 	resp.Body.Close()
 	r.Latency = time.Since(t0)
 	if !first.IsZero() {
@@ -230,4 +246,57 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// readSSE reads an OpenAI completion stream to its end: every "data:"
+// event whose first choice carries text (or a chat delta's content) counts
+// one output token chunk; the first one sets r.TTFT (since t0).
+func readSSE(body io.Reader, t0 time.Time, r *Record) error {
+	br := bufio.NewReaderSize(body, 16<<10)
+	for {
+		line, err := br.ReadSlice('\n')
+		if data, ok := bytes.CutPrefix(bytes.TrimSpace(line), []byte("data:")); ok {
+			data = bytes.TrimSpace(data)
+			if len(data) > 0 && data[0] == '{' && chunkHasText(data) {
+				if r.Tokens == 0 {
+					r.TTFT = time.Since(t0)
+				}
+				r.Tokens++
+			}
+		}
+		switch {
+		case err == bufio.ErrBufferFull:
+			// A line longer than the buffer: not a token chunk; skip it.
+			for err == bufio.ErrBufferFull {
+				_, err = br.ReadSlice('\n')
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return err
+		}
+	}
+}
+
+// chunkHasText reports whether one streamed completion (or chat) chunk
+// carries output text in its first choice.
+func chunkHasText(data []byte) bool {
+	var c struct {
+		Choices []struct {
+			Text  string `json:"text"`
+			Delta struct {
+				Content string `json:"content"`
+			} `json:"delta"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(data, &c) != nil || len(c.Choices) == 0 {
+		return false
+	}
+	return c.Choices[0].Text != "" || c.Choices[0].Delta.Content != ""
 }

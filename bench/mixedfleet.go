@@ -70,7 +70,7 @@ func mixedFleetStream(r *runner) {
 			s.Extra["slow_share"] = float64(slow) / float64(ok)
 		}
 	}
-	sys := oneProxy{r, sysSpec{fleet: fleet, load: load, after: measures}}
+	sys := oneProxy{r: r, base: sysSpec{fleet: fleet, load: load, after: measures}}
 	caddy := sys.caddy
 	systems := append(sys.references(),
 		caddy("sluice_qll", "Sluice queued_least_latency, parallelism 8 (time to first byte for streams)",

@@ -16,9 +16,9 @@ import (
 // baseName is the stem of the output files.
 func (r *Result) baseName() string {
 	if r.Quick {
-		return r.Scenario + ".quick"
+		return r.Scenario + r.suffix + ".quick"
 	}
-	return r.Scenario
+	return r.Scenario + r.suffix
 }
 
 func writeOutputs(r *Result, dir string) error {
@@ -46,11 +46,12 @@ func writeCSV(path string, recs []Record) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"system", "rep", "seq", "proxy", "start_s", "latency_s", "ttfb_s", "status", "replica", "class", "error"})
+	w.Write([]string{"system", "rep", "seq", "proxy", "start_s", "latency_s", "ttfb_s", "status", "replica", "class", "error", "ttft_s", "tokens"})
 	sec := func(v float64) string { return strconv.FormatFloat(v, 'f', 6, 64) }
 	for _, r := range recs {
 		w.Write([]string{r.System, strconv.Itoa(r.Rep), strconv.Itoa(r.Seq), strconv.Itoa(r.Proxy), sec(r.Start.Seconds()),
-			sec(r.Latency.Seconds()), sec(r.TTFB.Seconds()), strconv.Itoa(r.Status), r.Replica, r.Class, r.Err})
+			sec(r.Latency.Seconds()), sec(r.TTFB.Seconds()), strconv.Itoa(r.Status), r.Replica, r.Class, r.Err,
+			sec(r.TTFT.Seconds()), strconv.Itoa(r.Tokens)})
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
@@ -177,6 +178,9 @@ func PrintTable(w io.Writer, r *Result) {
 		fmt.Fprintf(w, "\nmean ± sd over %d reps\n", r.Reps)
 		printAligned(w, head, rows)
 	}
+	if r.appendix != "" {
+		fmt.Fprintf(w, "\n%s", r.appendix)
+	}
 	for _, s := range r.Skipped {
 		fmt.Fprintf(w, "SKIPPED %s: %s\n", s.System, s.Reason)
 	}
@@ -253,6 +257,9 @@ func markdown(r *Result) string {
 		fmt.Fprintf(&b, "\nMean ± sample standard deviation over the %d reps (reps run interleaved: rep 1 of every system, then rep 2…):\n\n", r.Reps)
 		mdTable(&b, head, rows)
 	}
+	if r.appendix != "" {
+		b.WriteString("\n" + r.appendix)
+	}
 	b.WriteString("\nLatency is client-side, to the last byte, over the requests answered 200 with a complete body; " +
 		"`errors` are other answers by status; `lost` are requests without any answer (must be 0). " +
 		"Throughput counts OK answers per second from the first arrival to the last answer. " +
@@ -282,7 +289,7 @@ func markdown(r *Result) string {
 	if r.Reps > 1 {
 		b.WriteString("The plot shows rep 1 of each system.\n\n")
 	}
-	fmt.Fprintf(&b, "Files: per-request CSV `%[1]s.csv` (system, rep, seq, proxy, start_s, latency_s, ttfb_s, status, replica, class, error), "+
+	fmt.Fprintf(&b, "Files: per-request CSV `%[1]s.csv` (system, rep, seq, proxy, start_s, latency_s, ttfb_s, status, replica, class, error, ttft_s, tokens), "+
 		"summary `%[1]s.json`, plot `%[1]s.svg`.\n", r.baseName())
 	return b.String()
 }

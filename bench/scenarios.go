@@ -105,6 +105,8 @@ var scenarios = []scenario{
 	},
 	flowNewUserScenario,
 	multiFlowScenario,
+	realEngineScenario,
+	engineCalibrationScenario,
 	{
 		name:  "heavy-short-mix",
 		title: "Heimdall heavy + short mix: 2 heavy seeds, then a burst every ~10 ms with a heavy request every 50, 4 batching replicas",
@@ -222,6 +224,16 @@ func (r *runner) haproxies(name string, n int, servers []string, maxconn int, fr
 type oneProxy struct {
 	r    *runner
 	base sysSpec // fleet, load, after
+	// upstreams, if set, are the proxies' upstream addresses (default:
+	// the fleet's, addrs): replicas that are not in-process sims.
+	upstreams func(f []*sim.Server) []string
+}
+
+func (o oneProxy) ups(f []*sim.Server) []string {
+	if o.upstreams != nil {
+		return o.upstreams(f)
+	}
+	return addrs(f)
 }
 
 // caddy is one Caddy (the Sluice build) with reverse_proxy policy policy.
@@ -229,7 +241,23 @@ func (o oneProxy) caddy(name, desc, policy string) sysSpec {
 	s := o.base
 	s.name, s.desc, s.proxies = name, desc, 1
 	s.start = func(f []*sim.Server) ([]string, error) {
-		return o.r.caddyProxies(name, 1, func(int) string { return staticProxy(addrs(f), policy) })
+		return o.r.caddyProxies(name, 1, func(int) string { return staticProxy(o.ups(f), policy) })
+	}
+	return s
+}
+
+// globalRedisLeast is one Sluice with global_redis_least, defaults, on the
+// scenario's private Redis (skipped when there is none).
+func (o oneProxy) globalRedisLeast(name, desc, pool, keyPrefix string) sysSpec {
+	s := o.caddy(name, desc, "")
+	s.start = func(f []*sim.Server) ([]string, error) {
+		addr, err := o.r.redisAddr()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errSkipped, err)
+		}
+		return o.r.caddyProxies(name, 1, func(int) string {
+			return staticProxy(o.ups(f), fmt.Sprintf("lb_policy global_redis_least {\n\tpool %s\n\tredis %s\n\tkey_prefix %s\n}", pool, addr, keyPrefix))
+		})
 	}
 	return s
 }
@@ -520,7 +548,7 @@ func sharedPrefix(r *runner) {
 			s.Extra["hit_rate"] = float64(h) / float64(q)
 		}
 	}
-	sys := oneProxy{r, sysSpec{fleet: fleet, load: load, after: hitRate}}
+	sys := oneProxy{r: r, base: sysSpec{fleet: fleet, load: load, after: hitRate}}
 	caddy := sys.caddy
 	systems := append(sys.references(),
 		caddy("oracle_header_hash", "oracle: Caddy lb_policy header X-Prefix-Id (knows the prefix id)", "lb_policy header X-Prefix-Id"),
@@ -655,19 +683,10 @@ func overhead(r *runner) {
 			s.Extra["capacity_vs_rr"] = float64(rrCPU) / float64(per)
 		}
 	}
-	sys := oneProxy{r, sysSpec{fleet: fleet, load: load, after: after}}
+	sys := oneProxy{r: r, base: sysSpec{fleet: fleet, load: load, after: after}}
 	caddy := sys.caddy
 	keyPrefix := fmt.Sprintf("bench-ov-%d", time.Now().UnixNano()%1e9)
-	grl := caddy("sluice_global_redis_least", "Sluice global_redis_least, defaults (one private Redis)", "")
-	grl.start = func(f []*sim.Server) ([]string, error) {
-		addr, err := r.redisAddr()
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", errSkipped, err)
-		}
-		return r.caddyProxies(grl.name, 1, func(int) string {
-			return staticProxy(addrs(f), fmt.Sprintf("lb_policy global_redis_least {\n\tpool ov-grl\n\tredis %s\n\tkey_prefix %s\n}", addr, keyPrefix))
-		})
-	}
+	grl := sys.globalRedisLeast("sluice_global_redis_least", "Sluice global_redis_least, defaults (one private Redis)", "ov-grl", keyPrefix)
 	systems := []sysSpec{
 		// round_robin first: the others' capacity is relative to it.
 		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -30,7 +31,25 @@ func main() {
 	reps := fs.Int("reps", 1, "run every system this many times, interleaved, and report mean ± sd")
 	only := fs.String("only", "", "run only the systems whose name contains one of these comma-separated substrings")
 	noInstall := fs.Bool("no-install", false, "do not apt-get install missing haproxy / redis-server")
-	limit := fs.Duration("timeout", 0, "abort the scenario after this long (default 5m, 90s with -quick)")
+	limit := fs.Duration("timeout", 0, "abort the scenario after this long (default 5m, 90s with -quick; real-engine: 15m on the sim, 3h on real engines)")
+	// real-engine and engine-calibration
+	var eng bench.EngineOptions
+	engine := fs.String("engine", "", "real-engine: replicas from \"sim\" (default, in process) or \"transformers\" (bench/realengine/server.py, needs PyTorch)")
+	endpoints := fs.String("endpoints", "", "real-engine: your own OpenAI-compatible replicas, comma-separated http://host:port (vLLM, SGLang, TGI)")
+	fs.StringVar(&eng.Model, "model", "", "real-engine: the requests' model (default: the first of the first replica's /v1/models; none with the sim)")
+	fs.IntVar(&eng.Replicas, "replicas", 0, "real-engine: R, replicas for sim / transformers (default 4)")
+	rate := fs.Float64("rate", 0, "real-engine: arrival rate, req/s of engine time (default 4)")
+	rates := fs.String("rates", "", "real-engine: several arrival rates, comma-separated (e.g. 4,8,12)")
+	fs.Float64Var(&eng.Scale, "scale", 0, "real-engine: time scale, 1 s of engine time runs in SCALE s (default 0.25 with the sim, else 1)")
+	fs.IntVar(&eng.Prompts, "prompts", 0, "real-engine: P, shared system prompts (default 4)")
+	fs.IntVar(&eng.PromptWords, "prompt-words", 0, "real-engine: W, words (= tokens) per system prompt (default 1500)")
+	fs.IntVar(&eng.UniqueWords, "unique-words", 0, "real-engine: U, unique words per request (default 40)")
+	fs.IntVar(&eng.MaxTokens, "max-tokens", 0, "real-engine: max_tokens of every request (default 32)")
+	fs.DurationVar(&eng.Arrivals, "arrivals", 0, "real-engine: how long arrivals last, engine time (default 25s; 8s with -quick)")
+	fs.DurationVar(&eng.ClientTimeout, "client-timeout", 0, "real-engine: client timeout per request, engine time (default 40s)")
+	fs.StringVar(&eng.Python, "python", "", "real-engine -engine transformers: the Python interpreter (default python3)")
+	serverArgs := fs.String("server-args", "", "real-engine -engine transformers: extra flags for server.py, space-separated (e.g. \"--layers 2 --hidden 256 --device cpu\")")
+	calibrate := fs.Bool("calibrate", false, "real-engine: run the engine-calibration scenario instead (direct to ONE replica at 4, 8, 12 req/s)")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: go run ./cmd/sluice-bench <scenario> [flags]\n\nscenarios:\n")
 		for _, s := range bench.Scenarios() {
@@ -60,11 +79,42 @@ func main() {
 		fs.Usage()
 		os.Exit(2)
 	}
+	eng.Engine = *engine
+	for _, ep := range strings.Split(*endpoints, ",") {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			eng.Endpoints = append(eng.Endpoints, ep)
+		}
+	}
+	if *rate > 0 {
+		eng.Rates = []float64{*rate}
+	}
+	for _, v := range strings.Split(*rates, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "sluice-bench: -rates: %q is not a number\n", v)
+			os.Exit(2)
+		}
+		eng.Rates = append(eng.Rates, f)
+	}
+	eng.ServerArgs = strings.Fields(*serverArgs)
+	if *calibrate && scenario == "real-engine" {
+		scenario = "engine-calibration"
+	}
 	d := *limit
 	if d == 0 {
 		d = 5 * time.Minute
 		if *quick {
 			d = 90 * time.Second
+		}
+		if !*quick && (scenario == "real-engine" || scenario == "engine-calibration") {
+			// Real engines run in real time: 25 s + the drain per system and rate.
+			d = 15 * time.Minute
+			if eng.Engine == "transformers" || len(eng.Endpoints) > 0 {
+				d = 3 * time.Hour
+			}
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -74,6 +124,7 @@ func main() {
 
 	res, err := bench.Run(ctx, bench.Options{
 		Scenario: scenario, Quick: *quick, OutDir: *out, CaddyBin: *caddyBin, Only: *only, NoInstall: *noInstall, Reps: *reps,
+		Engine:  eng,
 		Command: "go run ./cmd/sluice-bench " + strings.Join(args, " "),
 	})
 	if res != nil {
@@ -96,7 +147,8 @@ func needsValue(flagArg string) bool {
 		return false
 	}
 	switch name {
-	case "out", "caddy", "only", "timeout", "reps":
+	case "out", "caddy", "only", "timeout", "reps", "engine", "endpoints", "model", "replicas", "rate", "rates", "scale",
+		"prompts", "prompt-words", "unique-words", "max-tokens", "arrivals", "client-timeout", "python", "server-args":
 		return true
 	}
 	return false

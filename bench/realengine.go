@@ -1,0 +1,709 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-router/sluice/sim"
+)
+
+// ---- real-engine, engine-calibration -------------------------------------
+
+// The measured engine and its workload:
+// ../shared/real-engine/2026-11-24-h100-transformers.md (relative to the
+// repository root): one H100, transformers 5.17 continuous batching, a
+// 3B-parameter Llama-shaped model with random weights; 4 shared system
+// prompts of 1,500 words + 40 unique words, 32 output tokens, streamed,
+// Poisson arrivals for 25 s, 40 s client timeout.
+
+// EngineOptions configure the real-engine and engine-calibration scenarios.
+// Zero values mean the defaults (the measured workload).
+type EngineOptions struct {
+	// Engine is where the replicas come from when Endpoints is empty:
+	// "sim" (default: in-process simulated engines) or "transformers" (R
+	// copies of bench/realengine/server.py, started and stopped by the
+	// harness; needs PyTorch + transformers, and a GPU to mean anything).
+	Engine string
+	// Endpoints are the base URLs of your own OpenAI-compatible replicas
+	// (vLLM, SGLang, TGI): R = len(Endpoints), time scale 1.
+	Endpoints []string
+	// Model is the "model" of every request; empty: the first id of the
+	// first replica's /v1/models (with endpoints or transformers), none
+	// with the sim.
+	Model string
+	// Replicas is R for sim and transformers (default 4; 1 for
+	// engine-calibration).
+	Replicas int
+	// Rates are the arrival rates in requests per second of engine time
+	// (default 4; engine-calibration: 4, 8, 12).
+	Rates []float64
+	// Scale is the time scale: 1 s of engine time runs in Scale s.
+	// Default 0.25 with the sim, 1 otherwise (real engines run in real time).
+	Scale float64
+	// Prompts (P), PromptWords (W) and UniqueWords (U): P shared system
+	// prompts of W words; each request is one of them + U words of its
+	// own. One word = one token (3 letters + a space: 4 characters, as a
+	// simulator counting 4 characters per token counts it). Defaults 4,
+	// 1500, 40.
+	Prompts, PromptWords, UniqueWords int
+	// MaxTokens is every request's max_tokens (default 32).
+	MaxTokens int
+	// Arrivals is how long arrivals last, in engine time (default 25 s;
+	// 8 s with -quick); ClientTimeout bounds each request (default 40 s).
+	Arrivals, ClientTimeout time.Duration
+	// Python runs server.py (default python3); ServerArgs are extra flags
+	// for it (e.g. --layers 2 --hidden 256 --device cpu).
+	Python     string
+	ServerArgs []string
+	// Seed seeds the prompts and the arrival times (default 1).
+	Seed uint64
+}
+
+// resolve returns o with its defaults, or an error naming a bad field.
+func (o EngineOptions) resolve(calibrate, quick bool) (EngineOptions, error) {
+	for i, ep := range o.Endpoints {
+		u, err := url.Parse(strings.TrimSpace(ep))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return o, fmt.Errorf("-endpoints: %q is not an http(s)://host:port URL", ep)
+		}
+		o.Endpoints[i] = u.Scheme + "://" + u.Host
+	}
+	switch {
+	case len(o.Endpoints) > 0:
+		if o.Engine != "" && o.Engine != "sim" {
+			return o, fmt.Errorf("-endpoints and -engine %s exclude each other", o.Engine)
+		}
+		o.Engine = "endpoints"
+		if calibrate {
+			o.Endpoints = o.Endpoints[:1]
+		}
+		o.Replicas = len(o.Endpoints)
+	case o.Engine == "":
+		o.Engine = "sim"
+	case o.Engine != "sim" && o.Engine != "transformers":
+		return o, fmt.Errorf("-engine must be sim or transformers, got %q", o.Engine)
+	}
+	if calibrate {
+		o.Replicas = 1
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 4
+	}
+	if len(o.Rates) == 0 {
+		o.Rates = []float64{4}
+		if calibrate {
+			o.Rates = []float64{4, 8, 12}
+		}
+	}
+	if o.Scale == 0 {
+		o.Scale = 1
+		if o.Engine == "sim" {
+			o.Scale = 0.25
+		}
+	}
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.Prompts, 4)
+	def(&o.PromptWords, 1500)
+	def(&o.UniqueWords, 40)
+	def(&o.MaxTokens, 32)
+	if o.Arrivals == 0 {
+		o.Arrivals = 25 * time.Second
+		if quick {
+			o.Arrivals = 8 * time.Second
+		}
+	}
+	if o.ClientTimeout == 0 {
+		o.ClientTimeout = 40 * time.Second
+	}
+	if o.Python == "" {
+		o.Python = "python3"
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	switch {
+	case o.Replicas < 1 || o.Replicas > 64:
+		return o, fmt.Errorf("-replicas must be between 1 and 64, got %d", o.Replicas)
+	case !(o.Scale > 0 && o.Scale <= 100):
+		return o, fmt.Errorf("-scale must be in (0, 100], got %v", o.Scale)
+	case o.Prompts < 1 || o.PromptWords < 0 || o.UniqueWords < 1 || o.MaxTokens < 1:
+		return o, fmt.Errorf("prompts %d, prompt words %d, unique words %d, max tokens %d: need ≥ 1 (prompt words ≥ 0)",
+			o.Prompts, o.PromptWords, o.UniqueWords, o.MaxTokens)
+	}
+	for _, rate := range o.Rates {
+		if !(rate > 0 && rate <= 10000) {
+			return o, fmt.Errorf("rates must be in (0, 10000] req/s, got %v", rate)
+		}
+	}
+	return o, nil
+}
+
+var realEngineScenario = scenario{
+	name: "real-engine",
+	title: "Real engine: 4 shared 1,500-token system prompts, 32 streamed tokens, Poisson arrivals, " +
+		"every system with its defaults",
+	about: "The workload measured on one H100 (../shared/real-engine/2026-11-24-h100-transformers.md): P shared system " +
+		"prompts of W words + U unique words per request (1 word = 1 token), max_tokens M, streamed /v1/completions, " +
+		"Poisson arrivals, a client timeout per request; the same prompts and arrival times for every system. " +
+		"Replicas: simulated engines (-engine sim, time scaled), your own endpoints (-endpoints), or the transformers " +
+		"server bench/realengine/server.py (-engine transformers). All figures are in engine time. ttft = time to the " +
+		"first streamed token; p50/p90/p99 = end to end; out tok/s = output tokens counted from the SSE chunks ÷ wall " +
+		"time from the first arrival to the last answer; prefix reuse = Δ prefix_cache_hits ÷ Δ prefix_cache_queries " +
+		"over the replicas' /metrics (prompt tokens served from the prefix cache); per replica from X-Sim-Replica " +
+		"(sim) or the replicas' Δ vllm:request_success_total (real engines); timeout = no answer within the client " +
+		"timeout (an outcome of overload, not a harness failure).",
+	extras: []extraCol{{"rate", "rate", "%g/s"}, {"ttft_p50_s", "ttft p50", "%.2f s"}, {"ttft_p90_s", "ttft p90", "%.2f s"},
+		{"ttft_p99_s", "ttft p99", "%.2f s"}, {"out_tok_s", "out tok/s", "%.0f"}, {"prefix_reuse", "prefix reuse", "%.2f"}},
+	run: func(r *runner) { realEngine(r, false) },
+}
+
+var engineCalibrationScenario = scenario{
+	name:  "engine-calibration",
+	title: "Engine calibration: direct to ONE replica at 4, 8 and 12 req/s, next to the measured H100 engine",
+	about: "The real-engine workload sent straight to one replica (no proxy) at each rate; the appendix puts every " +
+		"figure next to the real engine's (../shared/real-engine/2026-11-24-h100-transformers.md) with the ratio " +
+		"replica/real. Figures in engine time.",
+	extras: realEngineScenario.extras,
+	run:    func(r *runner) { realEngine(r, true) },
+}
+
+// engineReplicaConfig is one simulated engine replica at time scale
+// scale (1 s of engine time runs in scale s).
+//
+// Today's closest model of the measured engine (one H100, transformers
+// continuous batching, 3B parameters; KV cache 96 blocks × 128 tokens
+// with block sharing: the 4 shared prefixes take 48 blocks once, each
+// request's own tail one more, so ~48 sequences fit). A decode step of
+// Decode × (1 + BatchSlowdown × (running − 1)) fits the measured ~140 ms
+// per token with the ~19 requests a 4 req/s load keeps in flight and the
+// 156 tokens/s reached with ~40 (a step ≈ 35 ms + 5.5 ms per sequence);
+// a prefill of 0.25 ms per uncached prompt token stalls the batch's
+// decode (PrefillBlocksDecode: one prefill at a time); a prefix cache of
+// 96 blocks of 512 characters (128 tokens of 4 characters); up to 48
+// sequences, and a KV capacity of 48 requests' worth of tokens (the sim
+// charges every request its whole prompt, where the engine stores each
+// shared prefix once).
+//
+// replaced by sim.CalibratedEngine when it lands
+func engineReplicaConfig(name string, scale float64) sim.Config {
+	d := func(x time.Duration) time.Duration { return time.Duration(float64(x) * scale) }
+	return sim.Config{Name: name, Concurrency: 48, MaxTokens: 32,
+		Latency: sim.Latency{Kind: sim.LatencyPerToken, Prefill: d(250 * time.Microsecond), Decode: d(40 * time.Millisecond),
+			BatchSlowdown: 0.136},
+		PrefillBlocksDecode: true,
+		KVCapacityTokens:    75_000,
+		PrefixCache:         sim.PrefixCache{Blocks: 96, BlockChars: 512},
+	}
+}
+
+// engineWords is the fixed vocabulary of the prompts: 3-letter
+// consonant-vowel-consonant words (1,620 of them).
+func engineWords() []string {
+	const cons, vows = "bcdfghjklmnprstvwz", "aeiou"
+	var out []string
+	for _, a := range cons {
+		for _, b := range vows {
+			for _, c := range cons {
+				out = append(out, string([]rune{a, b, c}))
+			}
+		}
+	}
+	return out
+}
+
+// enginePrompts returns the P shared system prompts (each W words, every
+// word followed by one space).
+func enginePrompts(e EngineOptions) []string {
+	words := engineWords()
+	out := make([]string, e.Prompts)
+	for p := range out {
+		rng := rand.New(rand.NewPCG(e.Seed, uint64(p)+1))
+		var b strings.Builder
+		for range e.PromptWords {
+			b.WriteString(words[rng.IntN(len(words))] + " ")
+		}
+		out[p] = b.String()
+	}
+	return out
+}
+
+// engineBody is one request: its prefix id and JSON body.
+type engineBody struct {
+	prefix int
+	json   string
+}
+
+func engineBodies(e EngineOptions, prefixes []string, n int, seed uint64) []engineBody {
+	words := engineWords()
+	rng := rand.New(rand.NewPCG(seed, 0xb0d1e5))
+	out := make([]engineBody, n)
+	for i := range out {
+		id := rng.IntN(len(prefixes))
+		var b strings.Builder
+		b.WriteString(prefixes[id])
+		for range e.UniqueWords {
+			b.WriteString(words[rng.IntN(len(words))] + " ")
+		}
+		req := map[string]any{"prompt": b.String(), "max_tokens": e.MaxTokens, "stream": true,
+			// Every request generates max_tokens tokens (vLLM, SGLang).
+			"ignore_eos": true, "temperature": 0}
+		if e.Model != "" {
+			req["model"] = e.Model
+		}
+		j, _ := json.Marshal(req)
+		out[i] = engineBody{id, string(j)}
+	}
+	return out
+}
+
+func realEngine(r *runner, calibrate bool) {
+	e, err := r.opt.Engine.resolve(calibrate, r.opt.Quick)
+	if err != nil {
+		r.res.Failures = append(r.res.Failures, err.Error())
+		return
+	}
+	if r.rep == 1 {
+		if !calibrate {
+			r.res.suffix = fmt.Sprintf("-%s-r%d", e.Engine, e.Replicas)
+		} else if e.Engine != "sim" {
+			r.res.suffix = "-" + e.Engine
+		}
+		r.res.About = fmt.Sprintf("%s Here: %s, R = %d, scale %g, P = %d, W = %d, U = %d, M = %d, %v of arrivals, "+
+			"client timeout %v, rates %v req/s.", r.res.About, e.Engine, e.Replicas, e.Scale, e.Prompts, e.PromptWords,
+			e.UniqueWords, e.MaxTokens, e.Arrivals, e.ClientTimeout, e.Rates)
+	}
+	switch {
+	case e.Engine == "endpoints":
+		r.engines = e.Endpoints
+	case e.Engine == "transformers" && r.engines == nil:
+		if r.engines, err = r.startEngineServers(e); err != nil {
+			r.res.Failures = append(r.res.Failures, "starting the transformers replicas: "+err.Error())
+			return
+		}
+	}
+	if e.Model == "" && len(r.engines) > 0 {
+		if e.Model, err = firstModel(r.ctx, r.engines[0]); err != nil {
+			r.res.Failures = append(r.res.Failures, err.Error())
+			return
+		}
+	}
+	var fleet []sim.Config
+	if e.Engine == "sim" {
+		for i := range e.Replicas {
+			fleet = append(fleet, engineReplicaConfig(fmt.Sprintf("engine-%d", i), e.Scale))
+		}
+	}
+	replicaURLs := func(f []*sim.Server) []string {
+		if len(r.engines) > 0 {
+			return r.engines
+		}
+		return urls(f)
+	}
+	prefixes := enginePrompts(e)
+	scaled := func(d time.Duration) time.Duration { return time.Duration(float64(d) * e.Scale) }
+	rates := e.Rates
+	if r.opt.Quick {
+		rates = rates[:1]
+	}
+	for ri, rate := range rates {
+		arrivals := poisson(rate/e.Scale, scaled(e.Arrivals), e.Seed*1000+uint64(ri)+1)
+		bodies := engineBodies(e, prefixes, len(arrivals), e.Seed*1000+uint64(ri)+1)
+		var before []map[string]float64
+		load := func(f []*sim.Server, proxies []string) workload {
+			before = scrapeReplicas(r.ctx, replicaURLs(f))
+			return workload{arrivals: arrivals, sse: true, build: func(n int) (*http.Request, int) {
+				p := n % len(proxies)
+				req, _ := http.NewRequest(http.MethodPost, proxies[p]+"/v1/completions", strings.NewReader(bodies[n].json))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Prefix-Id", strconv.Itoa(bodies[n].prefix))
+				return req, p
+			}}
+		}
+		after := func(f []*sim.Server, recs []Record, s *Summary) {
+			engineMeasures(rate, e.ClientTimeout, replicaURLs(f), before, scrapeReplicas(r.ctx, replicaURLs(f)), recs, s)
+		}
+		sys := oneProxy{r: r, base: sysSpec{fleet: fleet, load: load, after: after,
+			reqTimeout: scaled(e.ClientTimeout), timeScale: e.Scale}}
+		if len(r.engines) > 0 {
+			sys.upstreams = func([]*sim.Server) []string { return r.engines }
+		}
+		at := "@" + strconv.FormatFloat(rate, 'g', -1, 64) + "rps"
+		direct := sys.base
+		direct.name, direct.desc = "direct"+at, "no proxy: the client sends straight to the one replica"
+		direct.start = func(f []*sim.Server) ([]string, error) { return replicaURLs(f), nil }
+		var systems []sysSpec
+		if e.Replicas == 1 {
+			systems = append(systems, direct)
+		}
+		if !calibrate {
+			pool := fmt.Sprintf("re%d", ri)
+			systems = append(systems,
+				sys.caddy("caddy_round_robin"+at, "Caddy lb_policy round_robin", "lb_policy round_robin"),
+				sys.caddy("caddy_least_conn"+at, "Caddy lb_policy least_conn", "lb_policy least_conn"),
+				sys.caddy("oracle_header_hash"+at, "oracle: Caddy lb_policy header X-Prefix-Id (hashes the prefix id, which only it sees)",
+					"lb_policy header X-Prefix-Id"),
+				sys.caddy("sluice_queued_least_latency"+at, "Sluice queued_least_latency, defaults", "lb_policy queued_least_latency"),
+				sys.caddy("sluice_load_aware"+at, "Sluice load_aware, defaults", "lb_policy load_aware"),
+				sys.caddy("sluice_cache_aware"+at, "Sluice cache_aware, defaults", "lb_policy cache_aware"),
+				sys.globalRedisLeast("sluice_global_redis_least"+at, "Sluice global_redis_least, defaults (one private Redis)",
+					pool, fmt.Sprintf("bench-re-%d", time.Now().UnixNano()%1e9)),
+			)
+			fc := sys.caddy("sluice_flow_control"+at, "Sluice flow_control, defaults (concurrency detector) + reverse_proxy lb_policy least_conn", "")
+			fc.start = func(f []*sim.Server) ([]string, error) {
+				return r.caddyProxies(fc.name, 1, func(int) string {
+					return "flow_control\n" + staticProxy(sys.ups(f), "lb_policy least_conn")
+				})
+			}
+			systems = append(systems, fc)
+		}
+		for _, s := range systems {
+			r.system(s)
+		}
+	}
+	if calibrate {
+		r.res.appendix = calibrationTable(r.res.Systems, r.rep)
+	}
+}
+
+// engineMeasures adds the scenario's figures to s: the rate, TTFT
+// percentiles, output tokens/s, prefix reuse and per-replica counts from
+// the replicas' metrics (before/after the run), and moves the requests
+// the client timed out from lost to errors ("timeout").
+func engineMeasures(rate float64, timeout time.Duration, replicas []string, before, after []map[string]float64, recs []Record, s *Summary) {
+	s.Extra["rate"] = rate
+	var ttft []time.Duration
+	var first, last time.Duration = -1, 0
+	tokens, timeouts, headerCounted := 0, 0, 0
+	for _, rec := range recs {
+		if first < 0 || rec.Start < first {
+			first = rec.Start
+		}
+		last = max(last, rec.Start+rec.Latency)
+		tokens += rec.Tokens
+		if rec.Status == 200 && rec.Err == "" {
+			ttft = append(ttft, rec.TTFT)
+			if rec.Replica != "" {
+				headerCounted++
+			}
+		}
+		if rec.Lost() && (strings.Contains(rec.Err, "Client.Timeout") || strings.Contains(rec.Err, "deadline exceeded")) {
+			timeouts++
+		}
+	}
+	if timeouts > 0 {
+		s.Lost -= timeouts
+		s.Errors["timeout"] = timeouts
+		s.Notes = append(s.Notes, fmt.Sprintf("%d requests got no answer within the client timeout (%v)", timeouts, timeout))
+	}
+	slices.Sort(ttft)
+	if len(ttft) > 0 {
+		s.Extra["ttft_p50_s"], s.Extra["ttft_p90_s"], s.Extra["ttft_p99_s"] = quantile(ttft, 0.5), quantile(ttft, 0.9), quantile(ttft, 0.99)
+	}
+	if wall := last - max(first, 0); wall > 0 {
+		s.Extra["out_tok_s"] = float64(tokens) / wall.Seconds()
+	}
+	var q, h float64
+	var served []float64
+	complete := len(before) == len(replicas) && len(after) == len(replicas)
+	for i := range replicas {
+		if !complete || before[i] == nil || after[i] == nil {
+			complete = false
+			break
+		}
+		q += counter(after[i], prefixQueryNames) - counter(before[i], prefixQueryNames)
+		h += counter(after[i], prefixHitNames) - counter(before[i], prefixHitNames)
+		served = append(served, counter(after[i], []string{"vllm:request_success_total"})-counter(before[i], []string{"vllm:request_success_total"}))
+	}
+	if !complete {
+		s.Notes = append(s.Notes, "some replica's /metrics could not be read: no prefix reuse, per-replica counts from headers only")
+	}
+	if complete && q > 0 {
+		s.Extra["prefix_reuse"] = h / q
+	}
+	// Per replica: the sim's X-Sim-Replica header; a real engine's own
+	// count of requests served.
+	if headerCounted == 0 && complete && len(ttft) > 0 {
+		s.PerReplica = map[string]int{}
+		for i, u := range replicas {
+			s.PerReplica[strings.TrimPrefix(strings.TrimPrefix(u, "http://"), "https://")] = int(served[i])
+		}
+		s.ReplicaMin, s.ReplicaMax = -1, 0
+		for _, n := range s.PerReplica {
+			if s.ReplicaMin < 0 || n < s.ReplicaMin {
+				s.ReplicaMin = n
+			}
+			s.ReplicaMax = max(s.ReplicaMax, n)
+		}
+	}
+	var parts []string
+	for _, k := range sortedKeys(s.PerReplica) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, s.PerReplica[k]))
+	}
+	s.Notes = append(s.Notes, "per replica: "+strings.Join(parts, ", "))
+}
+
+var (
+	prefixQueryNames = []string{"vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries_total"}
+	prefixHitNames   = []string{"vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total"}
+)
+
+// counter returns the first of names present in m (0 if none).
+func counter(m map[string]float64, names []string) float64 {
+	for _, n := range names {
+		if v, ok := m[n]; ok {
+			return v
+		}
+	}
+	return 0
+}
+
+// scrapeReplicas reads every replica's /metrics (nil for one that fails).
+func scrapeReplicas(ctx context.Context, replicas []string) []map[string]float64 {
+	out := make([]map[string]float64, len(replicas))
+	for i, u := range replicas {
+		m, err := scrapeMetrics(ctx, u+"/metrics")
+		if err == nil {
+			out[i] = m
+		}
+	}
+	return out
+}
+
+// scrapeMetrics reads a Prometheus text page: each metric's samples summed
+// over their label sets, by name.
+func scrapeMetrics(ctx context.Context, u string) (map[string]float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %d", u, resp.StatusCode)
+	}
+	return parseMetrics(io.LimitReader(resp.Body, 16<<20))
+}
+
+func parseMetrics(rd io.Reader) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(rd)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest := line, ""
+		if i := strings.IndexAny(line, "{ "); i >= 0 {
+			name, rest = line[:i], line[i:]
+		}
+		if strings.HasPrefix(rest, "{") {
+			j := strings.LastIndexByte(rest, '}')
+			if j < 0 {
+				continue
+			}
+			rest = rest[j+1:]
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			continue
+		}
+		out[name] += v
+	}
+	return out, sc.Err()
+}
+
+// firstModel returns the first model id a replica's /v1/models lists.
+func firstModel(ctx context.Context, base string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("reading the model name from %s/v1/models (or pass -model): %w", base, err)
+	}
+	defer resp.Body.Close()
+	var m struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&m); err != nil || len(m.Data) == 0 {
+		return "", fmt.Errorf("%s/v1/models lists no model (pass -model): %v", base, err)
+	}
+	return m.Data[0].ID, nil
+}
+
+// startEngineServers starts R copies of bench/realengine/server.py on
+// free loopback ports (infra processes: they serve every system and are
+// stopped by PID at the end) and waits until each answers /health.
+func (r *runner) startEngineServers(e EngineOptions) ([]string, error) {
+	script, err := serverScript()
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(e.Replicas)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	var started []*proc
+	for i, port := range ports {
+		args := append([]string{script, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+			"--name", fmt.Sprintf("engine-%d", i)}, e.ServerArgs...)
+		p, err := r.infra.start(fmt.Sprintf("engine-%d", i), nil, e.Python, args...)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(r.log, "engine-%d: pid %d, %s %s\n", i, p.cmd.Process.Pid, e.Python, strings.Join(args, " "))
+		started = append(started, p)
+		out = append(out, fmt.Sprintf("http://127.0.0.1:%d", port))
+	}
+	// Model building and warm-up take minutes on a GPU; bounded by the run.
+	for i, p := range started {
+		if err := waitHealthy(r.ctx, p, out[i], 20*time.Minute); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// serverScript finds bench/realengine/server.py from the working
+// directory (repository root or bench/) or next to this source file.
+func serverScript() (string, error) {
+	cands := []string{filepath.Join("bench", "realengine", "server.py"), filepath.Join("realengine", "server.py")}
+	if _, file, _, ok := runtime.Caller(0); ok {
+		cands = append(cands, filepath.Join(filepath.Dir(file), "realengine", "server.py"))
+	}
+	for _, c := range cands {
+		if st, err := os.Stat(c); err == nil && !st.IsDir() {
+			return filepath.Abs(c)
+		}
+	}
+	return "", errors.New("bench/realengine/server.py not found (run from the repository root)")
+}
+
+// waitHealthy polls base/health until it answers 200, the process exits,
+// or timeout.
+func waitHealthy(ctx context.Context, p *proc, base string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited before it was healthy (%v)\n%s", p.name, p.waitErr, tail(p.logPath))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %s/health not 200 after %v\n%s", p.name, base, timeout, tail(p.logPath))
+		}
+	}
+}
+
+// realFigure is one row of the measured engine's table.
+type realFigure struct {
+	rate                      float64
+	ttftP50, ttftP90, ttftP99 float64 // s
+	e2eP50, e2eP90            float64 // s
+	outTokS                   float64
+	answered, sent            int
+	prefixReuse               float64
+}
+
+// measuredH100 is the table "Sent straight to one replica" of
+// ../shared/real-engine/2026-11-24-h100-transformers.md (relative to the
+// repository root): transformers 5.17 continuous batching on one H100.
+var measuredH100 = []realFigure{
+	{4, 0.49, 1.65, 2.35, 4.79, 6.11, 94, 94, 94, 0.87},
+	{8, 4.80, 9.60, 12.6, 8.41, 13.7, 147, 206, 206, 0.89},
+	{12, 19.7, 33.6, 36.5, 23.3, 36.6, 156, 308, 320, 0.90},
+}
+
+// calibrationTable sets the direct runs of rep next to measuredH100.
+func calibrationTable(systems []Summary, rep int) string {
+	var b strings.Builder
+	b.WriteString("Next to the measured engine (`../shared/real-engine/2026-11-24-h100-transformers.md`), " +
+		"direct to one replica; ratio = this replica ÷ the real one (1.00 = calibrated):\n\n")
+	head := []string{"rate", "figure", "here", "real H100", "ratio"}
+	var rows [][]string
+	ratio := func(a, b float64) string {
+		if b == 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f", a/b)
+	}
+	ss := slices.Clone(systems)
+	sort.SliceStable(ss, func(i, j int) bool { return ss[i].Extra["rate"] < ss[j].Extra["rate"] })
+	for _, s := range ss {
+		if s.Rep != rep && !(rep <= 1 && s.Rep == 0) {
+			continue
+		}
+		rate := s.Extra["rate"]
+		var real *realFigure
+		for i := range measuredH100 {
+			if measuredH100[i].rate == rate {
+				real = &measuredH100[i]
+			}
+		}
+		if real == nil {
+			continue
+		}
+		label := fmt.Sprintf("%g req/s", rate)
+		add := func(fig string, here, want float64, format string) {
+			rows = append(rows, []string{label, fig, fmt.Sprintf(format, here), fmt.Sprintf(format, want), ratio(here, want)})
+		}
+		add("TTFT p50", s.Extra["ttft_p50_s"], real.ttftP50, "%.2f s")
+		add("TTFT p90", s.Extra["ttft_p90_s"], real.ttftP90, "%.2f s")
+		add("TTFT p99", s.Extra["ttft_p99_s"], real.ttftP99, "%.2f s")
+		add("end-to-end p50", s.P50, real.e2eP50, "%.2f s")
+		add("end-to-end p90", s.P90, real.e2eP90, "%.2f s")
+		add("output tokens/s", s.Extra["out_tok_s"], real.outTokS, "%.0f")
+		add("answered", float64(s.OK)/float64(max(s.Requests, 1)), float64(real.answered)/float64(real.sent), "%.2f")
+		if v, ok := s.Extra["prefix_reuse"]; ok {
+			add("prefix reuse", v, real.prefixReuse, "%.2f")
+		}
+	}
+	if len(rows) == 0 {
+		return ""
+	}
+	var md strings.Builder
+	mdTable(&md, head, rows)
+	b.WriteString(md.String())
+	return b.String()
+}
