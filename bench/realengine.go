@@ -187,32 +187,13 @@ var engineCalibrationScenario = scenario{
 }
 
 // engineReplicaConfig is one simulated engine replica at time scale
-// scale (1 s of engine time runs in scale s).
-//
-// Today's closest model of the measured engine (one H100, transformers
-// continuous batching, 3B parameters; KV cache 96 blocks × 128 tokens
-// with block sharing: the 4 shared prefixes take 48 blocks once, each
-// request's own tail one more, so ~48 sequences fit). A decode step of
-// Decode × (1 + BatchSlowdown × (running − 1)) fits the measured ~140 ms
-// per token with the ~19 requests a 4 req/s load keeps in flight and the
-// 156 tokens/s reached with ~40 (a step ≈ 35 ms + 5.5 ms per sequence);
-// a prefill of 0.25 ms per uncached prompt token stalls the batch's
-// decode (PrefillBlocksDecode: one prefill at a time); a prefix cache of
-// 96 blocks of 512 characters (128 tokens of 4 characters); up to 48
-// sequences, and a KV capacity of 48 requests' worth of tokens (the sim
-// charges every request its whole prompt, where the engine stores each
-// shared prefix once).
-//
-// replaced by sim.CalibratedEngine when it lands
+// scale (1 s of engine time runs in scale s): the simulator's step-based
+// engine calibrated against the measured one (sim.CalibratedEngine; its
+// fit is in bench/results/engine-calibration.md).
 func engineReplicaConfig(name string, scale float64) sim.Config {
-	d := func(x time.Duration) time.Duration { return time.Duration(float64(x) * scale) }
-	return sim.Config{Name: name, Concurrency: 48, MaxTokens: 32,
-		Latency: sim.Latency{Kind: sim.LatencyPerToken, Prefill: d(250 * time.Microsecond), Decode: d(40 * time.Millisecond),
-			BatchSlowdown: 0.136},
-		PrefillBlocksDecode: true,
-		KVCapacityTokens:    75_000,
-		PrefixCache:         sim.PrefixCache{Blocks: 96, BlockChars: 512},
-	}
+	c := sim.CalibratedEngine(scale)
+	c.Name = name
+	return c
 }
 
 // engineWords is the fixed vocabulary of the prompts: 3-letter
