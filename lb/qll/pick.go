@@ -67,9 +67,17 @@ func (s *State) pickLocked(now time.Time) *replica {
 			continue // adaptive: busy replicas wait for a free slot
 		}
 		var cost float64
-		if r.tried[kind] {
+		switch {
+		case r.tried[kind] && free:
+			// Free slots are not all equal: a batch slows as it fills, so
+			// among free replicas the cost grows with the share of the
+			// slots in use (one-at-a-time replicas: the EWMA alone).
+			// Without it every free request went to the lowest EWMA, and
+			// one engine of four took 3× another's share.
+			cost = r.ewma[kind] * float64(par+r.inFlight) / float64(par)
+		case r.tried[kind]:
 			cost = r.ewma[kind] * float64((r.inFlight+par)/par)
-		} else {
+		default:
 			if priorN == 0 && !free {
 				continue // nothing measured yet anywhere: one batch at a time
 			}
