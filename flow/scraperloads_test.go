@@ -37,12 +37,18 @@ func TestScraperLoadsFeedsUtilization(t *testing.T) {
 
 	replicas := []string{addr(busy), addr(other), "10.0.0.1:9"} // the last is not scraped: unknown
 	d := NewUtilizationDetector(DetectorConfig{}, ScraperLoads(s, func() []string { return replicas }), nil)
+	// Until both have been scraped once they read Unknown (score 1), and the
+	// verdicts below would not follow their metrics.
+	loads := ScraperLoads(s, nil)
+	eventually(t, "both replicas scraped", func() bool {
+		return loads.Load(addr(busy)).Fresh && loads.Load(addr(other)).Fresh
+	})
 	// busy scores 1.8 (9 waiting / 5), unknown 1, other 0: mean 0.93.
 	eventually(t, "the idle replica to open the gate", func() bool { return !saturated(d.Saturation(InFlight{})) })
 	waiting.Store(5) // other now at its queue threshold: every replica saturated
 	eventually(t, "the gate to close", func() bool { return saturated(d.Saturation(InFlight{})) })
 
-	l := ScraperLoads(s, nil).Load(addr(busy))
+	l := loads.Load(addr(busy))
 	if !l.Fresh || !l.HaveWaiting || !l.HaveKVCache || l.Waiting != 9 || l.KVCacheUsage != 0.95 {
 		t.Fatalf("load %+v", l)
 	}
