@@ -112,7 +112,7 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		st.syncStatic(pool)
 	}
 	req := s.request(a, r)
-	req.Unavailable = unavailable(pool, req.Unavailable)
+	req.Unavailable, req.Full = unavailable(pool, req.Unavailable, req.Full)
 	// A retry avoids the replicas that already failed this request (a
 	// cache-aware policy would otherwise send it back where its prompt
 	// was recorded), unless no other is left.
@@ -164,15 +164,20 @@ func (s *selector) request(a *attempt, r *http.Request) *lb.Request {
 }
 
 // unavailable lists the upstreams Caddy itself would not use now (active
-// or passive health checks, max_requests), reusing dst.
-func unavailable(pool reverseproxy.UpstreamPool, dst []string) []string {
-	dst = dst[:0]
+// or passive health checks, max_requests) and, of those, the ones that
+// are only full (at max_requests or unhealthy_request_count: busy, not
+// down), reusing the slices.
+func unavailable(pool reverseproxy.UpstreamPool, down, full []string) ([]string, []string) {
+	down, full = down[:0], full[:0]
 	for _, u := range pool {
 		if !u.Available() {
-			dst = append(dst, u.Dial)
+			down = append(down, u.Dial)
+			if u.Healthy() {
+				full = append(full, u.Dial)
+			}
 		}
 	}
-	return dst
+	return down, full
 }
 
 func retryAfter(pk lb.Picker) time.Duration {

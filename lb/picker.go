@@ -65,6 +65,11 @@ type Request struct {
 	// (Caddy's active or passive health checks, max_requests). A policy
 	// never picks them.
 	Unavailable []string
+	// Full lists the replicas of Unavailable that are only at the proxy's
+	// request limit (Caddy's max_requests, unhealthy_request_count): busy,
+	// not down. A policy that queues waits for them; one that does not
+	// treats them like the rest of Unavailable.
+	Full []string
 	// Avoid lists replicas that already failed this request (a retry):
 	// a policy treats them like Unavailable for this request only (the
 	// adapter asks again without Avoid when that leaves nothing). Unlike

@@ -265,7 +265,7 @@ func TestSlowStartGrowsOnFirstBytes(t *testing.T) {
 		// Without room the request would wait for a release that never
 		// comes: give up after a while and report the slots.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		l, err := s.acquire(ctx, nil)
+		l, err := s.acquire(ctx, nil, nil)
 		cancel()
 		if err != nil {
 			t.Fatalf("request %d: %v (slots %d, no completion yet)", len(held)+1, err, s.Snapshot().Replicas[0].Parallelism)

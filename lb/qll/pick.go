@@ -50,7 +50,7 @@ func (s *State) pickLocked(now time.Time) *replica {
 	start := s.cursor % n
 	for i := 0; i < n; i++ {
 		r := s.order[(start+i)%n]
-		if r.unavailable || (s.cfg.MaxConcurrency > 0 && r.inFlight >= s.cfg.MaxConcurrency) {
+		if r.excluded() || (s.cfg.MaxConcurrency > 0 && r.inFlight >= s.cfg.MaxConcurrency) {
 			continue
 		}
 		if !r.downUntil.IsZero() {

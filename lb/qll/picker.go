@@ -18,14 +18,17 @@ func (s *State) SetReplicas(addrs []string) { s.SetBackends(addrs) }
 // replaces the previous one. When every present replica is unavailable the
 // request fails at once with lb.ErrAllDown rather than waiting for a
 // health check to change its mind, and so do the requests waiting in the
-// queue. Replicas down after failures (passive health) are different:
-// requests wait for them, since their down time ends on its own.
+// queue. Replicas that are only full (req.Full: at the proxy's request
+// limit) are busy, not down: requests wait for them, and each of our
+// requests on one that ends frees a slot under the limit. Replicas down after failures
+// (Sluice's passive health) also keep their waiters, since their down
+// time ends on its own.
 func (s *State) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
-	var unavailable []string
+	var unavailable, full []string
 	if req != nil {
-		unavailable = req.Unavailable
+		unavailable, full = req.Unavailable, req.Full
 	}
-	l, err := s.acquire(ctx, unavailable)
+	l, err := s.acquire(ctx, unavailable, full)
 	if err != nil {
 		return nil, err
 	}
@@ -57,12 +60,14 @@ func (s *State) Config() Config {
 func (l *Lease) Replica() string { return l.Addr }
 
 // markUnavailableLocked refreshes each present replica's unavailable flag
-// from the proxy's list and reports whether none is left to use. A
-// replica that became available again gets the waiting requests; when
-// none is left, the waiting requests fail with lb.ErrAllDown as the new
-// one does (nothing would wake them otherwise: only a later request's
-// view clears the flags).
-func (s *State) markUnavailableLocked(unavailable []string) (noneLeft bool) {
+// from the proxy's view and reports whether none is left to use, now or
+// later. A replica that became available again gets the waiting
+// requests; when every one is down (not merely full), the waiting
+// requests fail with lb.ErrAllDown as the new one does (nothing would
+// wake them otherwise: only a later request's view clears the flags of
+// a down replica, while a full one frees a slot whenever one of our
+// requests on it ends).
+func (s *State) markUnavailableLocked(unavailable, full []string) (noneLeft bool) {
 	if len(unavailable) == 0 && !s.anyUnavailable {
 		return false
 	}
@@ -71,9 +76,17 @@ func (s *State) markUnavailableLocked(unavailable []string) (noneLeft bool) {
 	for _, r := range s.order {
 		was := r.unavailable
 		r.unavailable = slices.Contains(unavailable, r.addr)
+		r.full = r.unavailable && slices.Contains(full, r.addr)
+		// At least one: the proxy counts a request until its handler
+		// returns, a moment after our release, so "full" with none of ours
+		// in flight is most likely that moment, and nothing of ours would
+		// end to free a slot (the queue would stall until a new request).
+		// The cost, when another route really holds the replica's count:
+		// one request of ours over its limit.
+		r.fullCap = max(r.inFlight, 1)
 		s.anyUnavailable = s.anyUnavailable || r.unavailable
 		freed = freed || (was && !r.unavailable)
-		if !r.unavailable {
+		if !r.unavailable || r.full {
 			usable++
 		}
 	}
@@ -87,11 +100,18 @@ func (s *State) markUnavailableLocked(unavailable []string) (noneLeft bool) {
 	return false
 }
 
+// excluded reports whether the proxy's view keeps r from taking a request
+// now: down, or full with none of our requests on it ended since the
+// proxy said so.
+func (r *replica) excluded() bool {
+	return r.unavailable && !(r.full && r.inFlight < r.fullCap)
+}
+
 // allUnavailableLocked reports whether every present replica is flagged
-// unavailable (false for an empty set).
+// unavailable and not merely full (false for an empty set).
 func (s *State) allUnavailableLocked() bool {
 	for _, r := range s.order {
-		if !r.unavailable {
+		if !r.unavailable || r.full {
 			return false
 		}
 	}

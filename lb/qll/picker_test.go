@@ -238,3 +238,48 @@ func TestReaddedReplicaForgetsItsUnavailableFlag(t *testing.T) {
 		t.Fatalf("b:1 never picked: %v", held)
 	}
 }
+
+// Replicas at the proxy's request limit (req.Full) are busy, not down: a
+// request that finds every replica full waits, and a release on a full
+// replica (its count just dropped) hands it the oldest waiter. Only a
+// replica down in the proxy's view, not merely full, makes "all down".
+func TestFullReplicasAreBusyNotDown(t *testing.T) {
+	s := New(Config{}) // adaptive: free slots grow, so only the flags hold requests back
+	s.SetReplicas([]string{"a:1", "b:1"})
+	x := mustPick(t, s, &lb.Request{})
+	y := mustPick(t, s, &lb.Request{})
+	both := []string{"a:1", "b:1"}
+	first := pickQueued(t, s, &lb.Request{Unavailable: both, Full: both})
+	second := pickQueued(t, s, &lb.Request{Unavailable: both, Full: both})
+
+	x.Release(success(time.Millisecond))
+	r := await(t, first, "the oldest waiter")
+	if r.err != nil || r.lease.Replica() != x.Replica() {
+		t.Fatalf("oldest waiter: %v on %v, want a lease on %s, which just freed", r.err, r.lease, x.Replica())
+	}
+	if !pending(second) {
+		t.Fatalf("the second waiter went to %s, still full", y.Replica())
+	}
+	y.Release(success(time.Millisecond))
+	r2 := await(t, second, "the second waiter")
+	if r2.err != nil || r2.lease.Replica() != y.Replica() {
+		t.Fatalf("second waiter: %v on %v, want a lease on %s", r2.err, r2.lease, y.Replica())
+	}
+
+	// One full, one down: still busy, so the request waits for the full one.
+	third := pickQueued(t, s, &lb.Request{Unavailable: both, Full: []string{x.Replica()}})
+	r.lease.Release(success(time.Millisecond))
+	r3 := await(t, third, "the third waiter")
+	if r3.err != nil || r3.lease.Replica() != x.Replica() {
+		t.Fatalf("third waiter: %v on %v, want a lease on %s", r3.err, r3.lease, x.Replica())
+	}
+	// Both down (health), none merely full: fails fast.
+	if _, err := s.Pick(context.Background(), &lb.Request{Unavailable: both}); !errors.Is(err, lb.ErrAllDown) {
+		t.Fatalf("every replica down: %v, want lb.ErrAllDown", err)
+	}
+	r2.lease.Release(success(time.Millisecond))
+	r3.lease.Release(success(time.Millisecond))
+	if n := s.TotalInFlight(); n != 0 {
+		t.Fatalf("in flight %d after all releases", n)
+	}
+}

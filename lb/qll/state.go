@@ -47,6 +47,11 @@ type replica struct {
 	consecFails int
 	downUntil   time.Time
 	unavailable bool // the proxy's own health view excludes it (see Pick)
+	// full: unavailable only because it is at the proxy's request limit
+	// (busy, not down), with fullCap of our requests in flight when the
+	// proxy said so: each of them that ends frees one slot under the limit.
+	full    bool
+	fullCap int
 
 	dispatched uint64
 	successes  uint64
@@ -137,7 +142,7 @@ func (s *State) SetBackends(addrs []string) {
 		if !r.present {
 			// A replica that comes back later starts with no stale
 			// unavailable flag (the refresh only visits present ones).
-			r.unavailable = false
+			r.unavailable, r.full, r.fullCap = false, false, 0
 			if r.inFlight == 0 {
 				delete(s.replicas, a)
 			}
@@ -200,12 +205,12 @@ func (s *State) RetryAfter() time.Duration {
 // ErrShutdown. It is Pick for a request that reports no replica
 // unavailable (so it clears the proxy's last view).
 func (s *State) Acquire(ctx context.Context) (*Lease, error) {
-	return s.acquire(ctx, nil)
+	return s.acquire(ctx, nil, nil)
 }
 
-// acquire is Acquire with the proxy's current list of unavailable
-// replicas (see Pick).
-func (s *State) acquire(ctx context.Context, unavailable []string) (*Lease, error) {
+// acquire is Acquire with the proxy's current view: the replicas it will
+// not use now, and of those the ones merely full (see Pick).
+func (s *State) acquire(ctx context.Context, unavailable, full []string) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -219,7 +224,7 @@ func (s *State) acquire(ctx context.Context, unavailable []string) (*Lease, erro
 		s.mu.Unlock()
 		return nil, lb.ErrNoBackends
 	}
-	if s.markUnavailableLocked(unavailable) {
+	if s.markUnavailableLocked(unavailable, full) {
 		s.counters.Refused++
 		s.mu.Unlock()
 		return nil, lb.ErrAllDown
