@@ -191,9 +191,10 @@ func goldenCases(t *testing.T) []goldenCase {
 			name:  "repo_Caddyfile.hf",
 			input: filepath.Join("..", "Caddyfile.hf"),
 			env: map[string]string{
-				"CUSTOM_ROUTER_PORT":              "3001",
-				"CUSTOM_ROUTER_LATENCY_THRESHOLD": "0.05",
-				"CUSTOM_ROUTER_QUEUE_MAX_SIZE":    "200",
+				"CUSTOM_ROUTER_PORT":               "3001",
+				"CUSTOM_ROUTER_LATENCY_THRESHOLD":  "0.05",
+				"CUSTOM_ROUTER_QUEUE_MAX_SIZE":     "200",
+				"CUSTOM_ROUTER_FIRST_BYTE_TIMEOUT": "900",
 			},
 			// Not set: the Caddyfile's defaults (the reference router's) apply.
 			unset: []string{"CUSTOM_ROUTER_EWMA_ALPHA", "CUSTOM_ROUTER_QUEUE_TIMEOUT", "CUSTOM_ROUTER_STATE_LOG_INTERVAL"},
@@ -206,6 +207,10 @@ func goldenCases(t *testing.T) []goldenCase {
 				`"state_log_interval":30000000000`,
 				`"persist":false`,
 				`"dial_timeout":5000000000`,
+				// The platform's private network reaches the router: no
+				// SGLang worker API beside the set-backends contract.
+				`"sglang_api":false`,
+				`"first_byte_timeout":900000000000`,
 			},
 		},
 		goldenCase{
@@ -214,9 +219,12 @@ func goldenCases(t *testing.T) []goldenCase {
 			// CUSTOM_ROUTER_LATENCY_THRESHOLD unset: "auto", no threshold
 			// in the JSON (adaptive).
 			unset: []string{"CUSTOM_ROUTER_PORT", "CUSTOM_ROUTER_LATENCY_THRESHOLD", "CUSTOM_ROUTER_EWMA_ALPHA",
-				"CUSTOM_ROUTER_QUEUE_MAX_SIZE", "CUSTOM_ROUTER_QUEUE_TIMEOUT", "CUSTOM_ROUTER_STATE_LOG_INTERVAL"},
+				"CUSTOM_ROUTER_QUEUE_MAX_SIZE", "CUSTOM_ROUTER_QUEUE_TIMEOUT", "CUSTOM_ROUTER_STATE_LOG_INTERVAL",
+				"CUSTOM_ROUTER_FIRST_BYTE_TIMEOUT"},
 			checks: []string{
-				`"selection_policy":{"ewma_alpha":0.3,"policy":"queued_least_latency","pool":"default","queue_max_size":1000,"queue_timeout":1200000000000,"state_log_interval":30000000000}`,
+				// No first-byte limit, as the reference router has none (a
+				// diffusion job may take minutes before its first byte).
+				`"selection_policy":{"ewma_alpha":0.3,"first_byte_timeout":-1000000000,"policy":"queued_least_latency","pool":"default","queue_max_size":1000,"queue_timeout":1200000000000,"state_log_interval":30000000000}`,
 			},
 		},
 	)
