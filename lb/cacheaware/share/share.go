@@ -147,6 +147,7 @@ func (s *Sharer) Publish(model, text, addr string) {
 		return
 	}
 	text = cut(text, s.cfg.MaxText)
+	model = cutBytes(model, MaxModelBytes)
 	s.mu.Lock()
 	if s.n == len(s.buf) {
 		s.buf[s.head] = entry{}
@@ -161,6 +162,24 @@ func (s *Sharer) Publish(model, text, addr string) {
 	case s.wake <- struct{}{}:
 	default:
 	}
+}
+
+// MaxModelBytes bounds the model name of a shared entry, as the local
+// tree bounds its keys: the name comes from the client's body (up to
+// max_body_bytes), and the stream lives in the Redis other features share.
+const MaxModelBytes = 128
+
+// cutBytes returns at most max bytes of s, cut on a rune boundary and
+// copied when cut.
+func cutBytes(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	i := max
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return strings.Clone(s[:i])
 }
 
 // cut returns the first max runes of s, copied when cut so the rest of a
@@ -332,7 +351,9 @@ func (s *Sharer) readLoop(ctx context.Context, cl rueidis.Client) {
 		back = firstBackoff
 		for _, e := range streams[s.key] {
 			if e.FieldValues["i"] != s.cfg.Instance {
-				s.apply(e.FieldValues["m"], e.FieldValues["t"], e.FieldValues["a"])
+				// A peer's entries are bounded as our own are (the stream
+				// is outside input).
+				s.apply(cutBytes(e.FieldValues["m"], MaxModelBytes), cut(e.FieldValues["t"], s.cfg.MaxText), e.FieldValues["a"])
 				s.applied.Add(1)
 				if ms, ok := idMillis(e.ID); ok {
 					s.lag.Store(max(time.Now().UnixMilli()-ms, 0))

@@ -256,3 +256,49 @@ func testAppliedWithinBoundAndSet(t *testing.T, tg redistest.Target) {
 		t.Error("nothing evicted: the test did not pass the bound")
 	}
 }
+
+// A client's model string is published at most MaxModelBytes long (the
+// local tree keys on no more): a client must not fill the Redis that
+// global_redis_least and the flow gate share with request-sized names. A
+// peer's entries are bounded the same way on the way in.
+func TestModelNameBoundedInTheStream(t *testing.T) { redistest.Each(t, testModelNameBounded) }
+
+func testModelNameBounded(t *testing.T, tg redistest.Target) {
+	pool := uniquePool(t)
+	huge := strings.Repeat("é", 1<<19) // 1 MiB
+	var got []string
+	var mu = make(chan struct{}, 1)
+	mu <- struct{}{}
+	reader := New(Config{Conn: tg.Conn, Pool: pool}, func(model, _, _ string) {
+		<-mu
+		got = append(got, model)
+		mu <- struct{}{}
+	})
+	defer reader.Close()
+	s := New(Config{Conn: tg.Conn, Pool: pool}, func(string, string, string) {})
+	defer s.Close()
+	s.Publish(huge, "a prompt", "r1:1")
+	waitFor(t, "published", func() bool { return s.Stats().Published == 1 })
+	cl := *s.cl.Load()
+	entries, err := cl.Do(context.Background(), cl.B().Xrange().Key(Key("", pool)).Start("-").End("+").Build()).AsXRange()
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("stream: %v %v", entries, err)
+	}
+	if m := entries[0].FieldValues["m"]; len(m) > MaxModelBytes || !strings.HasPrefix(huge, m) || m == "" {
+		t.Fatalf("published model of %d bytes, want a prefix of at most %d", len(m), MaxModelBytes)
+	}
+	// A peer (or a hostile writer) that put a huge name in the stream: the
+	// reader bounds it before it reaches the tree.
+	if err := cl.Do(context.Background(), cl.B().Xadd().Key(Key("", pool)).Id("*").FieldValue().
+		FieldValue("i", "other").FieldValue("m", huge).FieldValue("t", strings.Repeat("x", 1<<20)).FieldValue("a", "r2:1").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the reader to apply both", func() bool { return reader.Stats().Applied >= 2 })
+	<-mu
+	defer func() { mu <- struct{}{} }()
+	for _, m := range got {
+		if len(m) > MaxModelBytes {
+			t.Fatalf("applied a model of %d bytes", len(m))
+		}
+	}
+}
