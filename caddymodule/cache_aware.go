@@ -87,8 +87,12 @@ func (p *CacheAware) shared() bool { return len(p.Redis) > 0 }
 
 // connectionKey tells apart the Redis connections trees are shared
 // through ("" for a local tree): the state (tree, counts, stream reader)
-// is kept across reloads only while it stays the same.
-func connectionKey(c redisconn.Config) string { return redisconn.FieldsKey(c.Fields()) }
+// is kept across reloads only while it stays the same. The read timeout
+// is part of it: the sharer's connection is built with it, so a reload
+// that changes it builds a new sharer (its tree replays the stream).
+func connectionKey(c redisconn.Config) string {
+	return redisconn.FieldsKey(append(c.Fields(), [2]string{"read_timeout", c.ReadTimeout.String()}))
+}
 
 // CacheAwareSettings is what health shows: the picker's settings and, for
 // a shared tree, the sharing's state and counters.

@@ -141,6 +141,27 @@ func reloadCases() []reloadCase {
 			},
 		},
 		{
+			// A shared tree's Redis read_timeout (a connection setting).
+			module: "cache_aware", pool: "rl-cas", port: 9761,
+			block: func(s string) string {
+				return `reverse_proxy {
+			dynamic custom_router rl-cas
+			lb_policy cache_aware {
+				pool rl-cas
+				redis ` + redis + `
+				key_prefix reload-test-share
+				read_timeout ` + s + `
+				fail_duration 7s
+			}
+		}`
+			},
+			first: "1s", refused: "9s", second: "2s",
+			badFrom: `"fail_duration":7000000000`, badTo: `"fail_duration":-7000000000`,
+			applied: func(t *testing.T, url, s string) bool {
+				return settingIs(t, url, "cache_aware", "ReadTimeout", nanos(t, s))
+			},
+		},
+		{
 			module: "flow_control", pool: "rl-fc", port: 9741,
 			block: func(s string) string {
 				return `flow_control rl-fc {
@@ -190,8 +211,8 @@ func reloadConfig(c reloadCase, setting string, failAfter bool) string {
 
 func TestReloadLifecycleEveryModule(t *testing.T) {
 	for _, c := range reloadCases() {
-		t.Run(c.module, func(t *testing.T) {
-			if c.module == "global_redis_least" {
+		t.Run(c.module+"/"+c.pool, func(t *testing.T) {
+			if strings.Contains(c.block("x"), "redis \n") {
 				addr := testRedis(t)
 				block := c.block
 				c.block = func(s string) string { return strings.Replace(block(s), "redis \n", "redis "+addr+"\n", 1) }
