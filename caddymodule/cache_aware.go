@@ -87,10 +87,13 @@ func (p *CacheAware) shared() bool { return len(p.Redis) > 0 }
 
 // connectionKey tells apart the Redis connections trees are shared
 // through ("" for a local tree): the state (tree, counts, stream reader)
-// is kept across reloads only while it stays the same. The read timeout
-// is part of it: the sharer's connection is built with it, so a reload
-// that changes it builds a new sharer (its tree replays the stream).
-func connectionKey(c redisconn.Config) string {
+// is kept across reloads only while it stays the same.
+func connectionKey(c redisconn.Config) string { return redisconn.FieldsKey(c.Fields()) }
+
+// shareKey is a shared tree's connection key with its read timeout: the
+// sharer's connection is built with it, so a reload that changes it
+// builds a new sharer (whose tree replays the stream).
+func shareKey(c redisconn.Config) string {
 	return redisconn.FieldsKey(append(c.Fields(), [2]string{"read_timeout", c.ReadTimeout.String()}))
 }
 
@@ -130,7 +133,7 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 	pool := poolName(p.Pool)
 	variant, conn := "", p.conn().WithDefaults()
 	if p.shared() {
-		variant = connectionKey(conn)
+		variant = shareKey(conn)
 	}
 	return p.provision(ctx, selectorSpec{
 		attempt: p.attemptOptions,
