@@ -160,15 +160,18 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats 
 		// from here on runs finish, which releases it.
 		a.endHook = context.AfterFunc(a.base, a.finish)
 	}
-	for _, k := range []string{keyStatus, keyHostport, keyLastByte, keyContentType, keyError} {
-		a.repl.Delete(k)
-	}
-	a.mu.Unlock()
+	// Armed before a.mu is let go: finish takes the trace under a.mu, so
+	// it always finds the timer to stop (armed after, it outlived a
+	// request that ended in between, for up to the whole limit).
 	if limit > 0 {
 		t.mu.Lock()
 		t.timer = time.AfterFunc(limit, t.expire)
 		t.mu.Unlock()
 	}
+	for _, k := range []string{keyStatus, keyHostport, keyLastByte, keyContentType, keyError} {
+		a.repl.Delete(k)
+	}
+	a.mu.Unlock()
 	// Built on the request's own context, not on the previous attempt's
 	// traced one: an old trace must not report on a new attempt.
 	t.setHooks()

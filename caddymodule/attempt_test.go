@@ -269,3 +269,32 @@ func TestRefusalIsWrittenOnceWithJSONAndRetryAfter(t *testing.T) {
 		t.Fatal("a client that left gets no answer")
 	}
 }
+
+// A request that ends while its attempt begins (the client left within
+// microseconds) must not leave the attempt's first-byte timer running: it
+// would keep the trace, and fire, minutes after the request is gone.
+func TestFirstByteTimerNeverOutlivesTheRequest(t *testing.T) {
+	const n = 3000
+	leftRunning := 0
+	for i := 0; i < n; i++ {
+		r, _, cancel := newRequest(t)
+		r.Body = io.NopCloser(strings.NewReader("{}")) // begin wraps it: the wrapper names the trace
+		a := attemptFor(r, "k", measureAuto)
+		go cancel() // the client leaves as the attempt begins
+		l := &recordingLease{addr: "r:1"}
+		if !a.begin(l, r, time.Hour, nil) {
+			continue
+		}
+		// The end-of-request hook closes the trace, then releases.
+		waitOutcomes(t, l, 1)
+		tr := r.Body.(*clientBody).t
+		tr.mu.Lock()
+		if tr.timer != nil && tr.timer.Stop() {
+			leftRunning++
+		}
+		tr.mu.Unlock()
+	}
+	if leftRunning > 0 {
+		t.Fatalf("%d of %d attempts kept their first-byte timer after the request ended", leftRunning, n)
+	}
+}
