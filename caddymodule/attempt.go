@@ -122,17 +122,27 @@ func startAttempt(r *http.Request, key string, measure latencyMeasure) *attempt 
 
 // retry releases the previous attempt, if any, as a failure: reverse_proxy
 // only calls Select again after an attempt failed.
+//
+// Unless the replica answered: then the new Select is a second
+// reverse_proxy on the same pool (in handle_response), and the answered
+// attempt is released for what it was.
 func (a *attempt) retry() {
 	a.mu.Lock()
 	prev, pt := a.lease, a.trace
 	a.lease, a.trace = nil, nil
+	o := lb.Outcome{Kind: lb.Failure}
 	if prev != nil {
-		a.failed = append(a.failed, prev.Replica())
+		if first, _, _, _ := pt.facts(); first > 0 {
+			o = a.outcome(prev.Replica(), pt)
+		}
+		if o.Kind == lb.Failure {
+			a.failed = append(a.failed, prev.Replica())
+		}
 	}
 	a.mu.Unlock()
 	pt.close()
 	if prev != nil {
-		prev.Release(lb.Outcome{Kind: lb.Failure})
+		prev.Release(o)
 	}
 }
 

@@ -298,3 +298,31 @@ func TestFirstByteTimerNeverOutlivesTheRequest(t *testing.T) {
 		t.Fatalf("%d of %d attempts kept their first-byte timer after the request ended", leftRunning, n)
 	}
 }
+
+// A second reverse_proxy on the same pool in handle_response calls Select
+// again after the replica answered: that is no retry, and the answered
+// attempt must not be released as the replica's failure (nor avoided).
+func TestSecondProxyAfterAnAnswerIsNoFailure(t *testing.T) {
+	r, repl, cancel := newRequest(t)
+	defer cancel()
+	r.Body = io.NopCloser(strings.NewReader("{}"))
+	a := attemptFor(r, "test", measureAuto)
+	first := &recordingLease{addr: "10.0.0.1:1"}
+	if !a.begin(first, r, 0, nil) {
+		t.Fatal("begin refused a live request")
+	}
+	tr := r.Body.(*clientBody).t
+	tr.hooks.GetConn("10.0.0.1:1")
+	tr.hooks.GotFirstResponseByte() // the replica answered...
+	repl.Set(keyStatus, 200)
+	repl.Set(keyHostport, "10.0.0.1:1") // ...and handle_response matched it
+	if startAttempt(r, "test", measureAuto) == nil {
+		t.Fatal("the second proxy's Select was refused")
+	}
+	if got := first.get(); len(got) != 1 || got[0].Kind == lb.Failure {
+		t.Fatalf("the answered attempt was released as %+v, want one release that is no Failure", got)
+	}
+	if len(a.failed) != 0 {
+		t.Fatalf("the answered replica is avoided: %v", a.failed)
+	}
+}
