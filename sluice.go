@@ -12,4 +12,11 @@ package sluice
 
 import (
 	_ "github.com/sluice-router/sluice/caddymodule"
+	"github.com/sluice-router/sluice/internal/version"
 )
+
+// Version is Sluice's release version (semantic versioning, no "v"), as the
+// health endpoints report it. It is written once, in internal/version.
+// `caddy list-modules --versions` shows the Go module version the binary
+// was built with instead (see build/README.md).
+const Version = version.Version

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/sluice-router/sluice/internal/version"
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/cacheaware"
 	"github.com/sluice-router/sluice/lb/loadaware"
@@ -112,8 +113,10 @@ func serveSetBackends(w http.ResponseWriter, r *http.Request, name string, allow
 
 // healthReport is the JSON body of GET /_custom_router/health.
 type healthReport struct {
-	OK         bool            `json:"ok"`
-	Pool       string          `json:"pool"`
+	OK   bool   `json:"ok"`
+	Pool string `json:"pool"`
+	// Version is Sluice's release version (internal/version).
+	Version    string          `json:"version"`
 	Managed    bool            `json:"backends_set"`
 	QueueDepth int             `json:"queue_depth"`
 	Backends   []backendHealth `json:"backends"`
@@ -153,7 +156,7 @@ type replicaMetrics struct {
 
 func health(name string) healthReport {
 	set, managed := lb.GetPool(name).Backends()
-	rep := healthReport{OK: true, Pool: name, Managed: managed, Backends: []backendHealth{}, Settings: map[string]any{}}
+	rep := healthReport{OK: true, Pool: name, Version: version.Version, Managed: managed, Backends: []backendHealth{}, Settings: map[string]any{}}
 	for _, m := range sluiceModules {
 		if st := liveState(m, name); st != nil {
 			rep.Settings[m] = st.Settings()

@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"errors"
 	"net/http"
+	"sort"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,4 +75,35 @@ func registerMetrics(ctx caddy.Context, log *zap.Logger) {
 
 func serveMetrics(w http.ResponseWriter, r *http.Request) {
 	sluiceMetricsHandler.ServeHTTP(w, r)
+}
+
+// MetricNames returns the name of every metric Sluice's collectors
+// describe, sorted (histograms by their base name, without _bucket, _sum
+// and _count). The docs tests check docs/metrics.md and the Grafana
+// dashboard against it.
+func MetricNames() []string {
+	ch := make(chan *prometheus.Desc, 256)
+	go func() {
+		for _, c := range sluiceCollectors {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	seen := map[string]bool{}
+	for d := range ch {
+		// Desc keeps its name unexported; its String form starts with
+		// Desc{fqName: "<name>", ...}.
+		s := d.String()
+		if _, rest, ok := strings.Cut(s, `fqName: "`); ok {
+			if name, _, ok := strings.Cut(rest, `"`); ok {
+				seen[name] = true
+			}
+		}
+	}
+	names := make([]string, 0, len(seen))
+	for n := range seen {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }

@@ -1,7 +1,9 @@
 // Command sluice-build builds a custom Caddy binary with the Sluice plugin
 // from the pinned recipe in xcaddy.json, using the xcaddy version pinned as a
-// Go tool in go.mod (`go tool xcaddy`). The Dockerfile runs this same command,
-// so the versions live in one place.
+// Go tool in the separate module build/tools (`go tool
+// -modfile=build/tools/go.mod xcaddy`), so that xcaddy never enters the
+// module graph of those who require Sluice. The Dockerfile runs this same
+// command, so the versions live in one place.
 //
 // Usage (from the repository root):
 //
@@ -11,11 +13,11 @@
 //
 // It runs
 //
-//	CGO_ENABLED=0 go tool xcaddy build <caddy_version> \
+//	CGO_ENABLED=0 go tool -modfile=build/tools/go.mod xcaddy build <caddy_version> \
 //	    --with <module>=<replacement> [--with <plugin>]... --output <output>
 //
-// in the directory that holds the recipe (the module root, where go.mod
-// declares the xcaddy tool), streaming xcaddy's output. CGO_ENABLED defaults
+// in the directory that holds the recipe (the module root, whose
+// build/tools/go.mod declares the xcaddy tool), streaming xcaddy's output. CGO_ENABLED defaults
 // to 0 (a static binary for small base images); set CGO_ENABLED in the
 // environment to override it. Other xcaddy settings (XCADDY_GO_BUILD_FLAGS,
 // XCADDY_DEBUG, ...) pass through the environment unchanged.
@@ -62,6 +64,12 @@ type Recipe struct {
 // zeroPseudoVersion is the version Go uses to require a module that is only
 // available through a replace directive.
 const zeroPseudoVersion = "v0.0.0-00010101000000-000000000000"
+
+// toolsModFile is the go.mod, relative to the recipe's directory, that pins
+// xcaddy as a Go tool. It is its own module so that xcaddy and its
+// dependencies stay out of the main module's graph (and so out of the
+// graphs of builds that require github.com/sluice-router/sluice).
+const toolsModFile = "build/tools/go.mod"
 
 // defaultOutput is the binary name used when the recipe has no output.
 const defaultOutput = "caddy"
@@ -148,7 +156,7 @@ func (r Recipe) validate() error {
 // it, since xcaddy builds in a temporary module elsewhere. output is the
 // binary path to pass to xcaddy.
 func (r Recipe) Command(dir, output string) []string {
-	args := []string{"go", "tool", "xcaddy", "build", r.CaddyVersion}
+	args := []string{"go", "tool", "-modfile=" + toolsModFile, "xcaddy", "build", r.CaddyVersion}
 	with := r.Module
 	if r.Replacement != "" {
 		repl := r.Replacement

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -91,7 +92,7 @@ func TestCommand(t *testing.T) {
 	}
 	got := r.Command("/repo", "/out/caddy")
 	want := []string{
-		"go", "tool", "xcaddy", "build", "v2.11.9",
+		"go", "tool", "-modfile=build/tools/go.mod", "xcaddy", "build", "v2.11.9",
 		"--with", "github.com/sluice-router/sluice@" + zeroPseudoVersion + "=/repo",
 		"--with", "github.com/example/plugin@v1.2.3",
 		"--output", "/out/caddy",
@@ -102,7 +103,7 @@ func TestCommand(t *testing.T) {
 
 	r.Replacement, r.Plugins = "", nil
 	got = r.Command("/repo", "/out/caddy")
-	want = []string{"go", "tool", "xcaddy", "build", "v2.11.9", "--with", "github.com/sluice-router/sluice", "--output", "/out/caddy"}
+	want = []string{"go", "tool", "-modfile=build/tools/go.mod", "xcaddy", "build", "v2.11.9", "--with", "github.com/sluice-router/sluice", "--output", "/out/caddy"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("no replacement: got %q, want %q", got, want)
 	}
@@ -131,7 +132,7 @@ func TestRunPrintAndBadRecipe(t *testing.T) {
 	}
 	line := out.String()
 	for _, want := range []string{
-		"go tool xcaddy build v2.11.9",
+		"go tool -modfile=build/tools/go.mod xcaddy build v2.11.9",
 		"--with github.com/sluice-router/sluice@" + zeroPseudoVersion + "=" + dir,
 		"--output " + filepath.Join(dir, "bin/caddy"),
 	} {
@@ -207,13 +208,62 @@ func TestRepoRecipe(t *testing.T) {
 			"To bump Caddy, change both: edit caddy_version in xcaddy.json and run `go get github.com/caddyserver/caddy/v2@<version>`; "+
 			"to undo an accidental change, set the one you did not mean to change back to the other.", r.CaddyVersion, caddy)
 	}
+	tools, err := os.ReadFile(filepath.Join(repoRoot, toolsModFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(tools), "tool github.com/caddyserver/xcaddy/cmd/xcaddy") {
+		t.Errorf("%s does not declare the xcaddy tool; run `cd build/tools && go get -tool github.com/caddyserver/xcaddy/cmd/xcaddy@<version>`", toolsModFile)
+	}
+}
+
+// TestXcaddyOutOfTheModuleGraph: those who require Sluice (xcaddy's
+// temporary module, a user's own Caddy build) get Sluice's go.mod
+// requirements; xcaddy is a build tool and must not be among them.
+func TestXcaddyOutOfTheModuleGraph(t *testing.T) {
 	gm, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(gm), "tool github.com/caddyserver/xcaddy/cmd/xcaddy") {
-		t.Error("go.mod does not declare the xcaddy tool; run `go get -tool github.com/caddyserver/xcaddy/cmd/xcaddy@<version>`")
+	if strings.Contains(string(gm), "caddyserver/xcaddy") {
+		t.Errorf("go.mod mentions xcaddy: pin it in %s instead (`cd build/tools && go get -tool github.com/caddyserver/xcaddy/cmd/xcaddy@<version>`), then `go mod tidy` at the root", toolsModFile)
 	}
+}
+
+// TestGoDirectiveNotAboveCaddys: go.mod's go directive is the oldest Go
+// that builds Sluice, and with GOTOOLCHAIN=local (stock builder images) a
+// newer one than the Caddy release's own fails `xcaddy build` on every
+// Go in between. Keep it at most Caddy's (a toolchain line may ask for a
+// newer Go for this repository's own work).
+func TestGoDirectiveNotAboveCaddys(t *testing.T) {
+	modGo, caddyVersion := goMod(t)
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.GoVersion}}", "github.com/caddyserver/caddy/v2@"+caddyVersion).Output()
+	if err != nil {
+		t.Skipf("cannot read Caddy %s's go directive: %v", caddyVersion, err)
+	}
+	caddyGo := strings.TrimSpace(string(out))
+	if goNewer(modGo, caddyGo) {
+		t.Errorf("go.mod says `go %s` but Caddy %s says `go %s`: builds with GOTOOLCHAIN=local on Go %s..%s would fail; set `go %s` (and `toolchain go%s` if this repository needs the newer one)",
+			modGo, caddyVersion, caddyGo, caddyGo, modGo, caddyGo, modGo)
+	}
+}
+
+// goNewer reports whether Go version a (e.g. "1.26.8") is newer than b.
+func goNewer(a, b string) bool {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < 3; i++ {
+		var x, y int
+		if i < len(as) {
+			x, _ = strconv.Atoi(as[i])
+		}
+		if i < len(bs) {
+			y, _ = strconv.Atoi(bs[i])
+		}
+		if x != y {
+			return x > y
+		}
+	}
+	return false
 }
 
 // dockerStage is one FROM ... stage of a Dockerfile: its FROM arguments and
@@ -265,7 +315,8 @@ func parseDockerfile(data string) (args map[string]string, stages []dockerStage)
 }
 
 // TestDockerfile keeps the Dockerfile on the recipe: it must build with
-// cmd/sluice-build (so it reads xcaddy.json), run as non-root, listen on
+// cmd/sluice-build (so it reads xcaddy.json), run as a numeric non-root
+// uid:gid, listen on
 // :3000, and use a Go image that satisfies go.mod.
 func TestDockerfile(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
@@ -285,10 +336,10 @@ FROM golang:${GO_VERSION}-bookworm AS build
 # RUN go run ./cmd/sluice-build in a comment does not count
 RUN go run ./cmd/sluice-build \
     -o /out/caddy
-FROM debian:bookworm-slim
+FROM scratch
 COPY --from=build /out/caddy /usr/bin/caddy
 COPY Caddyfile.hf /etc/sluice/Caddyfile
-USER sluice:sluice
+USER 65532:65532
 EXPOSE 3000
 ENTRYPOINT ["/usr/bin/caddy"]
 `
@@ -297,10 +348,13 @@ ENTRYPOINT ["/usr/bin/caddy"]
 	}
 	for _, tc := range []struct{ name, old, new, want string }{
 		{"no recipe build", "RUN go run ./cmd/sluice-build \\\n", "RUN go tool xcaddy build v2.11.9 \\\n", "go run ./cmd/sluice-build"},
-		{"single stage", "FROM debian:bookworm-slim\n", "", "multi-stage"},
-		{"root user", "USER sluice:sluice", "USER root", "non-root"},
-		{"uid 0", "USER sluice:sluice", "USER 0:0", "non-root"},
-		{"no user", "USER sluice:sluice\n", "", "non-root"},
+		{"single stage", "FROM scratch\n", "", "multi-stage"},
+		{"root user", "USER 65532:65532", "USER root", "non-root"},
+		{"uid 0", "USER 65532:65532", "USER 0:0", "non-root"},
+		{"gid 0", "USER 65532:65532", "USER 65532:0", "non-root"},
+		{"no user", "USER 65532:65532\n", "", "non-root"},
+		{"named user", "USER 65532:65532", "USER sluice:sluice", "numeric"},
+		{"named group", "USER 65532:65532", "USER 65532:sluice", "numeric"},
 		{"wrong port", "EXPOSE 3000", "EXPOSE 8080", "EXPOSE 3000"},
 		{"old go", "GO_VERSION=1.26.8", "GO_VERSION=1.25.3", "GO_VERSION"},
 		{"no Caddyfile", "COPY Caddyfile.hf /etc/sluice/Caddyfile\n", "", "Caddyfile"},
@@ -371,8 +425,14 @@ func dockerfileProblems(data, modGo string) []string {
 			}
 		}
 	}
-	if u, _, _ := strings.Cut(user, ":"); u == "" || u == "root" || u == "0" {
-		problems = append(problems, fmt.Sprintf("runtime stage runs as %q: want a non-root USER", user))
+	// USER must be numeric uid:gid, neither 0: Kubernetes' runAsNonRoot
+	// can only check a numeric user, and a scratch image has no passwd.
+	u, g, _ := strings.Cut(user, ":")
+	switch {
+	case u == "" || u == "root" || u == "0" || g == "0" || g == "root":
+		problems = append(problems, fmt.Sprintf("runtime stage runs as %q: want a non-root USER uid:gid", user))
+	case !isNumber(u) || !isNumber(g):
+		problems = append(problems, fmt.Sprintf("runtime stage USER %q: want a numeric uid:gid (e.g. 65532:65532)", user))
 	}
 	if !exposes3000 {
 		problems = append(problems, "runtime stage does not EXPOSE 3000")
@@ -390,6 +450,11 @@ func dockerfileProblems(data, modGo string) []string {
 		}
 	}
 	return problems
+}
+
+func isNumber(s string) bool {
+	_, err := strconv.ParseUint(s, 10, 32)
+	return err == nil
 }
 
 // goSatisfies reports whether Go release have (e.g. "1.26.8" or "1.26")
