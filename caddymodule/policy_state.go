@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"context"
-	"sync"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
@@ -22,10 +21,8 @@ type policyState struct {
 	// firstByte learns each replica's usual time to first byte.
 	firstByte firstByteStats
 
-	static  staticSync
-	unwatch func()
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	static staticSync
+	life   lifecycle
 }
 
 // backendSetter is implemented by pickers that need more than the dial
@@ -40,20 +37,11 @@ type backendSetter interface {
 // own upstream list does (syncStatic on each request).
 func newPolicyState(key stateKey, pk lb.Picker, settings func() any, run func(context.Context), closer func()) *policyState {
 	st := &policyState{key: key, picker: pk, settings: settings, closer: closer}
-	if run != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		st.cancel = cancel
-		st.wg.Add(1)
-		go func() {
-			defer st.wg.Done()
-			run(ctx)
-		}()
-	}
-	st.unwatch = lb.GetPool(key.pool).Watch(func(set []lb.Backend, managed bool) {
+	st.life.begin(key.pool, func(set []lb.Backend, managed bool) {
 		if managed {
 			st.setBackends(set)
 		}
-	})
+	}, run)
 	return st
 }
 
@@ -76,11 +64,7 @@ func (st *policyState) Settings() any { return st.settings() }
 
 // Destruct implements caddy.Destructor.
 func (st *policyState) Destruct() error {
-	st.unwatch()
-	if st.cancel != nil {
-		st.cancel()
-		st.wg.Wait()
-	}
+	st.life.end()
 	if st.closer != nil {
 		st.closer()
 	}
