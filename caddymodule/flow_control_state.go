@@ -149,15 +149,16 @@ func (st *flowState) configure(cfg flow.Config, mc modelmetrics.Config) error {
 	defer st.mu.Unlock()
 	st.cfg.Store(&cfg)
 	if st.c == nil {
-		c, err := flow.New(cfg, st.detector(cfg))
+		var opts []flow.Option
+		if st.gate != nil {
+			opts = append(opts, flow.PublishDemand(st.gate.Feed())) // what the gate claims from
+		}
+		c, err := flow.New(cfg, st.detector(cfg), opts...)
 		if err != nil {
 			return err
 		}
 		c.SetObserver(flowCollector.Observer(st.name))
 		st.c = c
-		if st.gate != nil {
-			st.gate.Attach(c)
-		}
 		return nil
 	}
 	return st.c.Reconfigure(cfg, st.detector(cfg))
