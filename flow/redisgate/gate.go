@@ -13,11 +13,8 @@ package redisgate
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"math"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,13 +65,7 @@ func (c Config) WithDefaults() Config {
 		c.Poll = DefaultPoll
 	}
 	if c.Instance == "" {
-		host, _ := os.Hostname()
-		if host == "" {
-			host = "sluice"
-		}
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		c.Instance = host + "-" + hex.EncodeToString(b)
+		c.Instance = redisconn.InstanceID("")
 	}
 	return c
 }
