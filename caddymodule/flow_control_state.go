@@ -13,6 +13,15 @@ import (
 	"github.com/sluice-router/sluice/lb/modelmetrics"
 )
 
+func init() { registerCollectors(flowCollector, flowGateCollector) }
+
+// Collectors of every live flow_control state: its controller, and with
+// redis its gate.
+var (
+	flowCollector     = flow.NewCollector(flowControllers)
+	flowGateCollector = redisgate.NewCollector(flowGates)
+)
+
 // flowState is one pool's controller, its detector inputs and a metrics
 // scraper (used by the utilization detector).
 type flowState struct {
@@ -82,7 +91,7 @@ func (st *flowState) updateView(change func(*replicaView)) {
 	}
 }
 
-// Settings implements sharedState.
+// Settings implements observable.
 func (st *flowState) Settings() any {
 	s := map[string]any{"Config": st.config(), "MetricsInterval": st.scraper.Config().Interval,
 		"Replicas": st.view.Load().replicas()}
@@ -92,6 +101,11 @@ func (st *flowState) Settings() any {
 	}
 	return s
 }
+
+// Health implements observable: flow control shows its settings (with
+// redis, its share of the pool among them) and no replica view of its own;
+// its queues are in the metrics.
+func (st *flowState) Health() stateHealth { return stateHealth{} }
 
 // fallbackLogger logs the gate entering and leaving its fallback share.
 func fallbackLogger(log *zap.Logger, pool string) func(error) {
