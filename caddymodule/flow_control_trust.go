@@ -21,6 +21,7 @@ const (
 	headerSLOTTFT    = "X-Slo-Ttft-Ms"
 )
 
+// parsePrefix reads one trusted source: a CIDR range, or one address.
 func parsePrefix(s string) (netip.Prefix, error) {
 	if strings.Contains(s, "/") {
 		return netip.ParsePrefix(s)
