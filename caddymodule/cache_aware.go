@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -12,6 +11,30 @@ import (
 	"github.com/sluice-router/sluice/lb/cacheaware/share"
 	"github.com/sluice-router/sluice/lb/redisconn"
 	"github.com/sluice-router/sluice/lb/tracker"
+)
+
+func init() {
+	caddy.RegisterModule(CacheAware{})
+	registerCollectors(cacheAwareCollector, cacheShareCollector)
+}
+
+var _ policyModule = (*CacheAware)(nil)
+
+// Collectors of every live cache_aware state: its trees, and the sharing
+// of the trees through Redis.
+var (
+	cacheAwareCollector = cacheaware.NewCollector(func() map[string]*cacheaware.Router {
+		return mapped(pickersOf[*cacheaware.Picker]("cache_aware"), (*cacheaware.Picker).Router)
+	})
+	cacheShareCollector = share.NewCollector(func() map[string]*share.Sharer {
+		out := map[string]*share.Sharer{}
+		for pool, st := range liveStates("cache_aware") {
+			if sh, ok := st.(*policyState).extra.(*share.Sharer); ok {
+				out[pool] = sh
+			}
+		}
+		return out
+	})
 )
 
 // CacheAware is SGLang's cache-aware router as a selection policy: per
@@ -105,18 +128,14 @@ type CacheAwareSettings struct {
 	Share *share.Stats      `json:"share,omitempty"`
 }
 
-// cacheAwareSharers maps each live shared-tree picker to its sharer
-// (*cacheaware.Picker → *share.Sharer), for metrics.
-var cacheAwareSharers sync.Map
-
 // CacheAwareShareStats are the sharing stats of every live cache_aware
 // state of pool that shares its tree (one per Redis connection).
 func CacheAwareShareStats(pool string) []share.Stats {
 	var out []share.Stats
 	sharedStates.Range(func(k, v any) bool {
 		if key := k.(stateKey); key.module == "cache_aware" && key.pool == pool {
-			if s, ok := cacheAwareSharers.Load(v.(*policyState).picker); ok {
-				out = append(out, s.(*share.Sharer).Stats())
+			if sh, ok := v.(*policyState).extra.(*share.Sharer); ok {
+				out = append(out, sh.Stats())
 			}
 		}
 		return true
@@ -142,8 +161,9 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 		fingerprint: fmt.Sprintf("%+v %+v %s", rc, tc, variant),
 		build: func(key stateKey) (*policyState, error) {
 			pk := cacheaware.NewPicker(rc, tc)
+			health := func() stateHealth { return trackerHealth(pk.Tracker()) }
 			if variant == "" {
-				return newPolicyState(key, pk, pk.Settings, pk.Run, nil), nil
+				return newPolicyState(key, pk, policyParts{settings: pk.Settings, health: health, run: pk.Run}), nil
 			}
 			sh := share.New(share.Config{Conn: conn, Pool: pool}, pk.Router().Insert)
 			pk.OnInsert(sh.Publish)
@@ -152,11 +172,8 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 				st := sh.Stats()
 				return CacheAwareSettings{PickerSettings: pk.Settings().(cacheaware.PickerSettings), Redis: &red, Share: &st}
 			}
-			cacheAwareSharers.Store(pk, sh)
-			return newPolicyState(key, pk, settings, pk.Run, func() {
-				cacheAwareSharers.Delete(pk)
-				sh.Close()
-			}), nil
+			return newPolicyState(key, pk, policyParts{settings: settings, health: health, run: pk.Run,
+				closer: sh.Close, extra: sh}), nil
 		},
 		apply: func(st *policyState) { st.picker.(*cacheaware.Picker).Configure(rc, tc) },
 	})

@@ -12,6 +12,18 @@ import (
 	"github.com/sluice-router/sluice/lb/redisleast"
 )
 
+func init() {
+	caddy.RegisterModule(GlobalRedisLeast{})
+	registerCollectors(redisCollector)
+}
+
+var _ policyModule = (*GlobalRedisLeast)(nil)
+
+// redisCollector exports every live global_redis_least store.
+var redisCollector = redisleast.NewCollector(func() map[string]*redisleast.Store {
+	return pickersOf[*redisleast.Store]("global_redis_least")
+})
+
 // GlobalRedisLeast is Photoroom's distributed least-request balancer: the
 // in-flight count of every replica lives in a Redis sorted set shared by
 // every Sluice instance in front of the pool, and each pick is one atomic
@@ -107,7 +119,9 @@ func (p *GlobalRedisLeast) Provision(ctx caddy.Context) error {
 				log.Error("Redis unreachable at start: serving from this instance's own counts until it answers",
 					zap.String("pool", name), zap.Strings("redis", cfg.Addrs), zap.Error(why))
 			}
-			return newPolicyState(key, st, func() any { return redactedRedisConfig(st.Config()) }, nil, st.Close), nil
+			// Health: the default, its in-flight counts (the pool's, from Redis).
+			return newPolicyState(key, st, policyParts{settings: func() any { return redactedRedisConfig(st.Config()) },
+				closer: st.Close}), nil
 		},
 		apply: func(ps *policyState) {
 			if err := ps.picker.(*redisleast.Store).Configure(cfg); err != nil {

@@ -16,6 +16,19 @@ import (
 	"github.com/sluice-router/sluice/lb/modelmetrics"
 )
 
+func init() {
+	caddy.RegisterModule(LoadAware{})
+	registerCollectors(scraperCollector)
+}
+
+var _ policyModule = (*LoadAware)(nil)
+
+// scraperCollector exports the replica metrics every live load_aware
+// state scrapes.
+var scraperCollector = modelmetrics.NewCollector(func() map[string]*modelmetrics.Scraper {
+	return mapped(pickersOf[*loadaware.Picker]("load_aware"), (*loadaware.Picker).Scraper)
+})
+
 // LoadAware is Heimdall's load-aware routing as a selection policy:
 // weighted scorers rate each replica (higher = lighter), the max-score
 // picker takes the best and keeps the runners-up for retries.
@@ -116,13 +129,19 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 			pk := loadaware.NewPicker(cfg)
 			pk.Explain = func(e loadaware.Explanation) { logScores(log, name, e) }
 			pk.Explaining = func() bool { return log.Core().Enabled(zap.DebugLevel) }
-			return newPolicyState(key, pk, func() any {
+			settings := func() any {
 				c := pk.Config()
 				if c.SessionKey != "" {
 					c.SessionKey = "(set)" // never shown
 				}
 				return c
-			}, pk.Run, nil), nil
+			}
+			health := func() stateHealth {
+				h := trackerHealth(pk.Tracker())
+				h.Metrics = pk.Scraper()
+				return h
+			}
+			return newPolicyState(key, pk, policyParts{settings: settings, health: health, run: pk.Run}), nil
 		},
 		apply: func(st *policyState) {
 			if err := st.picker.(*loadaware.Picker).Configure(cfg); err != nil {

@@ -10,53 +10,26 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
-
-	"github.com/sluice-router/sluice/flow"
-	"github.com/sluice-router/sluice/flow/redisgate"
-	"github.com/sluice-router/sluice/lb/cacheaware"
-	"github.com/sluice-router/sluice/lb/cacheaware/share"
-	"github.com/sluice-router/sluice/lb/loadaware"
-	"github.com/sluice-router/sluice/lb/modelmetrics"
-	"github.com/sluice-router/sluice/lb/qll"
-	"github.com/sluice-router/sluice/lb/redisleast"
 )
 
-// One collector per process reads every live pool state at scrape time.
-// It is registered on each config's metrics registry (the one Caddy serves
-// at admin /metrics and through the metrics handler) as that config loads,
-// and on a private registry served at /_custom_router/metrics.
+// Each module has one collector per process (or a few) that reads every
+// live pool state of the module at scrape time. A module registers them
+// from its own file (registerCollectors, in its init); they are served on
+// a private registry at /_custom_router/metrics, and registered on each
+// config's metrics registry (the one Caddy serves at admin /metrics and
+// through the metrics handler) as that config loads.
 var (
-	qllCollector = qll.NewCollector(func() map[string]*qll.State {
-		return pickersOf[*qll.State]("queued_least_latency")
-	})
-	cacheAwareCollector = cacheaware.NewCollector(func() map[string]*cacheaware.Router {
-		return mapped(pickersOf[*cacheaware.Picker]("cache_aware"), (*cacheaware.Picker).Router)
-	})
-	scraperCollector = modelmetrics.NewCollector(func() map[string]*modelmetrics.Scraper {
-		return mapped(pickersOf[*loadaware.Picker]("load_aware"), (*loadaware.Picker).Scraper)
-	})
-	redisCollector = redisleast.NewCollector(func() map[string]*redisleast.Store {
-		return pickersOf[*redisleast.Store]("global_redis_least")
-	})
-	cacheShareCollector = share.NewCollector(func() map[string]*share.Sharer {
-		out := map[string]*share.Sharer{}
-		for pool, pk := range pickersOf[*cacheaware.Picker]("cache_aware") {
-			if s, ok := cacheAwareSharers.Load(pk); ok {
-				out[pool] = s.(*share.Sharer)
-			}
-		}
-		return out
-	})
-	flowCollector     = flow.NewCollector(flowControllers)
-	flowGateCollector = redisgate.NewCollector(flowGates)
-	sluiceCollectors  = []prometheus.Collector{qllCollector, cacheAwareCollector, cacheShareCollector, scraperCollector, redisCollector, flowCollector, flowGateCollector}
-	sluiceMetrics     = func() *prometheus.Registry {
-		r := prometheus.NewRegistry()
-		r.MustRegister(sluiceCollectors...)
-		return r
-	}()
+	sluiceCollectors     []prometheus.Collector
+	sluiceMetrics        = prometheus.NewRegistry()
 	sluiceMetricsHandler = promhttp.HandlerFor(sluiceMetrics, promhttp.HandlerOpts{})
 )
+
+// registerCollectors adds a module's collectors. Call it from an init
+// function: the list is read, never written, once requests are served.
+func registerCollectors(cs ...prometheus.Collector) {
+	sluiceCollectors = append(sluiceCollectors, cs...)
+	sluiceMetrics.MustRegister(cs...)
+}
 
 func registerMetrics(ctx caddy.Context, log *zap.Logger) {
 	reg := ctx.GetMetricsRegistry()

@@ -8,14 +8,12 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
-// Every Sluice module, registered in one place (module IDs are part of the
-// public interface; see docs/).
+// The Sluice modules other than the selection policies, registered in one
+// place (module IDs are part of the public interface; see docs/). Each
+// selection policy registers itself, with its metrics, in its own file, so
+// that adding one touches only that file and its lb package.
 func init() {
 	caddy.RegisterModule(App{})
-	caddy.RegisterModule(QueuedLeastLatency{})
-	caddy.RegisterModule(CacheAware{})
-	caddy.RegisterModule(LoadAware{})
-	caddy.RegisterModule(GlobalRedisLeast{})
 	caddy.RegisterModule(FlowControl{})
 	caddy.RegisterModule(CustomRouter{})
 	caddy.RegisterModule(CustomRouterUpstreams{})
@@ -62,10 +60,6 @@ var (
 )
 
 var (
-	_ policyModule  = (*QueuedLeastLatency)(nil)
-	_ policyModule  = (*CacheAware)(nil)
-	_ policyModule  = (*LoadAware)(nil)
-	_ policyModule  = (*GlobalRedisLeast)(nil)
 	_ handlerModule = (*FlowControl)(nil)
 	_ handlerModule = (*CustomRouter)(nil)
 	_ handlerModule = (*InferenceSim)(nil)

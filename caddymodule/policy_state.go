@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"context"
-	"sync"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
@@ -10,22 +9,34 @@ import (
 )
 
 // policyState is a selection policy's shared state for one pool: its
-// picker, fed with the pool's backend set, and the picker's background
-// loops.
+// picker, fed with the pool's backend set, and what the policy's adapter
+// added (policyParts).
 type policyState struct {
-	key      stateKey
-	picker   lb.Picker
-	settings func() any
-	closer   func()
-	// extra is the policy's own companion state (e.g. a log loop).
-	extra any
+	key    stateKey
+	picker lb.Picker
+	policyParts
 	// firstByte learns each replica's usual time to first byte.
 	firstByte firstByteStats
 
-	static  staticSync
-	unwatch func()
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	static staticSync
+	life   lifecycle
+}
+
+// policyParts are what a policy's adapter gives its shared state besides
+// the picker. Only settings is required.
+type policyParts struct {
+	// settings is the configuration the state runs with now.
+	settings func() any
+	// health is what the state knows of the pool's replicas (default: the
+	// picker's in-flight counts).
+	health func() stateHealth
+	// run, if set, runs until the state is destroyed; closer, if set,
+	// runs then.
+	run    func(context.Context)
+	closer func()
+	// extra is the policy's own companion state (e.g. a log loop, the
+	// sharing of a tree).
+	extra any
 }
 
 // backendSetter is implemented by pickers that need more than the dial
@@ -34,26 +45,16 @@ type backendSetter interface {
 	SetBackends([]lb.Backend)
 }
 
-// newPolicyState wraps pk: run (if any) runs until the state is
-// destroyed, closer (if any) runs then; a managed backend set (set-backends,
-// admin API, restored file) drives the replicas, otherwise reverse_proxy's
-// own upstream list does (syncStatic on each request).
-func newPolicyState(key stateKey, pk lb.Picker, settings func() any, run func(context.Context), closer func()) *policyState {
-	st := &policyState{key: key, picker: pk, settings: settings, closer: closer}
-	if run != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		st.cancel = cancel
-		st.wg.Add(1)
-		go func() {
-			defer st.wg.Done()
-			run(ctx)
-		}()
-	}
-	st.unwatch = lb.GetPool(key.pool).Watch(func(set []lb.Backend, managed bool) {
+// newPolicyState wraps pk: a managed backend set (set-backends, admin
+// API, restored file) drives the replicas, otherwise reverse_proxy's own
+// upstream list does (syncStatic on each request).
+func newPolicyState(key stateKey, pk lb.Picker, parts policyParts) *policyState {
+	st := &policyState{key: key, picker: pk, policyParts: parts}
+	st.life.begin(key.pool, func(set []lb.Backend, managed bool) {
 		if managed {
 			st.setBackends(set)
 		}
-	})
+	}, parts.run)
 	return st
 }
 
@@ -71,16 +72,20 @@ func (st *policyState) syncStatic(pool reverseproxy.UpstreamPool) {
 	st.static.sync(pool, st.setBackends)
 }
 
-// Settings implements sharedState.
+// Settings implements observable.
 func (st *policyState) Settings() any { return st.settings() }
+
+// Health implements observable.
+func (st *policyState) Health() stateHealth {
+	if st.health != nil {
+		return st.health()
+	}
+	return inFlightHealth(st.picker.InFlight())
+}
 
 // Destruct implements caddy.Destructor.
 func (st *policyState) Destruct() error {
-	st.unwatch()
-	if st.cancel != nil {
-		st.cancel()
-		st.wg.Wait()
-	}
+	st.life.end()
 	if st.closer != nil {
 		st.closer()
 	}

@@ -13,6 +13,18 @@ import (
 	"github.com/sluice-router/sluice/lb/qll"
 )
 
+func init() {
+	caddy.RegisterModule(QueuedLeastLatency{})
+	registerCollectors(qllCollector)
+}
+
+var _ policyModule = (*QueuedLeastLatency)(nil)
+
+// qllCollector exports every live queued_least_latency state.
+var qllCollector = qll.NewCollector(func() map[string]*qll.State {
+	return pickersOf[*qll.State]("queued_least_latency")
+})
+
 // QueuedLeastLatency is Hugging Face's queued-least-latency router as a
 // reverse_proxy selection policy: requests wait in one FIFO queue at the
 // edge and are dispatched late to the replica with the lowest predicted
@@ -116,15 +128,26 @@ func (p *QueuedLeastLatency) Provision(ctx caddy.Context) error {
 			s.SetWaitObserver(qllCollector.WaitObserver(name))
 			lg := &qllStateLog{state: s, pool: name, log: log}
 			lg.every.Store(int64(every))
-			st := newPolicyState(key, s, func() any { return s.Config() }, lg.run, s.Close)
-			st.extra = lg
-			return st, nil
+			return newPolicyState(key, s, policyParts{settings: func() any { return s.Config() },
+				health: func() stateHealth { return qllHealth(s) }, run: lg.run, closer: s.Close, extra: lg}), nil
 		},
 		apply: func(st *policyState) {
 			st.picker.(*qll.State).Configure(cfg)
 			st.extra.(*qllStateLog).every.Store(int64(every))
 		},
 	})
+}
+
+// qllHealth is what the queue knows of each replica, and its depth.
+func qllHealth(s *qll.State) stateHealth {
+	snap := s.Snapshot()
+	h := stateHealth{QueueDepth: snap.QueueDepth, Replicas: []backendHealth{}, Detail: latencyAndSlots}
+	for _, r := range snap.Replicas {
+		h.Replicas = append(h.Replicas, backendHealth{Addr: r.Addr, EWMALatency: r.EWMASeconds, Tried: r.Tried,
+			InFlight: r.InFlight, Parallelism: r.Parallelism, Down: r.Down, Dispatched: r.Dispatched,
+			Failures: r.Failures, Draining: !r.Present})
+	}
+	return h
 }
 
 // qllStateLog writes one line per interval with the queue and each

@@ -25,9 +25,20 @@ type stateKey struct {
 // sharedState is what the registry holds.
 type sharedState interface {
 	caddy.Destructor
-	// Settings is the configuration the state runs with now, as the
-	// health report shows it.
+	observable
+}
+
+// observable is how a module's shared state describes itself to the
+// health report, which calls it for every live state of a pool without
+// naming any module. (Metrics are the other half: each module registers
+// its collectors, which read its live states, from its own file; see
+// registerCollectors.) So adding a module touches its own adapter file and
+// its lb package, not health or metrics.
+type observable interface {
+	// Settings is the configuration the state runs with now.
 	Settings() any
+	// Health is what the state knows of its pool's replicas now.
+	Health() stateHealth
 }
 
 // stateClaims records what one module instance took from the registry so
@@ -62,18 +73,19 @@ func (c *stateClaims) release() error {
 	return errors.Join(errs...)
 }
 
-// liveState returns a live state of module on pool without taking a
-// reference (health and metrics only look), or nil.
-func liveState(module, pool string) sharedState {
-	var found sharedState
+// liveStatesOf maps every module serving pool to its live state (the
+// first one when the module has several variants on the pool), without
+// taking a reference: health only looks.
+func liveStatesOf(pool string) map[string]sharedState {
+	out := map[string]sharedState{}
 	sharedStates.Range(func(k, v any) bool {
-		if key := k.(stateKey); key.module == module && key.pool == pool {
-			found = v.(sharedState)
-			return false
+		key := k.(stateKey)
+		if _, seen := out[key.module]; key.pool == pool && !seen {
+			out[key.module] = v.(sharedState)
 		}
 		return true
 	})
-	return found
+	return out
 }
 
 // liveStates maps every pool to its live state of module (the first one

@@ -32,34 +32,21 @@ func NewConcurrencyDetector(cfg DetectorConfig, replicas func() int) *Concurrenc
 	return d
 }
 
-// Saturation implements SaturationDetector.
-func (d *ConcurrencyDetector) Saturation(in InFlight) float64 {
+// Saturation implements SaturationDetector. The capacity it answers is
+// max_concurrency × replicas in requests mode; unknown (0) in tokens
+// mode, where it depends on the requests' sizes.
+func (d *ConcurrencyDetector) Saturation(in InFlight) Verdict {
 	n := 1
 	if d.replicas != nil {
 		n = d.replicas()
 	}
 	if n <= 0 {
-		return 1
+		return Verdict{Load: 1}
 	}
-	used := float64(in.Requests)
 	if d.tokens {
-		used = float64(in.Tokens)
+		return Verdict{Load: float64(in.Tokens) / (d.perReplica * float64(n))}
 	}
-	return used / (d.perReplica * float64(n))
-}
-
-// Capacity implements CapacityReporter: max_concurrency × replicas in
-// requests mode; unknown (0) in tokens mode, where it depends on the
-// requests' sizes.
-func (d *ConcurrencyDetector) Capacity() int64 {
-	if d.tokens {
-		return 0
-	}
-	n := 1
-	if d.replicas != nil {
-		n = d.replicas()
-	}
-	return int64(d.perReplica) * int64(max(n, 0))
+	return Verdict{Load: float64(in.Requests) / (d.perReplica * float64(n)), Capacity: int64(d.perReplica) * int64(n)}
 }
 
 // ReplicaLimit is the most one replica should hold, in requests or tokens:

@@ -19,9 +19,11 @@ import (
 // that can open the gate or add work (an enqueue, a release, a reload)
 // runs the dispatch loop before it unlocks, so no request waits for a
 // dispatcher goroutine to be scheduled and there is no second place where
-// state changes. The only goroutine is a poller that re-runs the loop every
-// PollInterval while requests wait, because the utilization detector's
-// signal changes without any event the controller sees.
+// state changes. The only goroutine is a poller that asks the detector
+// again every PollInterval, and whenever the detector's answer says it may
+// have changed (Verdict.Recheck), because a detector's answer can change
+// without any event the controller sees: replicas report their own load,
+// other instances give capacity back.
 type Controller struct {
 	mu     sync.Mutex
 	cfg    Config
@@ -32,9 +34,13 @@ type Controller struct {
 	queued int   // requests waiting, all bands
 	bytes  int64 // their bytes
 	tokens int64 // their estimated tokens
-	// perFlow counts what each flow has in flight, while the detector
-	// watches demand (see demand.go); nil otherwise.
-	perFlow  map[flowKey]*InFlight
+	// verdict is the detector's last answer (band limits and the poller
+	// read it).
+	verdict Verdict
+	// feed, if set, is where the demand is published (see demand.go);
+	// perFlow then counts what each flow has in flight, nil otherwise.
+	feed     *DemandFeed
+	perFlow  map[FlowKey]*InFlight
 	inFlight InFlight
 	seq      uint64
 	closed   bool
@@ -43,6 +49,7 @@ type Controller struct {
 
 	stop   chan struct{} // closed by Close: ends the poller
 	polled chan struct{} // closed when the poller has returned
+	retune chan struct{} // a reload changed the poll interval or the detector
 }
 
 // band is one priority level: its flows, each a queue, and its totals.
@@ -111,14 +118,21 @@ func New(cfg Config, det SaturationDetector, opts ...Option) (*Controller, error
 		observer: nopObserver{},
 		stop:     make(chan struct{}),
 		polled:   make(chan struct{}),
+		retune:   make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(c)
 	}
+	if c.feed != nil {
+		if !c.feed.ctl.CompareAndSwap(nil, c) {
+			return nil, fmt.Errorf("flow: the demand feed already has a controller publishing to it")
+		}
+		c.perFlow = map[FlowKey]*InFlight{}
+	}
 	for _, b := range c.cfg.Bands {
 		c.addBandLocked(b)
 	}
-	c.trackFlowsLocked()
+	c.askLocked()
 	go c.poll()
 	return c, nil
 }
@@ -159,10 +173,10 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 		return refuse(RejectedOther, ErrShutdown)
 	}
 	// Work-conserving: nobody waits and the pool has room, so go at once.
-	if c.queued == 0 && !saturated(c.det.Saturation(c.inFlight)) {
+	if c.queued == 0 && !saturated(c.askLocked().Load) {
 		t := c.admitLocked(&req, 0)
 		c.counters.count(Dispatched)
-		c.noteDemandLocked()
+		c.publishLocked()
 		c.mu.Unlock()
 		obs.Enqueued(&req, Dispatched.String(), time.Since(start))
 		obs.Finished(&req, Dispatched, 0)
@@ -184,7 +198,7 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 	if !w.resolved {
 		w.timer = c.clock.AfterFunc(w.item.Deadline.Sub(arrival), func() { c.evict(w, EvictedTTL, nil) })
 	}
-	c.noteDemandLocked()
+	c.publishLocked()
 	c.mu.Unlock()
 	obs.Enqueued(&req, "Queued", time.Since(start))
 
@@ -213,7 +227,7 @@ func (c *Controller) evict(w *waiter, o Outcome, err error) {
 	if !w.resolved {
 		w.err = err
 		c.resolveLocked(w, o)
-		c.noteDemandLocked()
+		c.publishLocked()
 	}
 }
 
@@ -278,12 +292,12 @@ func (c *Controller) fitsLocked(b *band, n int64) bool {
 // replica count.
 func (c *Controller) bandLimitLocked(b *band) int64 {
 	n := BandQueueLimit(b.cfg, c.capacityLocked())
-	if qs, ok := c.det.(QueueSharer); ok {
+	if part := c.verdict.QueueShare; part > 0 && part < 1 {
 		// This instance queues its part of the pool's band queue, but
 		// never fewer than the default floor: a queue of a few requests
 		// would let a flood crowd out a quiet tenant that has two
 		// waiting (a push-out needs the flood to hold two more).
-		n = max(int64(math.Ceil(float64(n)*qs.QueueFraction())), min(n, DefaultBandMinRequests))
+		n = max(int64(math.Ceil(float64(n)*part)), min(n, DefaultBandMinRequests))
 	}
 	return n
 }
@@ -292,12 +306,16 @@ func (c *Controller) bandLimitLocked(b *band) int64 {
 // knows it, else what is in flight (a queue forms only once the pool is
 // full, so that is what the pool holds).
 func (c *Controller) capacityLocked() int64 {
-	if cr, ok := c.det.(CapacityReporter); ok {
-		if n := cr.Capacity(); n > 0 {
-			return n
-		}
+	if n := c.verdict.Capacity; n > 0 {
+		return n
 	}
 	return max(c.inFlight.Requests, 1)
+}
+
+// askLocked asks the detector about the pool now and keeps the answer.
+func (c *Controller) askLocked() Verdict {
+	c.verdict = c.det.Saturation(c.inFlight)
+	return c.verdict
 }
 
 func (c *Controller) pushLocked(b *band, req Request, arrival time.Time) *waiter {
@@ -371,7 +389,7 @@ func (c *Controller) resolveLocked(w *waiter, o Outcome) {
 func (c *Controller) admitLocked(req *Request, waited time.Duration) *Ticket {
 	c.inFlight.Requests++
 	c.inFlight.Tokens += req.Tokens
-	k := flowKey{req.Priority, req.FlowID}
+	k := FlowKey{req.Priority, req.FlowID}
 	c.countFlowLocked(k, req.Tokens, 1)
 	return &Ticket{c: c, tokens: req.Tokens, flow: k, Waited: waited}
 }
@@ -386,9 +404,13 @@ func (c *Controller) dispatchLocked() {
 		return
 	}
 	start := time.Now()
-	for c.queued > 0 && !saturated(c.det.Saturation(c.inFlight)) {
+	for c.queued > 0 {
+		v := c.askLocked()
+		if saturated(v.Load) {
+			break
+		}
 		b := c.topBandLocked()
-		q := c.belowShareLocked(b)
+		q := c.belowShareLocked(b, v.Shares)
 		if q == nil {
 			q = b.fairness.Next()
 		}
@@ -431,53 +453,49 @@ func (c *Controller) addBandLocked(cfg BandConfig) *band {
 	return b
 }
 
-// Kick re-asks the detector and dispatches what it allows. The poller
-// calls it; the adapter may call it when fresh replica metrics arrive.
+// Kick asks the detector again and dispatches what it allows. The poller
+// calls it; the adapter calls it when the pool's replicas change.
 func (c *Controller) Kick() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	queued := c.queued
+	c.askLocked()
 	c.dispatchLocked()
-	c.noteDemandLocked()
-}
-
-// noteDemandLocked tells a DemandWatcher detector what is in flight and
-// queued now.
-func (c *Controller) noteDemandLocked() {
-	if w, ok := c.det.(DemandWatcher); ok {
-		w.Demand(c.inFlight, InFlight{Requests: int64(c.queued), Tokens: c.tokens})
+	if c.queued != queued {
+		c.publishLocked()
 	}
 }
 
-// WithDemand runs fn under the controller's lock with what is in flight
-// and queued, so that fn sees them exact: nothing is dispatched or
-// released while it runs. fn must be quick and must not call the
-// controller.
-func (c *Controller) WithDemand(fn func(inFlight, queued InFlight)) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	fn(c.inFlight, InFlight{Requests: int64(c.queued), Tokens: c.tokens})
-}
-
-// poll re-reads the interval each round, so a reload can change it.
+// poll asks the detector again every poll interval, and whenever its last
+// answer's Recheck is ready. It re-reads both after each round and after
+// a reload (retune), so a reload can change either.
 func (c *Controller) poll() {
 	defer close(c.polled)
-	t := time.NewTimer(c.pollInterval())
+	every, recheck := c.pollInputs()
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
+		case <-c.retune:
+			every, recheck = c.pollInputs()
+			t.Reset(every)
+			continue
+		case <-recheck:
+			c.Kick()
 		case <-t.C:
 			c.Kick()
-			t.Reset(c.pollInterval())
+			t.Reset(every)
 		}
+		every, recheck = c.pollInputs()
 	}
 }
 
-func (c *Controller) pollInterval() time.Duration {
+func (c *Controller) pollInputs() (every time.Duration, recheck <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.cfg.PollInterval
+	return c.cfg.PollInterval, c.verdict.Recheck
 }
 
 // Reconfigure applies a reloaded config and detector (nil keeps the
@@ -504,7 +522,7 @@ func (c *Controller) Reconfigure(cfg Config, det SaturationDetector) error {
 	if det != nil {
 		c.det = det
 	}
-	c.trackFlowsLocked()
+	c.askLocked()
 	c.bands, c.byPrio = nil, map[int]*band{}
 	c.queued, c.bytes, c.tokens = 0, 0, 0
 	for _, b := range c.cfg.Bands {
@@ -514,7 +532,11 @@ func (c *Controller) Reconfigure(cfg Config, det SaturationDetector) error {
 		c.insertLocked(c.bandLocked(w.req.Priority), w)
 	}
 	c.dispatchLocked()
-	c.noteDemandLocked()
+	c.publishLocked()
+	select {
+	case c.retune <- struct{}{}:
+	default: // already due
+	}
 	return nil
 }
 

@@ -305,6 +305,38 @@ func TestKickDispatchesWhenGateOpens(t *testing.T) {
 	}
 }
 
+// recheckGate is a closed gate that says when to ask again, as a gate
+// sharing the pool with other instances does when capacity frees up there.
+type recheckGate struct {
+	gate
+	recheck chan struct{}
+}
+
+func (g *recheckGate) Saturation(in InFlight) Verdict {
+	v := g.gate.Saturation(in)
+	v.Recheck = g.recheck
+	return v
+}
+
+// The controller asks again as soon as the detector's answer says it may
+// have changed, not at the next poll.
+func TestRecheckAsksAgain(t *testing.T) {
+	g := &recheckGate{recheck: make(chan struct{}, 1)}
+	g.closed.Store(true)
+	c := newController(t, Config{PollInterval: time.Hour}, g) // no poller help
+	out := make(chan result, 1)
+	enqueueAsync(context.Background(), c, Request{}, out)
+	waitQueued(t, c, 1)
+	g.closed.Store(false)
+	mustNotReceive(t, out, "dispatched before anyone looked")
+	g.recheck <- struct{}{}
+	r := <-out
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.ticket.Release()
+}
+
 func TestPollerDispatchesWhenGateOpens(t *testing.T) {
 	g := closedGate()
 	c := newController(t, Config{PollInterval: time.Millisecond}, g)

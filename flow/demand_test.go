@@ -2,35 +2,45 @@ package flow
 
 import (
 	"context"
-	"sync"
 	"testing"
 )
 
 // sharedGate is a detector like flow/redisgate's: n requests in flight
-// here, and a share per tenant that the pool handed this instance.
+// here, and a share per tenant (band 0) that the pool handed this
+// instance.
 type sharedGate struct {
 	limit
-	mu     sync.Mutex
-	shares map[string]float64
-	demand []FlowDemand
+	shares *FlowShares
 }
 
-func (g *sharedGate) Demand(InFlight, InFlight) {}
+func (g *sharedGate) Saturation(in InFlight) Verdict {
+	v := g.limit.Saturation(in)
+	v.Shares = g.shares
+	return v
+}
 
-func (g *sharedGate) ShareDeficit(_ int, id string, in InFlight) (float64, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	s, ok := g.shares[id]
-	return s - float64(in.Requests), ok
+func tenantShares(shares map[string]float64) *FlowShares {
+	s := &FlowShares{Of: map[FlowKey]float64{}}
+	for id, n := range shares {
+		s.Of[FlowKey{0, id}] = n
+	}
+	return s
+}
+
+// readDemand is what the controller published to feed, read exactly.
+func readDemand(feed *DemandFeed, tokens bool) (d Demand) {
+	feed.Read(tokens, func(got Demand) { d = got })
+	return d
 }
 
 // A unit the pool handed this instance for the quiet tenant goes to it,
 // not to the flood whose turn it is in the local round robin; with no
 // share known the band's fairness decides as before.
 func TestUnitGoesToTheFlowBelowItsShare(t *testing.T) {
-	g := &sharedGate{shares: map[string]float64{"B": 1, "A": 1}}
+	g := &sharedGate{shares: tenantShares(map[string]float64{"B": 1, "A": 1})}
 	g.n.Store(1)
-	c := newController(t, Config{}, g)
+	feed := NewDemandFeed()
+	c := newController(t, Config{}, g, PublishDemand(feed))
 	out := make(chan result, 8)
 	first, err := c.Enqueue(context.Background(), Request{FlowID: "B"})
 	if err != nil {
@@ -53,21 +63,27 @@ func TestUnitGoesToTheFlowBelowItsShare(t *testing.T) {
 	r = <-out
 	r.ticket.Release()
 
-	// Per-flow in-flight counts are kept only for such detectors, and
+	// Per-flow in-flight counts are kept only for a published feed, and
 	// come back to nothing.
-	var flows []FlowDemand
-	c.WithFlowDemand(false, func(_, _ InFlight, f []FlowDemand) { flows = f })
-	if len(flows) != 0 {
+	if flows := readDemand(feed, false).Flows; len(flows) != 0 {
 		t.Fatalf("flows after everything ended: %+v", flows)
 	}
 }
 
-// WithFlowDemand reports, per tenant and band, what is in flight and what
-// waits.
+// A demand feed reports, per tenant and band, what is in flight and what
+// waits, signals every change, and keeps totals readable without the
+// controller's lock.
 func TestFlowDemandPerTenant(t *testing.T) {
 	g := &sharedGate{}
 	g.n.Store(1)
-	c := newController(t, Config{}, g)
+	feed := NewDemandFeed()
+	if d := readDemand(feed, true); d.InFlight != (InFlight{}) || len(d.Flows) != 0 {
+		t.Fatalf("a feed nobody publishes to: %+v", d)
+	}
+	c := newController(t, Config{}, g, PublishDemand(feed))
+	if _, err := New(Config{}, g, PublishDemand(feed)); err == nil {
+		t.Fatal("a second controller publishing to one feed")
+	}
 	out := make(chan result, 4)
 	tk, err := c.Enqueue(context.Background(), Request{FlowID: "A", Tokens: 7})
 	if err != nil {
@@ -76,15 +92,22 @@ func TestFlowDemandPerTenant(t *testing.T) {
 	enqueueAsync(context.Background(), c, Request{FlowID: "B", Tokens: 5}, out)
 	enqueueAsync(context.Background(), c, Request{FlowID: "B", Priority: 3, Tokens: 2}, out)
 	waitQueued(t, c, 2)
+	select {
+	case <-feed.Changed():
+	default:
+		t.Fatal("no change signalled")
+	}
 	got := map[[2]any]FlowDemand{}
-	c.WithFlowDemand(true, func(in, q InFlight, flows []FlowDemand) {
-		if in.Requests != 1 || q.Requests != 2 || q.Tokens != 7 {
-			t.Errorf("totals in %+v queued %+v", in, q)
-		}
-		for _, f := range flows {
-			got[[2]any{f.Priority, f.FlowID}] = f
-		}
-	})
+	d := readDemand(feed, true)
+	if d.InFlight.Requests != 1 || d.Queued.Requests != 2 || d.Queued.Tokens != 7 {
+		t.Errorf("totals in %+v queued %+v", d.InFlight, d.Queued)
+	}
+	if in, q := feed.Totals(); in != d.InFlight || q != d.Queued {
+		t.Errorf("published totals in %+v queued %+v, read %+v %+v", in, q, d.InFlight, d.Queued)
+	}
+	for _, f := range d.Flows {
+		got[[2]any{f.Priority, f.FlowID}] = f
+	}
 	if a := got[[2]any{0, "A"}]; a.InFlight.Requests != 1 || a.InFlight.Tokens != 7 || a.Queued.Requests != 0 {
 		t.Errorf("A: %+v", a)
 	}
@@ -104,8 +127,11 @@ func TestFlowDemandPerTenant(t *testing.T) {
 // quarterPool is a closed gate of a pool of 4 shared by 4 instances.
 type quarterPool struct{ gate }
 
-func (*quarterPool) Capacity() int64        { return 4 }
-func (*quarterPool) QueueFraction() float64 { return 0.25 }
+func (q *quarterPool) Saturation(in InFlight) Verdict {
+	v := q.gate.Saturation(in)
+	v.Capacity, v.QueueShare = 4, 0.25
+	return v
+}
 
 // A quiet tenant arriving at a band queue the flood filled (its part of
 // the pool's 16, 16 ÷ 4 instances, floored at 8) still gets in: the

@@ -1,14 +1,44 @@
 package flow
 
-// SaturationDetector is the gate of flow control: while the pool is
-// saturated nothing is dispatched. Implementations must be safe for
-// concurrent use; the controller calls them under its lock, so they should
-// be quick and must not call back into the controller.
+// SaturationDetector is the gate of flow control, and the whole contract
+// between the controller and a detector: the controller asks, the
+// detector answers. A detector never calls the controller; one that needs
+// to know what the controller holds and queues (flow/redisgate, which
+// shares the pool with other instances) reads the DemandFeed the
+// controller publishes to. Implementations must be safe for concurrent
+// use; the controller asks under its lock, so Saturation must be quick.
 type SaturationDetector interface {
-	// Saturation returns the pool's load as a fraction of its capacity:
-	// 0 is idle, 1 or more is saturated. inFlight is what this controller
-	// has dispatched and not yet had released.
-	Saturation(inFlight InFlight) float64
+	// Saturation answers for the pool now. inFlight is what this
+	// controller has dispatched and not yet had released.
+	Saturation(inFlight InFlight) Verdict
+}
+
+// Verdict is a detector's answer. Only Load is required; the zero value
+// of every other field means "nothing to add".
+type Verdict struct {
+	// Load is the pool's load as a fraction of its capacity: 0 is idle,
+	// 1 or more is saturated (nothing is dispatched).
+	Load float64
+	// Capacity is how many requests the pool serves at once, 0 if
+	// unknown. A band without max_requests sizes its queue from it (see
+	// BandQueueLimit); unknown, from what is in flight when the queue
+	// forms.
+	Capacity int64
+	// QueueShare is this instance's part of the pool's queues, in (0, 1]
+	// (0 reads as 1): N instances sharing a pool each queue about 1/N of
+	// what one flow control in front of it would.
+	QueueShare float64
+	// Shares, when set, is how much of the pool each flow may use at
+	// this instance: dispatch serves first the backlogged flow furthest
+	// below its share, then the band's fairness policy.
+	Shares *FlowShares
+	// Recheck, when set, becomes ready when the answer may have changed
+	// without an event the controller sees (capacity freed at another
+	// instance): the controller asks again then. Every detector is also
+	// asked again every poll_interval while requests wait, which is what
+	// the utilization detector, whose replicas report on their own
+	// schedule, relies on.
+	Recheck <-chan struct{}
 }
 
 // InFlight is what a controller has dispatched and not yet had released.
@@ -18,49 +48,7 @@ type InFlight struct {
 	Tokens int64
 }
 
-// saturated is the gate rule shared by every detector: closed at a
-// saturation of 1 or more, and closed on NaN (a broken detector must not
-// open the floodgates).
-func saturated(s float64) bool { return !(s < 1) }
-
-// CapacityReporter is implemented by detectors that know how many
-// requests the pool serves at once. The controller sizes the queue of a
-// band without max_requests from it (see BandQueueLimit); for other
-// detectors the requests in flight when the queue forms stand for it.
-type CapacityReporter interface {
-	// Capacity is in requests; 0 means unknown now.
-	Capacity() int64
-}
-
-// DemandWatcher is implemented by detectors whose capacity is acquired
-// elsewhere (flow/redisgate: a share of the pool held in Redis). The
-// controller calls Demand under its lock after every change to what it
-// holds or queues, so the watcher always knows both; it must be quick
-// and must not call back into the controller.
-type DemandWatcher interface {
-	// Demand reports what is in flight and what waits in the queues
-	// (Requests, and the Tokens of those requests).
-	Demand(inFlight, queued InFlight)
-}
-
-// FlowSharer is implemented by detectors that share the pool out per flow
-// across instances (flow/redisgate). The controller then dispatches first
-// from the flow furthest below its share here — the unit the pool handed
-// this instance for a quiet tenant goes to that tenant, not to the
-// flood's turn in the local round robin — and falls back to the band's
-// fairness policy when no flow is below its share.
-type FlowSharer interface {
-	// ShareDeficit is how far flow id of band priority, holding inFlight
-	// here, is below its share at this instance (<= 0: at or above it;
-	// ok false: no share known).
-	ShareDeficit(priority int, id string, inFlight InFlight) (deficit float64, ok bool)
-}
-
-// QueueSharer is implemented by detectors that share the pool with other
-// instances (flow/redisgate): each instance's band queues hold its part
-// of what one flow control in front of the pool would queue, so N
-// instances together queue (and make wait) about as much as one.
-type QueueSharer interface {
-	// QueueFraction is this instance's part, in (0, 1].
-	QueueFraction() float64
-}
+// saturated is the gate rule shared by every detector: closed at a load
+// of 1 or more, and closed on NaN (a broken detector must not open the
+// floodgates).
+func saturated(load float64) bool { return !(load < 1) }

@@ -50,7 +50,7 @@ func TestUtilizationDetector(t *testing.T) {
 	}
 	for _, tc := range cases {
 		d := NewUtilizationDetector(cfg, tc.src, nil)
-		s := d.Saturation(InFlight{})
+		s := d.Saturation(InFlight{}).Load
 		if saturated(s) != tc.want {
 			t.Errorf("%s: saturation %.3f, want saturated=%v", tc.name, s, tc.want)
 		}
@@ -65,7 +65,7 @@ func TestUtilizationScoreIsRoofline(t *testing.T) {
 	if got := d.Score(fresh(1, 0.6), t0); math.Abs(got-0.75) > 1e-9 {
 		t.Fatalf("score %v, want 0.75 (KV 0.6/0.8)", got)
 	}
-	if got := d.Saturation(InFlight{Requests: 1e6}); got != 1 {
+	if got := d.Saturation(InFlight{Requests: 1e6}).Load; got != 1 {
 		t.Fatalf("empty pool: %v", got)
 	}
 }
@@ -75,15 +75,15 @@ func TestUtilizationMetricsStaleness(t *testing.T) {
 	src := loads{"a": fresh(0, 0)} // read at t0
 	d := NewUtilizationDetector(DetectorConfig{MetricsStaleness: 200 * time.Millisecond}, src, clk)
 	clk.Advance(200 * time.Millisecond)
-	if saturated(d.Saturation(InFlight{})) {
+	if saturated(d.Saturation(InFlight{}).Load) {
 		t.Fatal("saturated at exactly the staleness threshold")
 	}
 	clk.Advance(time.Millisecond)
-	if !saturated(d.Saturation(InFlight{})) {
+	if !saturated(d.Saturation(InFlight{}).Load) {
 		t.Fatal("sample older than metrics_staleness_threshold not treated as saturated")
 	}
 	// Without the threshold, the source's own freshness decides.
-	if saturated(NewUtilizationDetector(DetectorConfig{}, src, clk).Saturation(InFlight{})) {
+	if saturated(NewUtilizationDetector(DetectorConfig{}, src, clk).Saturation(InFlight{}).Load) {
 		t.Fatal("saturated though the source says fresh and no threshold is set")
 	}
 }
@@ -91,24 +91,24 @@ func TestUtilizationMetricsStaleness(t *testing.T) {
 func TestConcurrencyDetector(t *testing.T) {
 	d := slots(4)
 	for n, want := range map[int64]bool{0: false, 3: false, 4: true, 5: true} {
-		if got := saturated(d.Saturation(InFlight{Requests: n})); got != want {
+		if got := saturated(d.Saturation(InFlight{Requests: n}).Load); got != want {
 			t.Errorf("requests mode, %d in flight of 4: saturated=%v", n, got)
 		}
 	}
 	replicas := 3
 	perReplica := NewConcurrencyDetector(DetectorConfig{MaxConcurrency: 10, Headroom: 0.2}, func() int { return replicas })
-	if saturated(perReplica.Saturation(InFlight{Requests: 29})) || !saturated(perReplica.Saturation(InFlight{Requests: 30})) {
+	if saturated(perReplica.Saturation(InFlight{Requests: 29}).Load) || !saturated(perReplica.Saturation(InFlight{Requests: 30}).Load) {
 		t.Error("3 replicas × 10 should saturate at 30 in flight")
 	}
 	if got := perReplica.ReplicaLimit(); math.Abs(got-12) > 1e-9 {
 		t.Errorf("replica limit %v, want 10 × 1.2", got)
 	}
 	replicas = 0
-	if !saturated(perReplica.Saturation(InFlight{})) {
+	if !saturated(perReplica.Saturation(InFlight{}).Load) {
 		t.Error("no replica, yet not saturated")
 	}
 	tok := NewConcurrencyDetector(DetectorConfig{ConcurrencyMode: ModeTokens, MaxTokenConcurrency: 1000}, nil)
-	if saturated(tok.Saturation(InFlight{Requests: 500, Tokens: 999})) || !saturated(tok.Saturation(InFlight{Requests: 1, Tokens: 1000})) {
+	if saturated(tok.Saturation(InFlight{Requests: 500, Tokens: 999}).Load) || !saturated(tok.Saturation(InFlight{Requests: 1, Tokens: 1000}).Load) {
 		t.Error("tokens mode must count tokens, not requests")
 	}
 }

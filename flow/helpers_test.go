@@ -70,11 +70,11 @@ func (c *fakeClock) Advance(d time.Duration) {
 // gate is a detector the test opens and closes.
 type gate struct{ closed atomic.Bool }
 
-func (g *gate) Saturation(InFlight) float64 {
+func (g *gate) Saturation(InFlight) Verdict {
 	if g.closed.Load() {
-		return 1
+		return Verdict{Load: 1}
 	}
-	return 0
+	return Verdict{}
 }
 
 func closedGate() *gate {
@@ -87,11 +87,11 @@ func closedGate() *gate {
 // the controller, as replica metrics do.
 type limit struct{ n atomic.Int64 }
 
-func (l *limit) Saturation(in InFlight) float64 {
+func (l *limit) Saturation(in InFlight) Verdict {
 	if in.Requests < l.n.Load() {
-		return 0
+		return Verdict{}
 	}
-	return 1
+	return Verdict{Load: 1}
 }
 
 // slots is the concurrency detector over the whole pool: n requests in flight.

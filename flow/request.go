@@ -50,7 +50,7 @@ type waiter struct {
 type Ticket struct {
 	c        *Controller
 	tokens   int64
-	flow     flowKey
+	flow     FlowKey
 	released atomic.Bool
 	// Waited is how long the request waited in the queue (0 when it passed
 	// straight through).
@@ -71,6 +71,6 @@ func (t *Ticket) Release() bool {
 	c.countFlowLocked(t.flow, t.tokens, -1)
 	c.counters.Released++
 	c.dispatchLocked()
-	c.noteDemandLocked()
+	c.publishLocked()
 	return true
 }

@@ -44,9 +44,9 @@ func TestScraperLoadsFeedsUtilization(t *testing.T) {
 		return loads.Load(addr(busy)).Fresh && loads.Load(addr(other)).Fresh
 	})
 	// busy scores 1.8 (9 waiting / 5), unknown 1, other 0: mean 0.93.
-	eventually(t, "the idle replica to open the gate", func() bool { return !saturated(d.Saturation(InFlight{})) })
+	eventually(t, "the idle replica to open the gate", func() bool { return !saturated(d.Saturation(InFlight{}).Load) })
 	waiting.Store(5) // other now at its queue threshold: every replica saturated
-	eventually(t, "the gate to close", func() bool { return saturated(d.Saturation(InFlight{})) })
+	eventually(t, "the gate to close", func() bool { return saturated(d.Saturation(InFlight{}).Load) })
 
 	l := loads.Load(addr(busy))
 	if !l.Fresh || !l.HaveWaiting || !l.HaveKVCache || l.Waiting != 9 || l.KVCacheUsage != 0.95 {

@@ -54,7 +54,7 @@ type ModelSnapshot struct {
 func (c *Controller) Snapshot() Snapshot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	sat := c.det.Saturation(c.inFlight)
+	sat := c.askLocked().Load
 	s := Snapshot{
 		Queued: c.queued, Bytes: c.bytes, InFlight: c.inFlight,
 		Saturation: sat, Saturated: saturated(sat), Closed: c.closed, Counters: c.counters,

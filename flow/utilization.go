@@ -60,7 +60,12 @@ func NewUtilizationDetector(cfg DetectorConfig, src LoadSource, clock Clock) *Ut
 }
 
 // Saturation implements SaturationDetector; in-flight counts are not used.
-func (d *UtilizationDetector) Saturation(InFlight) float64 {
+func (d *UtilizationDetector) Saturation(InFlight) Verdict {
+	return Verdict{Load: d.load()}
+}
+
+// load is the average of the replicas' scores, 1 with no replica.
+func (d *UtilizationDetector) load() float64 {
 	addrs := d.src.Replicas()
 	if len(addrs) == 0 {
 		return 1

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/lb/redisconn"
 )
 
 // Keys are one pool's records in Redis. They share one hash tag, so a
@@ -21,7 +23,7 @@ type Keys struct {
 
 // KeysFor are the keys of pool under prefix.
 func KeysFor(prefix, pool string) Keys {
-	tag := "{sluice:" + prefix + ":" + pool + "}:flow:"
+	tag := redisconn.KeyTag(prefix, pool) + ":flow:"
 	return Keys{Held: tag + "held", Want: tag + "want", Since: tag + "since", Live: tag + "live"}
 }
 

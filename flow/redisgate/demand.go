@@ -72,17 +72,11 @@ func flowName(id string) string {
 	return fmt.Sprintf("%016x", h.Sum64())
 }
 
-// shareKey names a flow within its band.
-type shareKey struct {
-	prio int
-	id   string
-}
-
-// parseShares reads the claim's per-flow shares of this instance,
-// naming each flow by its id again (names: flowName → id); the summed
-// rest of a band has no id and is left out.
-func parseShares(lines string, names map[string]string) *map[shareKey]float64 {
-	m := map[shareKey]float64{}
+// parseShares reads the claim's per-flow shares of this instance (in
+// tokens when tokens is set), naming each flow by its id again (names:
+// flowName → id); the summed rest of a band has no id and is left out.
+func parseShares(lines string, names map[string]string, tokens bool) *flow.FlowShares {
+	m := map[flow.FlowKey]float64{}
 	for _, l := range strings.Split(lines, "\n") {
 		f := strings.Split(l, "\t")
 		if len(f) != 3 {
@@ -94,7 +88,7 @@ func parseShares(lines string, names map[string]string) *map[shareKey]float64 {
 		if err1 != nil || err2 != nil || !ok {
 			continue
 		}
-		m[shareKey{p, id}] += v
+		m[flow.FlowKey{Priority: p, FlowID: id}] += v
 	}
-	return &m
+	return &flow.FlowShares{Tokens: tokens, Of: m}
 }

@@ -13,11 +13,8 @@ package redisgate
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"math"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,13 +65,7 @@ func (c Config) WithDefaults() Config {
 		c.Poll = DefaultPoll
 	}
 	if c.Instance == "" {
-		host, _ := os.Hostname()
-		if host == "" {
-			host = "sluice"
-		}
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		c.Instance = host + "-" + hex.EncodeToString(b)
+		c.Instance = redisconn.InstanceID("")
 	}
 	return c
 }
@@ -120,14 +111,22 @@ type Stats struct {
 }
 
 // Gate is a flow.SaturationDetector over a share of the pool held in
-// Redis. Install it as the controller's detector and Attach the
-// controller; set the pool-wide limit with SetLocal.
+// Redis. The protocol with the controller is one-way both ways round: the
+// controller asks the gate (Saturation) and publishes its demand to the
+// gate's Feed; the gate reads the feed and never calls the controller.
+// When Redis grants more, the gate's answer says so (Verdict.Recheck),
+// and the controller asks again. Install it as the controller's detector
+// with flow.PublishDemand(g.Feed()); set the pool-wide limit with
+// SetLocal.
 type Gate struct {
 	cfgp atomic.Pointer[Config]
 	keys Keys
 
 	local atomic.Pointer[flow.ConcurrencyDetector]
-	ctl   atomic.Pointer[flow.Controller]
+	// feed is where the controller publishes what it holds and queues.
+	feed *flow.DemandFeed
+	// recheck is ready when allowed grew: the controller asks again.
+	recheck chan struct{}
 	// allowed is what the controller may have in flight (it dispatches
 	// while below it). Redis's record of this instance is never below it
 	// nor below what is in flight, so the pool's total in Redis bounds
@@ -137,7 +136,10 @@ type Gate struct {
 	held atomic.Int64
 	// shares are this instance's share of the pool per flow at the last
 	// claim (nil: none known, e.g. while Redis is away).
-	shares atomic.Pointer[map[shareKey]float64]
+	shares atomic.Pointer[flow.FlowShares]
+	// instances is how many instances held or wanted a share at the
+	// last claim.
+	instances atomic.Int64
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -160,7 +162,7 @@ func New(cfg Config) (*Gate, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gate{keys: KeysFor(cfg.Conn.KeyPrefix, cfg.Pool), wake: make(chan struct{}, 1),
-		cancel: cancel, done: make(chan struct{})}
+		feed: flow.NewDemandFeed(), recheck: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	g.cfgp.Store(&cfg)
 	g.stats.Instance = cfg.Instance
 	go g.run(ctx)
@@ -195,11 +197,9 @@ func (g *Gate) SetLocal(d *flow.ConcurrencyDetector) {
 	g.poke()
 }
 
-// Attach names the controller the gate lets dispatch.
-func (g *Gate) Attach(c *flow.Controller) {
-	g.ctl.Store(c)
-	g.poke()
-}
+// Feed is where the controller this gate answers publishes its demand
+// (flow.PublishDemand).
+func (g *Gate) Feed() *flow.DemandFeed { return g.feed }
 
 // Close stops the gate. What it holds is given back down to what is still
 // in flight; that part lapses with the lease.
@@ -208,41 +208,31 @@ func (g *Gate) Close() {
 	<-g.done
 }
 
-// Saturation implements flow.SaturationDetector: what is in flight as a
-// fraction of this instance's share (1 with no share).
-func (g *Gate) Saturation(in flow.InFlight) float64 {
-	allowed := g.allowed.Load()
-	if allowed <= 0 {
-		return 1
+// Saturation implements flow.SaturationDetector. Load is what is in
+// flight as a fraction of this instance's share (1 with no share);
+// Capacity the pool's (band queues are sized from it), of which this
+// instance queues 1 / the instances holding or wanting a share at the
+// last claim, so that N instances queue about what one flow control in
+// front of the pool would, not N times as much; Shares its share per
+// flow; Recheck is ready when Redis granted more.
+func (g *Gate) Saturation(in flow.InFlight) flow.Verdict {
+	v := flow.Verdict{Load: 1, QueueShare: 1 / float64(max(g.instances.Load(), 1)),
+		Shares: g.shares.Load(), Recheck: g.recheck}
+	if limit, tokens := g.poolLimit(); !tokens {
+		v.Capacity = limit
 	}
-	return float64(g.units(in)) / float64(allowed)
+	if allowed := g.allowed.Load(); allowed > 0 {
+		v.Load = float64(g.units(in)) / float64(allowed)
+	}
+	return v
 }
 
-// Capacity implements flow.CapacityReporter with the pool's capacity
-// (band queues are sized from it, then split by QueueFraction).
-func (g *Gate) Capacity() int64 {
-	if d := g.local.Load(); d != nil {
-		return d.Capacity()
-	}
-	return 0
-}
-
-// QueueFraction implements flow.QueueSharer: 1 / the instances holding or
-// wanting a share at the last claim, so that N instances queue about what
-// one flow control in front of the pool would, not N times as much.
-func (g *Gate) QueueFraction() float64 {
-	g.mu.Lock()
-	n := g.stats.Instances
-	g.mu.Unlock()
-	return 1 / float64(max(n, 1))
-}
-
-// Demand implements flow.DemandWatcher: the claimer runs whenever the
-// instance wants other than it may have, or can give some back.
-func (g *Gate) Demand(inFlight, queued flow.InFlight) {
-	if want := g.units(inFlight) + g.units(queued); want != g.allowed.Load() || want < g.held.Load() {
-		g.poke()
-	}
+// wantsClaim reports whether the instance, by the demand its controller
+// last published, wants other than it may have, or can give some back.
+func (g *Gate) wantsClaim() bool {
+	in, queued := g.feed.Totals()
+	want := g.units(in) + g.units(queued)
+	return want != g.allowed.Load() || want < g.held.Load()
 }
 
 // Stats returns the gate's state now.
@@ -299,6 +289,10 @@ func (g *Gate) run(ctx context.Context) {
 			return
 		case <-g.wake:
 		case <-timer.C:
+		case <-g.feed.Changed():
+			if !g.wantsClaim() {
+				continue // the timer stays set
+			}
 		}
 		if cl == nil {
 			var err error
@@ -337,10 +331,14 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	var demand string
 	names := map[string]string{} // flowName → flow id
 	_, tokens := g.poolLimit()
-	read := func(in, q flow.InFlight, flows []flow.FlowDemand) {
-		inUse, want = g.units(in), g.units(in)+g.units(q)
-		demand = encodeDemand(flows, tokens)
-		for _, f := range flows {
+	// Under the controller's lock (see flow.DemandFeed.Read): what is in
+	// flight is exact, and once allowed is lowered no dispatch passes the
+	// old value, so floor below covers every request in flight until the
+	// next claim.
+	g.feed.Read(tokens, func(d flow.Demand) {
+		inUse, want = g.units(d.InFlight), g.units(d.InFlight)+g.units(d.Queued)
+		demand = encodeDemand(d.Flows, tokens)
+		for _, f := range d.Flows {
 			names[flowName(f.FlowID)] = f.FlowID
 		}
 		if fallback {
@@ -351,12 +349,7 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 		if target := min(want, entitled); target < g.allowed.Load() {
 			g.allowed.Store(target)
 		}
-	}
-	if c := g.ctl.Load(); c != nil {
-		c.WithFlowDemand(tokens, read)
-	} else {
-		read(flow.InFlight{}, flow.InFlight{}, nil)
-	}
+	})
 	floor := max(g.allowed.Load(), inUse)
 	capacity := g.limit()
 
@@ -374,7 +367,8 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 		allowed--
 	}
 	g.held.Store(res.held)
-	g.shares.Store(parseShares(res.shares, names))
+	g.shares.Store(parseShares(res.shares, names, tokens))
+	g.instances.Store(res.instances)
 	before := g.allowed.Swap(allowed)
 	g.mu.Lock()
 	g.stats.Claims++
@@ -387,7 +381,7 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 		g.Config().OnFallback(nil)
 	}
 	if allowed > before {
-		g.kick()
+		g.signalRecheck()
 	}
 	switch {
 	case want > allowed:
@@ -400,20 +394,6 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	default:
 		return time.Hour, nil // idle: nothing to renew until a request comes
 	}
-}
-
-// ShareDeficit implements flow.FlowSharer: how far a flow holding
-// inFlight here is below its share at this instance.
-func (g *Gate) ShareDeficit(priority int, id string, inFlight flow.InFlight) (float64, bool) {
-	m := g.shares.Load()
-	if m == nil {
-		return 0, false
-	}
-	share, ok := (*m)[shareKey{priority, id}]
-	if !ok {
-		return 0, false
-	}
-	return share - float64(g.units(inFlight)), true
 }
 
 // failed switches to the fallback share after a Redis error.
@@ -435,7 +415,7 @@ func (g *Gate) failed(err error) {
 		units = max(units, 1)
 	}
 	if g.allowed.Swap(units) < units {
-		g.kick()
+		g.signalRecheck()
 	}
 	if entering && g.Config().OnFallback != nil {
 		g.Config().OnFallback(err)
@@ -445,17 +425,18 @@ func (g *Gate) failed(err error) {
 // leave gives back what is not in flight, at shutdown.
 func (g *Gate) leave(cl rueidis.Client) {
 	var inUse int64
-	if c := g.ctl.Load(); c != nil {
-		c.WithDemand(func(in, _ flow.InFlight) { inUse = g.units(in) })
-	}
+	g.feed.Read(false, func(d flow.Demand) { inUse = g.units(d.InFlight) })
 	ctx, cancel := context.WithTimeout(context.Background(), g.Config().Conn.ReadTimeout)
 	defer cancel()
 	_, _ = claim(ctx, cl, g.keys, g.Config().Instance, inUse, 0, "", g.limit(), g.Config().LeaseTTL)
 }
 
-func (g *Gate) kick() {
-	if c := g.ctl.Load(); c != nil {
-		c.Kick()
+// signalRecheck tells the controller, through the answer it last got,
+// that the answer changed: allowed grew.
+func (g *Gate) signalRecheck() {
+	select {
+	case g.recheck <- struct{}{}:
+	default: // already signalled
 	}
 }
 

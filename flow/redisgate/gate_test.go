@@ -43,11 +43,10 @@ func newInstance(t *testing.T, conn redisconn.Config, pool, name string, capacit
 	}
 	fc := flow.Config{Detector: flow.DetectorConfig{Type: flow.DetectorConcurrency, MaxConcurrency: 1}}
 	g.SetLocal(flow.NewConcurrencyDetector(fc.Detector, func() int { return capacity }))
-	ctl, err := flow.New(fc, g)
+	ctl, err := flow.New(fc, g, flow.PublishDemand(g.Feed()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g.Attach(ctl)
 	t.Cleanup(func() { ctl.Close(); g.Close() })
 	return &instance{name: name, ctl: ctl, gate: g}
 }

@@ -1,7 +1,8 @@
 // Package redisconn holds what every Redis-backed part of Sluice shares
 // about reaching Redis: the connection settings, their validation and
-// defaults, the rueidis options they map to, and the key that tells
-// whether two configs can share one connection.
+// defaults, the rueidis options they map to, the key that tells whether
+// two configs can share one connection, and how Sluice names things in
+// Redis (key tags, instance ids: naming.go).
 package redisconn
 
 import (

@@ -1,5 +1,7 @@
 package redisleast
 
+import "github.com/sluice-router/sluice/lb/redisconn"
+
 // keys names one pool's Redis keys. All of them carry the same hash tag,
 // so on a Redis Cluster they live in one slot and a script may touch them
 // together.
@@ -31,7 +33,7 @@ type keys struct {
 }
 
 func newKeys(prefix, pool string) keys {
-	tag := "{sluice:" + prefix + ":" + pool + "}"
+	tag := redisconn.KeyTag(prefix, pool)
 	return keys{load: tag + ":load", gone: tag + ":gone", insts: tag + ":insts", picks: tag + ":picks",
 		queue: tag + ":queue", waiters: tag + ":waiters", assigned: tag + ":assigned",
 		avoid: tag + ":avoid", tag: tag}

@@ -10,8 +10,6 @@ package redisleast
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -22,6 +20,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/redisconn"
 	"github.com/sluice-router/sluice/lb/tracker"
 )
 
@@ -198,9 +197,7 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 }
 
 func (s *Store) newIdentity() *identity {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	id := s.conf().InstanceID + "-" + hex.EncodeToString(b[:])
+	id := redisconn.InstanceID(s.conf().InstanceID)
 	return &identity{id: id, alive: s.k.alive(id), inst: s.k.inst(id)}
 }
 

@@ -255,11 +255,10 @@ func exercise(t *testing.T, conn redisconn.Config, admin rueidis.Client) {
 		}
 		fc := flow.Config{Detector: flow.DetectorConfig{Type: flow.DetectorConcurrency, MaxConcurrency: 1}}
 		g.SetLocal(flow.NewConcurrencyDetector(fc.Detector, func() int { return 2 }))
-		c, err := flow.New(fc, g)
+		c, err := flow.New(fc, g, flow.PublishDemand(g.Feed()))
 		if err != nil {
 			t.Fatal(err)
 		}
-		g.Attach(c)
 		t.Cleanup(func() { c.Close(); g.Close() })
 		gates, ctls = append(gates, g), append(ctls, c)
 	}

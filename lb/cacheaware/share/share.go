@@ -11,8 +11,6 @@ package share
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,16 +62,14 @@ func (c Config) withDefaults() Config {
 		c.MaxText = DefaultMaxText
 	}
 	if c.Instance == "" {
-		b := make([]byte, 8)
-		_, _ = rand.Read(b)
-		c.Instance = hex.EncodeToString(b)
+		c.Instance = redisconn.InstanceID("")
 	}
 	return c
 }
 
 // Key is the pool's stream key; one hash tag, so a cluster works.
 func Key(prefix, pool string) string {
-	return "{sluice:" + prefix + ":" + pool + "}:cache_tree"
+	return redisconn.KeyTag(prefix, pool) + ":cache_tree"
 }
 
 // ApplyFunc records another instance's routing decision locally

@@ -1,0 +1,180 @@
+package caddymodule
+
+import (
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/version"
+	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/modelmetrics"
+	"github.com/sluice-router/sluice/lb/tracker"
+)
+
+// healthReport is the JSON body of GET /_custom_router/health.
+type healthReport struct {
+	OK   bool   `json:"ok"`
+	Pool string `json:"pool"`
+	// Version is Sluice's release version (internal/version).
+	Version    string          `json:"version"`
+	Managed    bool            `json:"backends_set"`
+	QueueDepth int             `json:"queue_depth"`
+	Backends   []backendHealth `json:"backends"`
+	// Settings maps each Sluice module serving the pool to the settings
+	// its shared state runs with now (what the last loaded config gave).
+	Settings map[string]any `json:"settings,omitempty"`
+}
+
+type backendHealth struct {
+	Addr        string  `json:"addr"`
+	URL         string  `json:"url,omitempty"`
+	EWMALatency float64 `json:"ewma_latency"`
+	Tried       bool    `json:"tried"`
+	InFlight    int     `json:"in_flight"`
+	// Parallelism is the requests a queueing policy takes the replica to
+	// serve at once (configured, or learned).
+	Parallelism int    `json:"parallelism,omitempty"`
+	Down        bool   `json:"down"`
+	Draining    bool   `json:"draining,omitempty"`
+	Dispatched  uint64 `json:"dispatched"`
+	Failures    uint64 `json:"failures"`
+	// The replica's own metrics, when a policy scrapes them.
+	Metrics *replicaMetrics `json:"metrics,omitempty"`
+}
+
+type replicaMetrics struct {
+	Freshness    string   `json:"freshness"`
+	Waiting      *float64 `json:"waiting,omitempty"`
+	Running      *float64 `json:"running,omitempty"`
+	KVCacheUsage *float64 `json:"kv_cache_usage,omitempty"`
+	AgeSeconds   *float64 `json:"age_seconds,omitempty"`
+	Error        string   `json:"error,omitempty"`
+}
+
+// stateHealth is what one shared state tells the health report about its
+// pool (observable.Health). The report merges the states of every module
+// serving the pool without naming any of them.
+type stateHealth struct {
+	// QueueDepth is the requests waiting in the state's own queue.
+	QueueDepth int
+	// Replicas is the state's view of each replica, draining ones (gone
+	// from the set, requests still in flight) marked; Detail says how much
+	// it knows. The report shows the most detailed view among the pool's
+	// states (on a tie, the first module by name).
+	Replicas []backendHealth
+	Detail   healthDetail
+	// Metrics, if set, scrapes the replicas' own metrics, shown per replica.
+	Metrics *modelmetrics.Scraper
+}
+
+// healthDetail ranks what a state knows of each replica.
+type healthDetail int
+
+const (
+	noReplicas      healthDetail = iota
+	inFlightOnly                 // its own in-flight counts
+	inFlightAndDown              // and its passive health (down, failures)
+	latencyAndSlots              // and latency, slots, dispatch counts
+)
+
+// trackerHealth is the view of a policy whose in-flight counts and
+// passive health are an lb/tracker.
+func trackerHealth(tr *tracker.Tracker) stateHealth {
+	h := stateHealth{Replicas: []backendHealth{}, Detail: inFlightAndDown}
+	for _, r := range tr.Snapshot() {
+		h.Replicas = append(h.Replicas, backendHealth{Addr: r.Addr, InFlight: r.InFlight, Down: r.Down,
+			Failures: r.Failures, Draining: !r.Present})
+	}
+	return h
+}
+
+// inFlightHealth is the view of a policy that knows only its in-flight
+// counts (lb.Picker.InFlight).
+func inFlightHealth(inFlight map[string]int) stateHealth {
+	h := stateHealth{Replicas: []backendHealth{}, Detail: inFlightOnly}
+	for addr, n := range inFlight {
+		h.Replicas = append(h.Replicas, backendHealth{Addr: addr, InFlight: n})
+	}
+	return h
+}
+
+func health(name string) healthReport {
+	set, managed := lb.GetPool(name).Backends()
+	rep := healthReport{OK: true, Pool: name, Version: version.Version, Managed: managed, Backends: []backendHealth{}, Settings: map[string]any{}}
+	states := liveStatesOf(name)
+	modules := make([]string, 0, len(states))
+	for m := range states {
+		modules = append(modules, m)
+	}
+	sort.Strings(modules)
+	var view stateHealth
+	var scraper *modelmetrics.Scraper
+	for _, m := range modules {
+		st := states[m]
+		rep.Settings[m] = st.Settings()
+		h := st.Health()
+		rep.QueueDepth += h.QueueDepth
+		if h.Detail > view.Detail {
+			view = h
+		}
+		if scraper == nil {
+			scraper = h.Metrics
+		}
+	}
+	stats := map[string]backendHealth{}
+	var draining []backendHealth
+	for _, bh := range view.Replicas {
+		if bh.Draining {
+			draining = append(draining, bh)
+		} else {
+			stats[bh.Addr] = bh
+		}
+	}
+	for _, b := range set {
+		bh, ok := stats[b.Dial]
+		if !ok {
+			bh = backendHealth{Addr: b.Dial}
+		}
+		bh.URL = b.URL
+		rep.Backends = append(rep.Backends, bh)
+	}
+	rep.Backends = append(rep.Backends, draining...)
+	if scraper != nil {
+		for i := range rep.Backends {
+			rep.Backends[i].Metrics = scrapedMetrics(scraper, rep.Backends[i].Addr)
+		}
+	}
+	return rep
+}
+
+// scrapedMetrics is what sc last read of the replica at addr.
+func scrapedMetrics(sc *modelmetrics.Scraper, addr string) *replicaMetrics {
+	smp, fr := sc.Get(addr)
+	m := &replicaMetrics{Freshness: fr.String()}
+	if smp.Have.Waiting {
+		m.Waiting = &smp.Waiting
+	}
+	if smp.Have.Running {
+		m.Running = &smp.Running
+	}
+	if smp.Have.KVCache {
+		m.KVCacheUsage = &smp.KVCacheUsage
+	}
+	if !smp.At.IsZero() {
+		age := time.Since(smp.At).Seconds()
+		m.AgeSeconds = &age
+	}
+	if smp.Err != nil {
+		m.Error = smp.Err.Error()
+	}
+	return m
+}
+
+func serveHealth(w http.ResponseWriter, r *http.Request, name string) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
+		return
+	}
+	writeJSON(w, http.StatusOK, health(name))
+}
