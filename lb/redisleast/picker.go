@@ -40,9 +40,7 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if s.closed.Load() {
 		return nil, lb.ErrShutdown
 	}
-	s.mu.Lock()
-	replicas := s.last
-	s.mu.Unlock()
+	replicas := s.set.members()
 	if len(replicas) == 0 {
 		return nil, lb.ErrNoBackends
 	}
@@ -69,15 +67,7 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 // released, per replica (Redis and fallback leases alike). It never
 // touches Redis; the pool-wide counts are in Counts and Stats.InFlight.
 func (s *Store) InFlight() map[string]int {
-	out := map[string]int{}
-	s.local.mu.RLock()
-	defer s.local.mu.RUnlock()
-	for a, c := range s.local.m {
-		if n := c.Load(); n > 0 {
-			out[a] = int(n)
-		}
-	}
-	return out
+	return s.local.snapshot()
 }
 
 // RetryAfter implements lb.RetryAfterer: how long a refused client

@@ -6,11 +6,11 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
+
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/tracker"
 )
@@ -24,8 +24,8 @@ type Lease struct {
 	// again, see batcher).
 	Fallback bool
 
-	s        *Store
-	ident    *identity
+	m        *member
+	ident    *identity // nil: picked locally, never recorded in Redis
 	req      string
 	start    time.Time
 	hl       *tracker.Lease // passive health; nil for a replica the tracker does not know
@@ -58,98 +58,95 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 	if len(candidates) == 0 {
 		return nil, ErrNoCandidates
 	}
-	candidates = s.healthy(candidates)
-	if len(candidates) == 0 {
+	if candidates = s.healthy(candidates); len(candidates) == 0 {
 		return nil, lb.ErrAllDown
 	}
 	if s.br.isOpen() {
 		return s.fallback(candidates)
 	}
-	if c := s.cfgp.Load(); c.MaxInflight == 0 && c.CallRate > 0 && !s.queueing() {
-		return s.selectBatched(ctx, c, candidates, false)
-	}
-	// One deadline for the whole call: a retry never extends the wait.
-	deadline := time.Now().Add(s.conf().ReadTimeout)
+	return s.mode.pick(ctx, candidates)
+}
+
+// Select script replies (selectScript, selectQueueScript).
+const (
+	pickNone      = 0  // no candidate is a member
+	pickLeased    = 1  // the replica is the request's
+	pickSaturated = 2  // the least loaded is at MaxInflight
+	pickBarred    = 3  // the request id was released as lost before it ran
+	pickQueued    = 4  // queued (queue mode)
+	pickNoAnswer  = -1 // Redis did not answer: pick locally
+)
+
+// picked is a select script's answer for request req of ident.
+type picked struct {
+	code  int64
+	addr  string
+	ident *identity
+	req   string
+}
+
+// scriptPick runs a select script until it has an answer other than
+// pickNone: one deadline (ReadTimeout) for the whole call, one retry
+// after a broken connection (a Redis restart fails a connection once),
+// and the member set replayed once when no candidate is a member (Redis
+// restarted empty). run sends the script for one try: req is a fresh
+// request id, args the arguments every select script starts with. A try
+// whose reply was lost is released as a lost select once Redis answers
+// (it may have run, or may still run). The error is ctx's, lb.ErrShutdown
+// or ErrNoCandidates.
+func (m *member) scriptPick(ctx context.Context, candidates []string,
+	run func(deadline time.Time, ident *identity, req string, args []string) rueidis.RedisResult) (picked, error) {
+	deadline := time.Now().Add(m.conf().ReadTimeout)
 	resynced, retried := false, false
 	for {
-		ident := s.ident.Load()
-		req := strconv.FormatUint(s.seq.Add(1), 36)
-		args := make([]string, 0, 5+len(candidates))
-		args = append(args, strconv.Itoa(s.conf().MaxInflight), strconv.FormatInt(s.conf().LeaseTTL.Milliseconds(), 10),
+		ident := m.ident.Load()
+		req := strconv.FormatUint(m.seq.Add(1), 36)
+		c := m.conf()
+		args := make([]string, 0, 7+len(candidates))
+		args = append(args, strconv.Itoa(c.MaxInflight), strconv.FormatInt(c.LeaseTTL.Milliseconds(), 10),
 			req, ident.id, strconv.Itoa(rand.IntN(len(candidates))))
-		var res rueidis.RedisResult
-		var wait chan string
-		if s.queueing() {
-			// Listen before asking: the hand-over may be published
-			// before the script's reply arrives.
-			wait = s.waiters.add(token(ident, req))
-			args = append(args, s.k.tag, s.avoidList(candidates))
-			args = append(args, candidates...)
-			// Not cut short by the client: a reply lost to a
-			// cancellation would leave the request queued (or holding a
-			// slot) until the pending release is flushed; with the
-			// reply, await sees ctx done and leaves the queue at once.
-			res = s.callUntil(context.WithoutCancel(ctx), deadline, func(ctx context.Context) rueidis.RedisResult {
-				return selectQueueScript.Exec(ctx, s.rc(),
-					[]string{s.k.load, ident.alive, ident.inst, s.k.insts, s.k.queue, s.k.waiters, s.k.assigned, s.k.avoid}, args)
-			})
-		} else {
-			args = append(args, candidates...)
-			res = s.callUntil(ctx, deadline, func(ctx context.Context) rueidis.RedisResult {
-				return selectScript.Exec(ctx, s.rc(), []string{s.k.load, ident.alive, ident.inst, s.k.insts}, args)
-			})
-		}
-		arr, err := res.ToArray()
+		arr, err := run(deadline, ident, req, args).ToArray()
 		if err == nil && len(arr) != 2 {
 			err = errBadReply
 		}
 		if err != nil {
-			if wait != nil {
-				s.waiters.drop(token(ident, req))
-			}
 			if transportErr(err) {
-				// It may have run, or may still run: release it (or
-				// bar it) when Redis answers again.
-				s.queueRelease(ident, "?"+req)
+				m.queueRelease(ident, "?"+req)
 			}
 			if ctx.Err() != nil {
-				return nil, ctx.Err()
+				return picked{}, ctx.Err()
 			}
-			if s.closed.Load() { // Close closed the client under this call
-				return nil, lb.ErrShutdown
+			if m.closed.Load() { // Close closed the client under this call
+				return picked{}, lb.ErrShutdown
 			}
-			// A connection broken by a Redis restart fails once (EOF)
-			// and is redialled: try again within the same deadline.
-			if !retried && transportErr(err) && !errors.Is(err, context.DeadlineExceeded) && !s.br.isOpen() {
+			if !retried && transportErr(err) && !errors.Is(err, context.DeadlineExceeded) && !m.br.isOpen() {
 				retried = true
 				continue
 			}
-			return s.fallback(candidates)
+			return picked{code: pickNoAnswer}, nil
 		}
 		code, _ := arr[0].AsInt64()
 		addr, _ := arr[1].ToString()
-		if wait != nil && code == 4 {
-			return s.await(ctx, ident, req, wait)
+		if code != pickNone {
+			return picked{code, addr, ident, req}, nil
 		}
-		if wait != nil {
-			s.waiters.drop(token(ident, req))
-		}
-		switch code {
-		case 1:
-			return s.lease(addr, ident, req, false), nil
-		case 2:
-			s.c.shed.Add(1)
-			return nil, ErrSaturated
-		case 0:
-		default: // 3 (barred) cannot happen for a fresh request id
-			return s.fallback(candidates)
-		}
-		// No candidate is a member: Redis may have restarted empty.
-		if resynced || !s.resync(ctx) {
-			return nil, ErrNoCandidates
+		if resynced || !m.resync(ctx) {
+			return picked{}, ErrNoCandidates
 		}
 		resynced = true
 	}
+}
+
+// leaseFor turns a select script's final answer into a lease.
+func (m *member) leaseFor(p picked, candidates []string) (*Lease, error) {
+	switch p.code {
+	case pickLeased:
+		return m.lease(p.addr, p.ident, p.req, false), nil
+	case pickSaturated:
+		m.c.shed.Add(1)
+		return nil, ErrSaturated
+	}
+	return m.fallback(candidates) // no answer; pickBarred cannot happen for a fresh request id
 }
 
 type replyError string
@@ -158,28 +155,36 @@ func (e replyError) Error() string { return string(e) }
 
 const errBadReply = replyError("redis select: unexpected reply shape")
 
+// lease hands out a lease on addr recorded (or to be recorded) under
+// ident as req.
+func (m *member) lease(addr string, ident *identity, req string, batched bool) *Lease {
+	m.local.get(addr).Add(1)
+	m.c.selections.Add(1)
+	return &Lease{Addr: addr, m: m, ident: ident, req: req, batched: batched, start: time.Now(), hl: m.health.Acquire(addr)}
+}
+
 // fallback picks from this instance's own counts; MaxInflight applies to
 // them, the only view there is.
-func (s *Store) fallback(candidates []string) (*Lease, error) {
-	addr, n := s.local.least(candidates, rand.IntN(len(candidates)))
-	if s.conf().MaxInflight > 0 && n >= int64(s.conf().MaxInflight) {
-		s.c.shed.Add(1)
+func (m *member) fallback(candidates []string) (*Lease, error) {
+	addr, n := m.local.least(candidates, rand.IntN(len(candidates)))
+	if m.conf().MaxInflight > 0 && n >= int64(m.conf().MaxInflight) {
+		m.c.shed.Add(1)
 		return nil, ErrSaturated
 	}
-	s.local.get(addr).Add(1)
-	s.c.selections.Add(1)
-	s.c.fallbacks.Add(1)
-	return &Lease{Addr: addr, Fallback: true, s: s, start: time.Now(), hl: s.health.Acquire(addr)}, nil
+	m.local.get(addr).Add(1)
+	m.c.selections.Add(1)
+	m.c.fallbacks.Add(1)
+	return &Lease{Addr: addr, Fallback: true, m: m, start: time.Now(), hl: m.health.Acquire(addr)}, nil
 }
 
 // healthy is candidates less the replicas passive health has down (the
 // input itself when none is).
-func (s *Store) healthy(candidates []string) []string {
+func (m *member) healthy(candidates []string) []string {
 	for i, a := range candidates {
-		if s.health.Down(a) {
+		if m.health.Down(a) {
 			out := slices.Clone(candidates[:i])
 			for _, b := range candidates[i+1:] {
-				if !s.health.Down(b) {
+				if !m.health.Down(b) {
 					out = append(out, b)
 				}
 			}
@@ -187,25 +192,6 @@ func (s *Store) healthy(candidates []string) []string {
 		}
 	}
 	return candidates
-}
-
-// avoidList names, comma-separated, the members of the last Sync that a
-// queued request picking among candidates must not be handed (down, or
-// excluded by the caller); "" when there are none.
-func (s *Store) avoidList(candidates []string) string {
-	s.mu.Lock()
-	members := s.last
-	s.mu.Unlock()
-	var b strings.Builder
-	for _, m := range members {
-		if !slices.Contains(candidates, m) {
-			if b.Len() > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(m)
-		}
-	}
-	return b.String()
 }
 
 // Release ends the request. Only the first call counts (later ones return
@@ -218,55 +204,18 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	if !l.released.CompareAndSwap(false, true) {
 		return false
 	}
-	s := l.s
+	m := l.m
 	if l.hl != nil {
 		l.hl.Release(o)
 	}
 	if o.Kind == lb.Success && !l.start.IsZero() {
-		s.svc.observe(time.Since(l.start))
+		m.svc.observe(time.Since(l.start))
 	}
-	s.local.get(l.Addr).Add(-1)
-	s.c.releases.Add(1)
-	if l.batched {
-		if !s.closed.Load() { // else Close handed it to the reapers
-			s.releaseBatched(l.ident, l.req, l.Addr)
-		}
-		return true
-	}
-	if l.Fallback || s.closed.Load() {
+	m.local.get(l.Addr).Add(-1)
+	m.c.releases.Add(1)
+	if l.ident == nil || m.closed.Load() {
 		return true // not in Redis, or Close already handed it to the reapers
 	}
-	if s.br.isOpen() {
-		s.queueRelease(l.ident, l.req)
-		return true
-	}
-	// Any failure keeps the release for the maintenance loop: a network
-	// error, or an error reply (READONLY in a failover, NOREPLICAS,
-	// LOADING, BUSY, NOPERM) — dropping it would leave the count +1.
-	if err := s.execRelease(context.Background(), l.ident, []string{l.req}).Error(); err != nil && !rueidis.IsRedisNil(err) {
-		s.queueRelease(l.ident, l.req)
-	}
+	m.rec.release(l)
 	return true
-}
-
-// queueRelease keeps a release for later; on overflow the instance
-// rotates its identity (see pending).
-func (s *Store) queueRelease(ident *identity, req string) {
-	if s.pend.add(ident, req) {
-		return
-	}
-	s.rotate(ident)
-}
-
-// rotate abandons ident (if still current) for a fresh identity.
-func (s *Store) rotate(old *identity) {
-	if s.ident.CompareAndSwap(old, s.newIdentity()) {
-		s.pend.clear()
-		if s.rotated != nil {
-			select { // resubscribe under the new identity
-			case s.rotated <- struct{}{}:
-			default:
-			}
-		}
-	}
 }
