@@ -72,8 +72,7 @@ const (
 	pickNone      = 0  // no candidate is a member
 	pickLeased    = 1  // the replica is the request's
 	pickSaturated = 2  // the least loaded is at MaxInflight
-	pickBarred    = 3  // the request id was released as lost before it ran
-	pickQueued    = 4  // queued (queue mode)
+	pickQueued    = 4  // queued (queue mode); 3 (barred) cannot answer a fresh request id
 	pickNoAnswer  = -1 // Redis did not answer: pick locally
 )
 
@@ -146,7 +145,7 @@ func (m *member) leaseFor(p picked, candidates []string) (*Lease, error) {
 		m.c.shed.Add(1)
 		return nil, ErrSaturated
 	}
-	return m.fallback(candidates) // no answer; pickBarred cannot happen for a fresh request id
+	return m.fallback(candidates) // no answer (or barred: cannot happen for a fresh request id)
 }
 
 type replyError string
