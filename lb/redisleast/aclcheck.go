@@ -32,9 +32,9 @@ var permScript = redisconn.PermScript(`local k, ch = KEYS[1], ARGV[1]`, `{
 }`, "on the pool's keys or channel, which Sluice needs")
 
 // checkPermissions runs permScript (see there).
-func (s *Store) checkPermissions(ctx context.Context) error {
-	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return permScript.Exec(ctx, s.rc(), []string{s.k.tag + ":permcheck"}, []string{s.k.notify(s.ident.Load().id)})
+func (m *member) checkPermissions(ctx context.Context) error {
+	res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return permScript.Exec(ctx, m.rc(), []string{m.k.tag + ":permcheck"}, []string{m.k.notify(m.ident.Load().id)})
 	})
 	return res.Error() // unwrapped: New tells error replies from transport errors
 }

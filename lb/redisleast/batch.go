@@ -51,8 +51,8 @@ type batcher struct {
 	pickCount   float64
 	pickAt      time.Time
 	foreignRate float64
-	kick        chan struct{}      // something to send
-	sendFn      func(*batch) reply // the Redis call (Store.sendBatch)
+	kick        chan struct{} // something to send
+	m           *member       // the member the batches are recorded under
 }
 
 // event is one pick ('+': replica chosen from the view; '*': exact pick
@@ -214,7 +214,7 @@ func (b *batcher) finishLocked(bt *batch, r reply) {
 func (b *batcher) sendQueuedLocked() error {
 	bt := b.takeLocked(nil, nil)
 	b.mu.Unlock()
-	r := b.sendFn(bt)
+	r := b.send(bt)
 	b.mu.Lock()
 	b.finishLocked(bt, r)
 	b.mu.Unlock()
@@ -241,14 +241,14 @@ func (b *batcher) kick1() {
 	}
 }
 
-// selectBatched is Select in the least-request mode (see batcher): an
+// pick is Select in the least-request mode's batches (see batcher): an
 // exact pick while the call budget allows, else a pick from the view.
 // A view pick never uses a view older than two budget intervals (it waits
 // for the call under way instead; under a steady load a call starts every
 // interval) nor runs beside an exact pick whose
 // replica is not known yet (it would not see it).
-func (s *Store) selectBatched(ctx context.Context, cfg *Config, candidates []string, resynced bool) (*Lease, error) {
-	b := &s.batch
+func (b *batcher) pick(ctx context.Context, cfg *Config, candidates []string, resynced bool) (*Lease, error) {
+	s := b.m
 	ident := s.ident.Load()
 	req := strconv.FormatUint(s.seq.Add(1), 36)
 	rate := cfg.CallRate
@@ -284,7 +284,7 @@ func (s *Store) selectBatched(ctx context.Context, cfg *Config, candidates []str
 	}
 	bt := b.takeLocked(&event{kind: '*', id: req}, candidates)
 	b.mu.Unlock()
-	r := b.sendFn(bt)
+	r := b.send(bt)
 	b.mu.Lock()
 	if r.err != nil {
 		// The pick may have run: it stays in the batch, sent again until
@@ -297,7 +297,7 @@ func (s *Store) selectBatched(ctx context.Context, cfg *Config, candidates []str
 		b.mu.Unlock()
 		b.poke()
 		if ctx.Err() != nil {
-			s.releaseBatched(ident, req, addr)
+			b.release(ident, req, addr)
 			return nil, ctx.Err()
 		}
 		s.c.fallbacks.Add(1)
@@ -318,22 +318,14 @@ func (s *Store) selectBatched(ctx context.Context, cfg *Config, candidates []str
 	if resynced || !s.resync(ctx) {
 		return nil, ErrNoCandidates
 	}
-	return s.selectBatched(ctx, cfg, candidates, true)
+	return b.pick(ctx, cfg, candidates, true)
 }
 
-// lease hands out a lease on addr recorded (or to be recorded) under
-// ident as req.
-func (s *Store) lease(addr string, ident *identity, req string, batched bool) *Lease {
-	s.local.get(addr).Add(1)
-	s.c.selections.Add(1)
-	return &Lease{Addr: addr, s: s, ident: ident, req: req, batched: batched, start: time.Now(), hl: s.health.Acquire(addr)}
-}
-
-// releaseBatched queues the release of a batched pick and sends it at once
+// release queues the release of a batched pick and sends it at once
 // if the budget allows (from the caller's goroutine: Release runs off the
 // request path), else leaves it to the flusher.
-func (s *Store) releaseBatched(ident *identity, req, addr string) {
-	b := &s.batch
+func (b *batcher) release(ident *identity, req, addr string) {
+	s := b.m
 	b.mu.Lock()
 	if b.ident != ident {
 		b.mu.Unlock() // abandoned identity: the reapers reclaim it
@@ -353,13 +345,13 @@ func (s *Store) releaseBatched(ident *identity, req, addr string) {
 	}
 	bt := b.takeLocked(nil, nil)
 	b.mu.Unlock()
-	s.finishSend(bt, b.sendFn(bt))
+	b.finishSend(bt, b.send(bt))
 }
 
-// finishSend ends a call outside selectBatched and wakes the flusher if
-// more is queued (or the batch must go again).
-func (s *Store) finishSend(bt *batch, r reply) {
-	b := &s.batch
+// finishSend ends a call outside pick and wakes the flusher if more is
+// queued (or the batch must go again).
+func (b *batcher) finishSend(bt *batch, r reply) {
+	s := b.m
 	b.mu.Lock()
 	b.finishLocked(bt, r)
 	more := len(b.queue) > 0 || b.failed
@@ -371,15 +363,15 @@ func (s *Store) finishSend(bt *batch, r reply) {
 	}
 }
 
-// flushBatches is the flusher goroutine, one per store: the backstop that
+// flusher is the flusher goroutine, one per store: the backstop that
 // sends what is queued when no pick or release comes along to send it.
 // Under load the picks and releases send the batches themselves, from
 // their own goroutines, as soon as the budget allows; the flusher waits
 // one budget interval beyond that before it does (each wake-up of an idle
 // goroutine costs about as much CPU as the call).
-func (s *Store) flushBatches() {
+func (b *batcher) flusher() {
+	s := b.m
 	defer s.wg.Done()
-	b := &s.batch
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -431,10 +423,10 @@ func (s *Store) flushBatches() {
 	}
 }
 
-// drainBatches sends everything queued, ignoring the budget (Close, and
+// drain sends everything queued, ignoring the budget (Close, and
 // the maintenance loop as a safety net); false if a call failed.
-func (s *Store) drainBatches() bool {
-	b := &s.batch
+func (b *batcher) drain() bool {
+	s := b.m
 	for range 64 {
 		b.mu.Lock()
 		b.syncIdentLocked(s.ident.Load())
@@ -449,8 +441,9 @@ func (s *Store) drainBatches() bool {
 	return true
 }
 
-// sendBatch runs the batch script for bt within ReadTimeout.
-func (s *Store) sendBatch(bt *batch) reply {
+// send runs the batch script for bt within ReadTimeout.
+func (b *batcher) send(bt *batch) reply {
+	s := b.m
 	args := make([]string, 0, 5+len(bt.cands)+3*len(bt.events))
 	args = append(args, strconv.FormatInt(s.conf().LeaseTTL.Milliseconds(), 10), bt.ident.id,
 		strconv.FormatUint(bt.seq, 10), strconv.Itoa(bt.off), strconv.Itoa(len(bt.cands)))
@@ -487,8 +480,6 @@ func (s *Store) sendBatch(bt *batch) reply {
 		return reply{err: errBadReply}
 	}
 	applied, _ := arr[4].AsInt64()
-	s.mu.Lock()
-	s.lastCounts = counts
-	s.mu.Unlock()
+	s.set.setCounts(counts)
 	return reply{picked: picked, counts: counts, counter: counter, applied: applied}
 }

@@ -21,23 +21,23 @@ func testBatchIsAppliedOnce(t *testing.T, tg redistest.Target) {
 	id := s.ident.Load()
 	bt := &batch{ident: id, seq: 1, cands: []string{"a", "b"},
 		events: []event{{'+', "r1", "a"}, {'+', "r2", "a"}, {'-', "r1", "a"}, {'*', "r3", ""}}}
-	first := s.sendBatch(bt)
+	first := batcherOf(s).send(bt)
 	if first.err != nil {
 		t.Fatal(first.err)
 	}
 	if first.picked != "b" { // a holds r2, b nothing
 		t.Fatalf("exact pick %q, want b", first.picked)
 	}
-	again := s.sendBatch(bt)
+	again := batcherOf(s).send(bt)
 	if again.err != nil || again.picked != "b" {
 		t.Fatalf("replayed batch: picked %q, err %v; want b", again.picked, again.err)
 	}
 	wantCounts(t, s, map[string]int64{"a": 1, "b": 1})
 	// The next number applies; an older one does not.
-	if r := s.sendBatch(&batch{ident: id, seq: 2, events: []event{{'-', "r2", "a"}, {'-', "r3", "b"}}}); r.err != nil {
+	if r := batcherOf(s).send(&batch{ident: id, seq: 2, events: []event{{'-', "r2", "a"}, {'-', "r3", "b"}}}); r.err != nil {
 		t.Fatal(r.err)
 	}
-	if r := s.sendBatch(&batch{ident: id, seq: 1, events: []event{{'+', "r4", "a"}}}); r.err != nil {
+	if r := batcherOf(s).send(&batch{ident: id, seq: 1, events: []event{{'+', "r4", "a"}}}); r.err != nil {
 		t.Fatal(r.err)
 	}
 	wantCounts(t, s, map[string]int64{"a": 0, "b": 0})
@@ -137,18 +137,18 @@ func TestFlusherWakesAfterAnOutageDuringItsWait(t *testing.T) {
 	s, addr, _ := budgetSpent(t, 10)
 	l := sel(t, s, "a") // from the view: the flusher waits ~200 ms for the budget
 	waitFor(t, "the flusher to wait for the budget", func() bool {
-		s.batch.mu.Lock()
-		defer s.batch.mu.Unlock()
-		return s.batch.armed
+		batcherOf(s).mu.Lock()
+		defer batcherOf(s).mu.Unlock()
+		return batcherOf(s).armed
 	})
 	s.br.record(context.DeadlineExceeded) // Redis "times out" meanwhile
 	time.Sleep(300 * time.Millisecond)    // the flusher's wait ends with the breaker open
 	s.br.close()
 	for queued := 0; queued == 0; { // spend what the budget regained
 		sel(t, s, "a").Release(ok)
-		s.batch.mu.Lock()
-		queued = len(s.batch.queue)
-		s.batch.mu.Unlock()
+		batcherOf(s).mu.Lock()
+		queued = len(batcherOf(s).queue)
+		batcherOf(s).mu.Unlock()
 	}
 	l.Release(ok) // queued too: only the flusher sends them now
 	waitFor(t, "the queued picks and releases to reach Redis", func() bool { return drained(t, s, raw(t, addr)) })
@@ -187,3 +187,6 @@ func budgetSpent(t *testing.T, rate int) (*Store, string, Config) {
 	}
 	return s, addr, cfg
 }
+
+// batcherOf is the batcher of a least-request store.
+func batcherOf(s *Store) *batcher { return &s.mode.(*leastRequest).batch }

@@ -168,6 +168,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// queueing is the mode the config asks for: the global queue, else
+// least-request. A store's mode is fixed at New.
+func (c Config) queueing() bool { return c.QueueTimeout > 0 }
+
 // clientOption maps the config onto rueidis (see redisconn).
 func (c Config) clientOption() (rueidis.ClientOption, error) {
 	return c.ClientOption(redisconn.ConnTimeout(c.ReadTimeout))
@@ -179,7 +183,7 @@ func (c Config) clientOption() (rueidis.ClientOption, error) {
 func (c Config) connectionFields() [][2]string {
 	c = c.WithDefaults()
 	mode := "off"
-	if c.QueueTimeout > 0 {
+	if c.queueing() {
 		mode = "queueing"
 	}
 	return append(c.Config.Fields(),
@@ -213,9 +217,6 @@ func (c Config) healthConfig() tracker.Config {
 	return tracker.Config{MaxFails: c.MaxFails, FailDuration: c.FailDuration}
 }
 
-// conf is the configuration in force.
-func (s *Store) conf() Config { return *s.cfgp.Load() }
-
 // Config returns the configuration in force (defaults applied).
 func (s *Store) Config() Config { return s.conf() }
 
@@ -230,24 +231,5 @@ func (s *Store) Configure(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	s.cfgMu.Lock()
-	defer s.cfgMu.Unlock()
-	if f := s.conf().connectionChange(cfg); f != "" {
-		if f == "queue_timeout" {
-			return errors.New("queue_timeout: switching the queueing mode on or off (0 ↔ > 0) needs a new store")
-		}
-		return fmt.Errorf("%s: a changed %s needs a new store (new connection or identity)", f, f)
-	}
-	s.cfgp.Store(&cfg)
-	s.br.setLimit(cfg.BreakerFailures)
-	s.pend.setMax(cfg.PendingMax)
-	s.health.Configure(cfg.healthConfig())
-	// The loop renews with the new lease TTL, moves its ticker, redials
-	// if the read timeout outgrew the connection, and in queueing mode
-	// hands slots a raised max_inflight freed to the waiters.
-	select {
-	case s.reconf <- struct{}{}:
-	default:
-	}
-	return nil
+	return s.configure(cfg)
 }

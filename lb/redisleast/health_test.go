@@ -54,7 +54,7 @@ func testFailedReplicaIsSkippedWhileDown(t *testing.T, tg redistest.Target, mode
 		t.Fatalf("every candidate down or unavailable: %v, want lb.ErrAllDown", err)
 	}
 
-	if s.queueing() {
+	if s.Stats().Queueing {
 		// The live replica's only slot is taken; the down one's is free.
 		// The next request queues (the script would have handed it the
 		// free slot at once, and never queued it, if it could take it)

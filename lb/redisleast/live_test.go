@@ -407,7 +407,7 @@ func testFlushAnsweredWithAnErrorReplyKeepsTheReleases(t *testing.T, callRate in
 	acl("-eval", "-evalsha")
 	s.br.close()
 	s.flush(ctx) // what the loop and the probe do once Redis answers
-	s.drainBatches()
+	s.mode.drain()
 	if p := s.Stats().Pending; p != 1 {
 		t.Fatalf("after a flush answered NOPERM: pending %d, want the release kept", p)
 	}

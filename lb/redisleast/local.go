@@ -59,3 +59,16 @@ func (l *localCounts) retain(addrs []string) {
 		}
 	}
 }
+
+// snapshot is the replicas with requests in flight, and their counts.
+func (l *localCounts) snapshot() map[string]int {
+	out := map[string]int{}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for a, c := range l.m {
+		if n := c.Load(); n > 0 {
+			out[a] = int(n)
+		}
+	}
+	return out
+}

@@ -2,7 +2,6 @@ package redisleast
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"time"
 
@@ -13,71 +12,69 @@ import (
 
 // loop runs every LeaseTTL/3 while the breaker is closed, and at once
 // after Configure: renew this instance's liveness key, send pending
-// releases, replay a set Redis did not take, reap dead instances, dispatch
-// free slots to waiters (queueing mode) and refresh the global counts the
-// metrics report; and redial if read_timeout outgrew the connection.
+// releases, replay a set Redis did not take, reap dead instances, let the
+// mode do its share (the queue dispatches free slots to waiters) and
+// refresh the global counts the metrics report; and redial if
+// read_timeout outgrew the connection.
 //
 // Reclaim bound: an instance that dies renewed its key at most LeaseTTL/3
 // before; the key expires LeaseTTL after that renewal, and some live
 // instance reaps within one more LeaseTTL/3. So a dead instance's requests
 // stop counting at most LeaseTTL + LeaseTTL/3 after it died.
-func (s *Store) loop() {
-	defer s.wg.Done()
-	every := s.reapInterval()
+func (m *member) loop() {
+	defer m.wg.Done()
+	every := m.reapInterval()
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.done:
+		case <-m.done:
 			return
 		case <-t.C:
-		case <-s.reconf:
+		case <-m.reconf:
 		}
-		if e := s.reapInterval(); e != every { // Configure changed lease_ttl
+		if e := m.reapInterval(); e != every { // Configure changed lease_ttl
 			every = e
 			t.Reset(e)
 		}
-		if s.br.isOpen() {
+		if m.br.isOpen() {
 			continue // the probe takes over
 		}
-		s.fitConnection()
+		m.fitConnection()
 		ctx := context.Background()
-		if s.renew(ctx) != nil {
+		if m.renew(ctx) != nil {
 			continue
 		}
-		s.flush(ctx)
-		s.batch.poke() // a batch that failed below the breaker's limit goes again
-		s.sweepTombstones(ctx)
-		if s.unsynced.Load() {
-			s.resync(ctx) // a set Redis refused (an error reply) goes again
+		m.flush(ctx)
+		m.sweepTombstones(ctx)
+		if m.unsynced.Load() {
+			m.resync(ctx) // a set Redis refused (an error reply) goes again
 		}
-		s.reap(ctx)
-		if s.queueing() {
-			s.kick(ctx)
-		}
-		_, _ = s.Counts(ctx)
+		m.reap(ctx)
+		m.rec.maintain(ctx)
+		_, _ = m.counts(ctx)
 	}
 }
 
-func (s *Store) reapInterval() time.Duration { return max(s.conf().LeaseTTL/3, time.Millisecond) }
+func (m *member) reapInterval() time.Duration { return max(m.conf().LeaseTTL/3, time.Millisecond) }
 
 // renew extends this instance's liveness key.
-func (s *Store) renew(ctx context.Context) error {
-	id := s.ident.Load()
-	return s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return s.rc().Do(ctx, s.rc().B().Set().Key(id.alive).Value("1").Px(s.conf().LeaseTTL).Build())
+func (m *member) renew(ctx context.Context) error {
+	id := m.ident.Load()
+	return m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return m.rc().Do(ctx, m.rc().B().Set().Key(id.alive).Value("1").Px(m.conf().LeaseTTL).Build())
 	}).Error()
 }
 
 // flush sends the pending releases, in batches; what fails is requeued.
-func (s *Store) flush(ctx context.Context) {
+func (m *member) flush(ctx context.Context) {
 	const batch = 256
-	for _, b := range s.pend.take() {
+	for _, b := range m.pend.take() {
 		for i := 0; i < len(b.ids); i += batch {
 			ids := b.ids[i:min(i+batch, len(b.ids))]
 			// Error replies too (see Lease.Release): kept until Redis takes them.
-			if err := s.execRelease(ctx, b.ident, ids).Error(); err != nil && !rueidis.IsRedisNil(err) {
-				s.pend.putBack(pendingBatch{b.ident, b.ids[i:]})
+			if err := m.execRelease(ctx, b.ident, ids).Error(); err != nil && !rueidis.IsRedisNil(err) {
+				m.pend.putBack(pendingBatch{b.ident, b.ids[i:]})
 				break
 			}
 			var lost []string
@@ -87,7 +84,7 @@ func (s *Store) flush(ctx context.Context) {
 				}
 			}
 			if len(lost) > 0 {
-				s.tombs.add(b.ident, lost, time.Now())
+				m.tombs.add(b.ident, lost, time.Now())
 			}
 		}
 	}
@@ -98,23 +95,23 @@ func (s *Store) flush(ctx context.Context) {
 // connection without an answer is dropped after connTimeout; whatever a
 // dropped connection still carried ran before Redis answered anything
 // newer. Twice that, and at least a lease TTL, is a wide margin.
-func (s *Store) tombAge() time.Duration {
-	c := s.conf()
+func (m *member) tombAge() time.Duration {
+	c := m.conf()
 	return max(c.LeaseTTL, 2*redisconn.ConnTimeout(c.ReadTimeout))
 }
 
 // sweepTombstones deletes the tombstones old enough (tombAge) that the
 // flush recorded; what fails is tried again at the next round.
-func (s *Store) sweepTombstones(ctx context.Context) {
+func (m *member) sweepTombstones(ctx context.Context) {
 	const batch = 256
-	for _, b := range s.tombs.takeOlder(time.Now().Add(-s.tombAge())) {
+	for _, b := range m.tombs.takeOlder(time.Now().Add(-m.tombAge())) {
 		for i := 0; i < len(b.ids); i += batch {
 			ids := b.ids[i:min(i+batch, len(b.ids))]
-			res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-				return dropTombstonesScript.Exec(ctx, s.rc(), []string{b.ident.inst}, ids)
+			res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+				return dropTombstonesScript.Exec(ctx, m.rc(), []string{b.ident.inst}, ids)
 			})
 			if err := res.Error(); err != nil && !rueidis.IsRedisNil(err) {
-				s.tombs.putBack(pendingBatch{b.ident, b.ids[i:]})
+				m.tombs.putBack(pendingBatch{b.ident, b.ids[i:]})
 				break
 			}
 		}
@@ -123,140 +120,69 @@ func (s *Store) sweepTombstones(ctx context.Context) {
 
 // reap reclaims every instance whose liveness key has expired. Any number
 // of instances may reap at once: the script is atomic per dead instance.
-func (s *Store) reap(ctx context.Context) {
-	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return s.rc().Do(ctx, s.rc().B().Smembers().Key(s.k.insts).Build())
+func (m *member) reap(ctx context.Context) {
+	res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return m.rc().Do(ctx, m.rc().B().Smembers().Key(m.k.insts).Build())
 	})
 	ids, err := res.AsStrSlice()
 	if err != nil {
 		return
 	}
-	me := s.ident.Load().id
+	me := m.ident.Load().id
 	for _, id := range ids {
 		if id == me {
 			continue
 		}
-		res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-			if s.queueing() {
-				return reapQueueScript.Exec(ctx, s.rc(),
-					[]string{s.k.load, s.k.gone, s.k.alive(id), s.k.inst(id), s.k.insts, s.k.assigned},
-					[]string{id, strconv.Itoa(s.conf().MaxInflight), s.k.tag})
-			}
-			return reapScript.Exec(ctx, s.rc(),
-				[]string{s.k.load, s.k.gone, s.k.alive(id), s.k.inst(id), s.k.insts}, []string{id})
-		})
+		res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult { return m.rec.execReap(ctx, id) })
 		if n, err := res.AsInt64(); err == nil && n > 0 {
-			s.c.reclaimed.Add(uint64(n))
+			m.c.reclaimed.Add(uint64(n))
 		}
 	}
 }
 
-// reconnect replaces the placeholder client of a store started without
-// Redis by a real one (with cluster discovery) once Redis answers. No call
-// uses the placeholder meanwhile: the breaker has been open throughout.
-func (s *Store) reconnect() bool {
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
-	if s.closed.Load() {
-		return false
+// fitConnection redials when read_timeout outgrew the connection (see
+// conn.fit).
+func (m *member) fitConnection() {
+	if m.conn.fit(m.conf().ReadTimeout) != nil {
+		m.c.errors.Add(1)
 	}
-	opt := s.opt
-	opt.ConnWriteTimeout = max(opt.ConnWriteTimeout, redisconn.ConnTimeout(s.conf().ReadTimeout))
-	client, err := rueidis.NewClient(opt)
-	if err != nil {
-		return false
-	}
-	s.opt = opt
-	old := s.cl.Swap(&clientRef{client})
-	s.provisional.Store(false)
-	old.Close()
-	return true
-}
-
-// fitConnection gives the store a new client when read_timeout was
-// raised beyond what the current connection allows: rueidis's
-// ConnWriteTimeout, fixed per client, drops a connection whose reply
-// takes longer, which would cap the read timeout silently. Same options
-// otherwise, same identity: nothing recorded in Redis changes hands.
-// The old client is closed after a grace period, so a call that had
-// just loaded it still runs (Close lets queued commands finish anyway).
-// Redis unreachable: it tries again at the next round.
-func (s *Store) fitConnection() {
-	want := redisconn.ConnTimeout(s.conf().ReadTimeout)
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
-	if want <= s.opt.ConnWriteTimeout || s.provisional.Load() || s.closed.Load() {
-		return
-	}
-	opt := s.opt
-	opt.ConnWriteTimeout = want
-	client, err := rueidis.NewClient(opt)
-	if err != nil {
-		s.c.errors.Add(1)
-		return
-	}
-	grace := s.opt.ConnWriteTimeout
-	s.opt = opt
-	old := s.cl.Swap(&clientRef{client}).Client
-	if s.retired == nil {
-		s.retired = map[rueidis.Client]bool{}
-	}
-	s.retired[old] = true
-	time.AfterFunc(grace, func() {
-		s.connMu.Lock()
-		mine := s.retired[old]
-		delete(s.retired, old)
-		s.connMu.Unlock()
-		if mine { // else Close took it
-			old.Close()
-		}
-	})
-}
-
-// connWriteTimeout is the current client's connection-level deadline.
-func (s *Store) connWriteTimeout() time.Duration {
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
-	return s.opt.ConnWriteTimeout
 }
 
 // startProbe runs, once per outage, the half-open step: every
 // BreakerBackoff, PING; when Redis answers, replay the member set if Redis
 // came back empty, renew the liveness key, close the breaker and send the
 // pending releases.
-func (s *Store) startProbe() {
-	s.life.Lock()
-	defer s.life.Unlock()
-	if s.closed.Load() || !s.probing.CompareAndSwap(false, true) {
+func (m *member) startProbe() {
+	m.life.Lock()
+	defer m.life.Unlock()
+	if m.closed.Load() || !m.probing.CompareAndSwap(false, true) {
 		return
 	}
-	s.wg.Add(1)
+	m.wg.Add(1)
 	go func() {
-		defer s.wg.Done()
-		defer s.probing.Store(false)
+		defer m.wg.Done()
+		defer m.probing.Store(false)
 		ctx := context.Background()
-		for backoffSleep(s.done, s.conf().BreakerBackoff) {
-			if s.provisional.Load() && !s.reconnect() {
-				s.c.errors.Add(1)
+		for backoffSleep(m.done, m.conf().BreakerBackoff) {
+			if m.conn.provisional.Load() && !m.conn.reconnect(m.conf().ReadTimeout) {
+				m.c.errors.Add(1)
 				continue
 			}
-			cctx, cancel := context.WithTimeout(ctx, s.conf().ReadTimeout)
-			err := s.rc().Do(cctx, s.rc().B().Ping().Build()).Error()
+			cctx, cancel := context.WithTimeout(ctx, m.conf().ReadTimeout)
+			err := m.rc().Do(cctx, m.rc().B().Ping().Build()).Error()
 			cancel()
 			if err != nil {
-				s.c.errors.Add(1)
+				m.c.errors.Add(1)
 				continue
 			}
-			// The member set and the batches kept during the outage go
-			// first, so the first pick after it is exact again.
-			s.resync(ctx)
-			s.drainBatches()
-			s.br.close()
-			if s.renew(ctx) == nil {
-				s.flush(ctx)
-				if s.queueing() {
-					s.kick(ctx) // slots freed during the outage go to the waiters
-				}
+			// The member set and what the mode kept during the outage
+			// (batches) go first, so the first pick after it is exact again.
+			m.resync(ctx)
+			m.rec.drain()
+			m.br.close()
+			if m.renew(ctx) == nil {
+				m.flush(ctx)
+				m.rec.maintain(ctx) // e.g. slots freed during the outage go to the waiters
 			}
 			return
 		}

@@ -5,11 +5,6 @@ import (
 	"time"
 )
 
-// identity is the name under which an instance records its requests.
-type identity struct {
-	id, alive, inst string
-}
-
 // pending keeps the releases Redis could not take (the breaker was open or
 // the call failed), and the selects whose outcome is unknown (a timeout
 // may strike after the script ran): both are sent as releases once Redis

@@ -2,8 +2,6 @@ package redisleast
 
 import (
 	"context"
-	"math"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluice-router/sluice/lb"
@@ -42,9 +40,7 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if s.closed.Load() {
 		return nil, lb.ErrShutdown
 	}
-	s.mu.Lock()
-	replicas := s.last
-	s.mu.Unlock()
+	replicas := s.set.members()
 	if len(replicas) == 0 {
 		return nil, lb.ErrNoBackends
 	}
@@ -71,15 +67,7 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 // released, per replica (Redis and fallback leases alike). It never
 // touches Redis; the pool-wide counts are in Counts and Stats.InFlight.
 func (s *Store) InFlight() map[string]int {
-	out := map[string]int{}
-	s.local.mu.RLock()
-	defer s.local.mu.RUnlock()
-	for a, c := range s.local.m {
-		if n := c.Load(); n > 0 {
-			out[a] = int(n)
-		}
-	}
-	return out
+	return s.local.snapshot()
 }
 
 // RetryAfter implements lb.RetryAfterer: how long a refused client
@@ -92,31 +80,6 @@ func (s *Store) RetryAfter() time.Duration {
 
 // Replica implements lb.Lease.
 func (l *Lease) Replica() string { return l.Addr }
-
-// ewma is an exponentially weighted moving average of durations, safe
-// for concurrent use without a lock.
-type ewma struct{ bits atomic.Uint64 } // float64 nanoseconds; 0 = no sample yet
-
-const ewmaWeight = 0.1
-
-func (e *ewma) observe(d time.Duration) {
-	x := float64(max(d, 1))
-	for {
-		old := e.bits.Load()
-		v := x
-		if old != 0 {
-			prev := math.Float64frombits(old)
-			v = prev + ewmaWeight*(x-prev)
-		}
-		if e.bits.CompareAndSwap(old, math.Float64bits(v)) {
-			return
-		}
-	}
-}
-
-func (e *ewma) get() time.Duration {
-	return time.Duration(math.Float64frombits(e.bits.Load()))
-}
 
 var (
 	_ lb.Picker       = (*Store)(nil)

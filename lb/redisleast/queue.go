@@ -3,9 +3,11 @@ package redisleast
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -60,7 +62,113 @@ import (
 // (errors.Is lb.ErrQueueTimeout).
 var ErrQueueTimeout = fmt.Errorf("timed out waiting in the global queue: %w", lb.ErrQueueTimeout)
 
-func (s *Store) queueing() bool { return s.conf().QueueTimeout > 0 }
+// globalQueue is the queueing mode (see above).
+type globalQueue struct {
+	m        *member
+	sub      rueidis.Client // the subscriber's own client
+	waiters  waiterSet
+	resub    chan struct{}         // identity changed: resubscribe
+	subReady chan struct{}         // closed at the first subscription
+	subOnce  sync.Once             // closes subReady
+	subErr   atomic.Pointer[error] // an error reply to SUBSCRIBE (NOPERM)
+	qwg      sync.WaitGroup        // waiting Selects, for Close
+
+	queueLen                                            atomic.Int64 // as last read by kick
+	queuedTotal, handovers, queueTimeouts, queueCancels atomic.Uint64
+	wait                                                histo
+}
+
+func newGlobalQueue(m *member) *globalQueue {
+	return &globalQueue{m: m, resub: make(chan struct{}, 1), subReady: make(chan struct{}),
+		wait: histo{bounds: waitBuckets}}
+}
+
+// start subscribes to the instance's channel and, Redis reachable, waits
+// (up to DialTimeout) for the subscription: not fatal when it does not
+// come (a waiter told nothing still finds its slot: recheck at
+// subscription, cancel script at its deadline), but Redis refusing it is
+// configuration.
+func (q *globalQueue) start(ctx context.Context) error {
+	m := q.m
+	cfg := m.conf()
+	// The subscriber keeps a single-node client whatever happens: a
+	// cluster delivers PUBLISH on every node, and this client redials by
+	// itself when Redis comes back.
+	sopt := m.conn.options()
+	sopt.ForceSingleClient = true
+	sub, err := rueidis.NewClient(sopt)
+	if sub == nil {
+		return fmt.Errorf("redis %v: %w", cfg.Addrs, err)
+	}
+	q.sub = sub
+	m.wg.Add(1)
+	go q.subscribe()
+	if m.unreachableErr() != nil {
+		return nil
+	}
+	t := time.NewTimer(cfg.DialTimeout)
+	select {
+	case <-q.subReady:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	t.Stop()
+	if p := q.subErr.Load(); p != nil {
+		select {
+		case <-q.subReady:
+		default: // Redis refused the subscription: configuration
+			return fmt.Errorf("redis %v: subscribing to %s: %w", cfg.Addrs, m.k.notify(m.ident.Load().id), *p)
+		}
+	}
+	return nil
+}
+
+// pick takes a free slot, or queues: the waiter listens before it asks,
+// since the hand-over may be published before the script's reply arrives.
+func (q *globalQueue) pick(ctx context.Context, candidates []string) (*Lease, error) {
+	m := q.m
+	var tok string
+	var wait chan string
+	p, err := m.scriptPick(ctx, candidates, func(deadline time.Time, ident *identity, req string, args []string) rueidis.RedisResult {
+		q.waiters.drop(tok) // an earlier try's
+		tok = token(ident, req)
+		wait = q.waiters.add(tok)
+		args = append(args, m.k.tag, q.avoidList(candidates))
+		args = append(args, candidates...)
+		// Not cut short by the client: a reply lost to a cancellation
+		// would leave the request queued (or holding a slot) until the
+		// pending release is flushed; with the reply, await sees ctx done
+		// and leaves the queue at once.
+		return m.callUntil(context.WithoutCancel(ctx), deadline, func(ctx context.Context) rueidis.RedisResult {
+			return selectQueueScript.Exec(ctx, m.rc(),
+				[]string{m.k.load, ident.alive, ident.inst, m.k.insts, m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid}, args)
+		})
+	})
+	if err == nil && p.code == pickQueued {
+		return q.await(ctx, p.ident, p.req, wait)
+	}
+	q.waiters.drop(tok)
+	if err != nil {
+		return nil, err
+	}
+	return m.leaseFor(p, candidates)
+}
+
+// avoidList names, comma-separated, the members of the last Sync that a
+// queued request picking among candidates must not be handed (down, or
+// excluded by the caller); "" when there are none.
+func (q *globalQueue) avoidList(candidates []string) string {
+	var b strings.Builder
+	for _, m := range q.m.set.members() {
+		if !slices.Contains(candidates, m) {
+			if b.Len() > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(m)
+		}
+	}
+	return b.String()
+}
 
 // waiterSet routes hand-over notifications to the waiting Selects.
 type waiterSet struct {
@@ -127,50 +235,46 @@ const (
 
 // await waits for the queued request's slot: a notification, or, at
 // ctx done / QueueTimeout / Close, the cancel script's verdict.
-func (s *Store) await(ctx context.Context, ident *identity, req string, ch chan string) (*Lease, error) {
+func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch chan string) (*Lease, error) {
+	m := q.m
 	start := time.Now()
 	tok := token(ident, req)
-	s.c.queuedTotal.Add(1)
-	s.life.Lock()
-	if s.closed.Load() {
-		s.life.Unlock()
-		return s.giveUp(ctx, ident, req, start, gaveUpClosed)
+	q.queuedTotal.Add(1)
+	if !m.hold(&q.qwg) {
+		return q.giveUp(ctx, ident, req, start, gaveUpClosed)
 	}
-	s.qwg.Add(1)
-	s.life.Unlock()
-	defer s.qwg.Done()
-	t := time.NewTimer(s.conf().QueueTimeout)
+	defer q.qwg.Done()
+	t := time.NewTimer(m.conf().QueueTimeout)
 	defer t.Stop()
 	select {
 	case rep := <-ch:
-		s.waiters.drop(tok)
-		return s.handed(ident, req, rep, start), nil
+		q.waiters.drop(tok)
+		return q.handed(ident, req, rep, start), nil
 	case <-ctx.Done():
-		return s.giveUp(ctx, ident, req, start, gaveUpCancelled)
+		return q.giveUp(ctx, ident, req, start, gaveUpCancelled)
 	case <-t.C:
-		return s.giveUp(ctx, ident, req, start, gaveUpTimeout)
-	case <-s.done:
-		return s.giveUp(ctx, ident, req, start, gaveUpClosed)
+		return q.giveUp(ctx, ident, req, start, gaveUpTimeout)
+	case <-m.done:
+		return q.giveUp(ctx, ident, req, start, gaveUpClosed)
 	}
 }
 
 // handed makes the lease of a slot the queue gave this request.
-func (s *Store) handed(ident *identity, req, rep string, start time.Time) *Lease {
-	s.c.wait.observe(time.Since(start))
-	s.c.handovers.Add(1)
-	s.local.get(rep).Add(1)
-	s.c.selections.Add(1)
-	return &Lease{Addr: rep, s: s, ident: ident, req: req, start: time.Now(), hl: s.health.Acquire(rep)}
+func (q *globalQueue) handed(ident *identity, req, rep string, start time.Time) *Lease {
+	q.wait.observe(time.Since(start))
+	q.handovers.Add(1)
+	return q.m.lease(rep, ident, req, false)
 }
 
 // giveUp takes the waiter out of the queue, or claims the slot it was
 // handed meanwhile.
-func (s *Store) giveUp(ctx context.Context, ident *identity, req string, start time.Time, why giveUpReason) (*Lease, error) {
+func (q *globalQueue) giveUp(ctx context.Context, ident *identity, req string, start time.Time, why giveUpReason) (*Lease, error) {
+	m := q.m
 	tok := token(ident, req)
-	res := s.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return cancelQueueScript.Exec(ctx, s.rc(), []string{s.k.queue, s.k.waiters, s.k.assigned, s.k.avoid}, []string{tok})
+	res := m.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
+		return cancelQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid}, []string{tok})
 	})
-	s.waiters.drop(tok)
+	q.waiters.drop(tok)
 	arr, err := res.ToArray()
 	if err == nil && len(arr) != 2 {
 		err = errBadReply
@@ -184,36 +288,37 @@ func (s *Store) giveUp(ctx context.Context, ident *identity, req string, start t
 		// Unknown whether it is still queued or was handed a slot: the
 		// lost-select release takes it out of the queue, or releases the
 		// slot, once Redis answers.
-		s.queueRelease(ident, "?"+req)
+		m.queueRelease(ident, "?"+req)
 	}
 	if code == 1 {
-		l := s.handed(ident, req, rep, start)
+		l := q.handed(ident, req, rep, start)
 		if why != gaveUpCancelled {
 			return l, nil // dispatched just in time
 		}
 		l.Release(lb.Outcome{Kind: lb.Cancelled}) // hands it to the next waiter
-		s.c.queueCancels.Add(1)
+		q.queueCancels.Add(1)
 		return nil, ctx.Err()
 	}
 	switch why {
 	case gaveUpCancelled:
-		s.c.queueCancels.Add(1)
+		q.queueCancels.Add(1)
 		return nil, ctx.Err()
 	case gaveUpClosed:
 		return nil, lb.ErrShutdown
 	}
-	s.c.queueTimeouts.Add(1)
+	q.queueTimeouts.Add(1)
 	return nil, ErrQueueTimeout
 }
 
 // subscribe keeps this instance's notification channel subscribed (one
 // dedicated client, one long-lived SUBSCRIBE), resubscribing after a
 // broken connection or an identity rotation, until Close.
-func (s *Store) subscribe() {
-	defer s.wg.Done()
-	defer s.sub.Close()
+func (q *globalQueue) subscribe() {
+	m := q.m
+	defer m.wg.Done()
+	defer q.sub.Close()
 	for {
-		ident := s.ident.Load()
+		ident := m.ident.Load()
 		ctx, cancel := context.WithCancel(context.Background())
 		confirmed := make(chan struct{}, 1)
 		hctx := rueidis.WithOnSubscriptionHook(ctx, func(ps rueidis.PubSubSubscription) {
@@ -226,20 +331,20 @@ func (s *Store) subscribe() {
 		})
 		errc := make(chan error, 1)
 		go func() {
-			errc <- s.sub.Receive(hctx, s.sub.B().Subscribe().Channel(s.k.notify(ident.id)).Build(),
-				func(m rueidis.PubSubMessage) {
-					if req, rep, ok := strings.Cut(m.Message, " "); ok {
-						s.waiters.deliver(token(ident, req), rep)
+			errc <- q.sub.Receive(hctx, q.sub.B().Subscribe().Channel(m.k.notify(ident.id)).Build(),
+				func(msg rueidis.PubSubMessage) {
+					if req, rep, ok := strings.Cut(msg.Message, " "); ok {
+						q.waiters.deliver(token(ident, req), rep)
 					}
 				})
 		}()
-		done, rotated := s.done, s.rotated
+		done, rotated := m.done, q.resub
 	wait:
 		for {
 			select {
 			case <-confirmed:
-				s.subOnce.Do(func() { close(s.subReady) })
-				s.recheck()
+				q.subOnce.Do(func() { close(q.subReady) })
+				q.recheck()
 			case <-rotated:
 				rotated = nil
 				cancel()
@@ -248,7 +353,7 @@ func (s *Store) subscribe() {
 				cancel()
 			case err := <-errc:
 				if _, isReply := rueidis.IsRedisErr(err); isReply {
-					s.subErr.Store(&err) // NOPERM: New reports it
+					q.subErr.Store(&err) // NOPERM: New reports it
 				}
 				break wait
 			}
@@ -256,11 +361,11 @@ func (s *Store) subscribe() {
 		failed := ctx.Err() == nil
 		cancel()
 		select {
-		case <-s.done:
+		case <-m.done:
 			return
 		default:
 		}
-		if failed && !backoffSleep(s.done, min(s.conf().BreakerBackoff, 250*time.Millisecond)) {
+		if failed && !backoffSleep(m.done, min(m.conf().BreakerBackoff, 250*time.Millisecond)) {
 			return
 		}
 	}
@@ -268,13 +373,14 @@ func (s *Store) subscribe() {
 
 // recheck looks every waiter up in {tag}:assigned once: a hand-over
 // published while the subscription was down is found here.
-func (s *Store) recheck() {
-	toks := s.waiters.tokens()
+func (q *globalQueue) recheck() {
+	m := q.m
+	toks := q.waiters.tokens()
 	if len(toks) == 0 {
 		return
 	}
-	res := s.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return s.rc().Do(ctx, s.rc().B().Hmget().Key(s.k.assigned).Field(toks...).Build())
+	res := m.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
+		return m.rc().Do(ctx, m.rc().B().Hmget().Key(m.k.assigned).Field(toks...).Build())
 	})
 	vals, err := res.ToArray()
 	if err != nil {
@@ -282,34 +388,70 @@ func (s *Store) recheck() {
 	}
 	for i, v := range vals {
 		if rep, err := v.ToString(); err == nil && i < len(toks) {
-			s.waiters.deliver(toks[i], rep)
+			q.waiters.deliver(toks[i], rep)
 		}
 	}
 }
 
-// kick dispatches whatever is free and refreshes the queue gauge.
-func (s *Store) kick(ctx context.Context) {
-	res := s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return kickQueueScript.Exec(ctx, s.rc(), []string{s.k.queue, s.k.waiters, s.k.load},
-			[]string{strconv.Itoa(s.conf().MaxInflight), s.k.tag})
+// maintain dispatches whatever is free (slots freed by a reap, an outage,
+// a raised max_inflight) and refreshes the queue gauge.
+func (q *globalQueue) maintain(ctx context.Context) {
+	m := q.m
+	res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return kickQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.load},
+			[]string{strconv.Itoa(m.conf().MaxInflight), m.k.tag})
 	})
 	if arr, err := res.ToArray(); err == nil && len(arr) == 3 {
 		n, _ := arr[2].AsInt64()
-		s.c.queueLen.Store(n)
+		q.queueLen.Store(n)
 	}
 }
 
-// execRelease sends releases (request ids, "?id" for lost selects)
-// recorded under ident, with the script of the mode.
-func (s *Store) execRelease(ctx context.Context, ident *identity, ids []string) rueidis.RedisResult {
-	return s.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		if !s.queueing() {
-			return releaseScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, ident.inst}, ids)
-		}
-		args := make([]string, 0, 3+len(ids))
-		args = append(args, strconv.Itoa(s.conf().MaxInflight), s.k.tag, ident.id)
-		args = append(args, ids...)
-		return releaseQueueScript.Exec(ctx, s.rc(),
-			[]string{s.k.load, s.k.gone, ident.inst, s.k.queue, s.k.waiters, s.k.assigned, s.k.avoid}, args)
-	})
+// The queue's scripts dispatch what a release, a reap or a new member
+// frees to the waiters in the same step.
+
+func (q *globalQueue) execRelease(ctx context.Context, ident *identity, ids []string) rueidis.RedisResult {
+	m := q.m
+	args := make([]string, 0, 3+len(ids))
+	args = append(args, strconv.Itoa(m.conf().MaxInflight), m.k.tag, ident.id)
+	args = append(args, ids...)
+	return releaseQueueScript.Exec(ctx, m.rc(),
+		[]string{m.k.load, m.k.gone, ident.inst, m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid}, args)
+}
+
+func (q *globalQueue) execReap(ctx context.Context, id string) rueidis.RedisResult {
+	m := q.m
+	return reapQueueScript.Exec(ctx, m.rc(),
+		[]string{m.k.load, m.k.gone, m.k.alive(id), m.k.inst(id), m.k.insts, m.k.assigned},
+		[]string{id, strconv.Itoa(m.conf().MaxInflight), m.k.tag})
+}
+
+func (q *globalQueue) execSync(ctx context.Context, replicas []string) rueidis.RedisResult {
+	m := q.m
+	args := append([]string{strconv.Itoa(m.conf().MaxInflight), m.k.tag}, replicas...)
+	return syncQueueScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, m.k.queue}, args)
+}
+
+func (q *globalQueue) release(l *Lease) { q.m.releaseNow(l.ident, l.req) }
+
+func (q *globalQueue) drain() {} // the queue keeps nothing beyond the member's pending releases
+
+// rotated resubscribes under the new identity.
+func (q *globalQueue) rotated() {
+	select {
+	case q.resub <- struct{}{}:
+	default:
+	}
+}
+
+// stop waits for the waiting Selects to leave the queue (or keep their
+// slot): Close closed done.
+func (q *globalQueue) stop() { q.qwg.Wait() }
+
+func (q *globalQueue) stats(st *Stats) {
+	wcum, wcount, wsum := q.wait.snapshot()
+	st.Queueing, st.Queued, st.Waiting = true, q.queueLen.Load(), q.waiters.len()
+	st.QueuedTotal, st.Handovers = q.queuedTotal.Load(), q.handovers.Load()
+	st.QueueTimeouts, st.QueueCancels = q.queueTimeouts.Load(), q.queueCancels.Load()
+	st.WaitBuckets, st.WaitBucketCounts, st.WaitCount, st.WaitSum = waitBuckets, wcum, wcount, wsum
 }

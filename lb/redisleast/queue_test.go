@@ -249,12 +249,12 @@ func testQueueGiveUpRacesHandOver(t *testing.T, tg redistest.Target) {
 	// loseNotification unregisters y's only waiter: the hand-over's
 	// message then goes nowhere.
 	loseNotification := func() {
-		y.waiters.mu.Lock()
-		defer y.waiters.mu.Unlock()
-		if len(y.waiters.m) != 1 {
-			t.Fatalf("y waiters %v", y.waiters.m)
+		queueOf(y).waiters.mu.Lock()
+		defer queueOf(y).waiters.mu.Unlock()
+		if len(queueOf(y).waiters.m) != 1 {
+			t.Fatalf("y waiters %v", queueOf(y).waiters.m)
 		}
-		clear(y.waiters.m)
+		clear(queueOf(y).waiters.m)
 	}
 	out := make(chan got, 2)
 
@@ -619,7 +619,7 @@ func testQueueMetrics(t *testing.T, tg redistest.Target) {
 	held := sel(t, x, "r")
 	out := make(chan got, 1)
 	enqueue(t, context.Background(), c, x, "w", out, "r")
-	x.kick(context.Background())
+	queueOf(x).maintain(context.Background()) // the loop's kick
 	if s := x.Stats(); s.Queued != 1 || s.Waiting != 1 {
 		t.Fatalf("queued %d waiting %d, want 1 and 1", s.Queued, s.Waiting)
 	}
@@ -652,3 +652,6 @@ func testQueueMetrics(t *testing.T, tg redistest.Target) {
 		}
 	}
 }
+
+// queueOf is the global queue of a queueing store.
+func queueOf(s *Store) *globalQueue { return s.mode.(*globalQueue) }

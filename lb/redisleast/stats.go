@@ -83,10 +83,6 @@ type counters struct {
 	selections, releases, fallbacks, shed, errors, reclaimed, viewPicks atomic.Uint64
 	hist                                                                [14]atomic.Uint64 // len(scriptBuckets)+1: the last is +Inf
 	histCount, histSumNanos                                             atomic.Uint64
-
-	queuedTotal, handovers, queueTimeouts, queueCancels atomic.Uint64
-	queueLen                                            atomic.Int64
-	wait                                                histo
 }
 
 func (c *counters) observe(d time.Duration) {
