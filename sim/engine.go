@@ -518,20 +518,7 @@ func (rp *Replica) serveEngine(w http.ResponseWriter, r *http.Request, req infer
 		w.Header().Set(HeaderSeq, strconv.FormatUint(g.seq, 10))
 		w.Header().Set(HeaderCachedTokens, strconv.Itoa(g.cached))
 	}
-	var err error
-	if req.Stream {
-		err = g.stream(w, &sl)
-	} else {
-		err = g.complete(w, &sl)
-	}
-	if err != nil {
-		rp.abandon(w, err, req.Stream)
-		return
-	}
-	rp.served.Add(1)
-	rp.promptTokens.Add(uint64(req.PromptTokens))
-	rp.completionTokens.Add(uint64(req.OutputTokens))
-	rp.record(http.StatusOK)
+	rp.generate(w, g, &sl, req)
 }
 
 // runEngine is generation.run for the engine: it waits for the engine's

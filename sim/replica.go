@@ -579,10 +579,17 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 			}
 		}()
 	}
+	rp.generate(w, g, &sl, req)
+}
+
+// generate answers req with g (streamed or whole) and counts it served,
+// or abandons it with the reason it failed.
+func (rp *Replica) generate(w http.ResponseWriter, g *generation, sl *sleeper, req inferenceRequest) {
+	var err error
 	if req.Stream {
-		err = g.stream(w, &sl)
+		err = g.stream(w, sl)
 	} else {
-		err = g.complete(w, &sl)
+		err = g.complete(w, sl)
 	}
 	if err != nil {
 		rp.abandon(w, err, req.Stream)
