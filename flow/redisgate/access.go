@@ -19,7 +19,8 @@ import (
 // KEYS: {tag}:flow:permcheck (a hash), {tag}:flow:permcheck:z (a sorted set)
 var accessScript = redisconn.PermScript(`local h, z = KEYS[1], KEYS[2]`, `{
   {'TIME'},
-  {'HSET', h, 'f', 'v'}, {'HGET', h, 'f'}, {'HGETALL', h}, {'HVALS', h}, {'HDEL', h, 'f'},
+  {'HSET', h, 'f', 'v'}, {'HGET', h, 'f'}, {'HGETALL', h}, {'HVALS', h}, {'HINCRBY', h, 'n', 1},
+  {'HDEL', h, 'f'}, {'HDEL', h, 'n'},
   {'ZADD', z, 0, 'm'}, {'ZCARD', z}, {'ZRANGEBYSCORE', z, '-inf', '+inf'}, {'ZREM', z, 'm'},
 }`, "on the pool's keys, which flow_control needs")
 

@@ -19,15 +19,21 @@ type Keys struct {
 	Want  string // hash: instance → its demand per flow (encodeDemand)
 	Since string // hash: instance → when it was last granted more (ms)
 	Live  string // sorted set: instance → lease expiry (ms, Redis's clock)
+	// Meta is a hash: epoch (when Redis first saw the pool) and gen
+	// (claims so far) let an instance tell that Redis went back in time;
+	// settle is until when (ms) no instance is granted more after it
+	// did. It has no expiry: one small key per pool, so that a pool idle
+	// for long is not taken for one whose records were lost.
+	Meta string
 }
 
 // KeysFor are the keys of pool under prefix.
 func KeysFor(prefix, pool string) Keys {
 	tag := redisconn.KeyTag(prefix, pool) + ":flow:"
-	return Keys{Held: tag + "held", Want: tag + "want", Since: tag + "since", Live: tag + "live"}
+	return Keys{Held: tag + "held", Want: tag + "want", Since: tag + "since", Live: tag + "live", Meta: tag + "meta"}
 }
 
-func (k Keys) list() []string { return []string{k.Held, k.Want, k.Since, k.Live} }
+func (k Keys) list() []string { return []string{k.Held, k.Want, k.Since, k.Live, k.Meta} }
 
 // claimScript is the whole protocol, one atomic step per call:
 //
@@ -58,14 +64,42 @@ func (k Keys) list() []string { return []string{k.Held, k.Want, k.Since, k.Live}
 // shares say — as one flow control would hand it to the request it
 // serves next.
 //
+// Redis that goes back in time (restarted empty, from an older snapshot,
+// or failed over to a replica that lagged) has lost what the instances
+// hold, and the first to ask would be granted what the others still use.
+// Every answer carries the pool's record identity (epoch: when Redis
+// first saw the pool) and claim count (gen), and each instance sends the
+// last it saw: another epoch, or a count below it, means Redis went back
+// (another epoch covers a restore over records made since the loss). Then
+// for one lease no instance is granted more than it already holds; within
+// a lease every instance that holds or wants units has renewed, and so
+// written back what it may be using (its floor), and sharing resumes on a
+// true record.
+//
 // The call is idempotent: the same arguments again give the same holding.
 // Returns {held, pool total held, live instances, entitlement, contended,
-// the caller's share per flow ("<priority>\t<flow>\t<units>" lines)}.
+// the caller's share per flow ("<priority>\t<flow>\t<units>" lines), the
+// pool's claim count, settling (1 while no one is granted more), epoch}.
 var claimScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local inst = ARGV[1]
 local floor, want, cap, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+
+local seenGen, seenEpoch = tonumber(ARGV[7]), ARGV[8]
+local epoch = redis.call('HGET', KEYS[5], 'epoch')
+if not epoch then
+  epoch = tostring(now)
+  redis.call('HSET', KEYS[5], 'epoch', epoch)
+end
+local gen = tonumber(redis.call('HGET', KEYS[5], 'gen') or '0')
+local settle = tonumber(redis.call('HGET', KEYS[5], 'settle') or '0')
+if seenGen > 0 and (epoch ~= seenEpoch or gen < seenGen) then
+  settle = now + ttl
+  redis.call('HSET', KEYS[5], 'settle', settle)
+end
+gen = redis.call('HINCRBY', KEYS[5], 'gen', 1)
+local settling = now < settle
 
 for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
   redis.call('HDEL', KEYS[1], d)
@@ -174,7 +208,13 @@ if contended == 1 and held == entitled and entitled > 0 and floor < entitled the
   target, yielded = entitled - 1, true
 end
 local new = target
-if target > held then new = math.min(target, held + math.max(0, cap - total - reserved)) end
+if target > held then
+  if settling then
+    new = held
+  else
+    new = math.min(target, held + math.max(0, cap - total - reserved))
+  end
+end
 if new < floor then new = floor end
 if new > held or (yielded and new < held) then redis.call('HSET', KEYS[3], inst, now) end
 if new > 0 then
@@ -188,7 +228,9 @@ else
   redis.call('ZREM', KEYS[4], inst)
   redis.call('HDEL', KEYS[3], inst)
 end
-return {new, total - held + new, redis.call('ZCARD', KEYS[4]), entitled, contended, table.concat(mine, '\n')}
+local settlingFlag = 0
+if settling then settlingFlag = 1 end
+return {new, total - held + new, redis.call('ZCARD', KEYS[4]), entitled, contended, table.concat(mine, '\n'), gen, settlingFlag, epoch}
 `)
 
 // claimed is one answer of the claim script.
@@ -196,28 +238,45 @@ type claimed struct {
 	held, total, instances, entitled int64
 	contended                        bool
 	shares                           string // the caller's share per flow
+	// seen is the pool's record identity and claim count, for the
+	// caller's next claim; settling: Redis went back in time less than a
+	// lease ago.
+	seen     seen
+	settling bool
+}
+
+// seen is what an instance last saw of the pool's records (claimScript).
+type seen struct {
+	epoch string
+	gen   int64
 }
 
 // claim runs the script for instance: it wants want units in all, per
 // flow as demand says (encodeDemand), may be using floor already, and the
-// pool holds capacity units in all.
-func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floor, want int64, demand string, capacity int64, ttl time.Duration) (claimed, error) {
+// pool holds capacity units in all; last is what the instance saw at its
+// last answer (zero: none).
+func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floor, want int64, demand string, capacity int64, ttl time.Duration, last seen) (claimed, error) {
 	args := []string{instance, strconv.FormatInt(floor, 10), strconv.FormatInt(want, 10),
-		strconv.FormatInt(capacity, 10), strconv.FormatInt(ttl.Milliseconds(), 10), demand}
+		strconv.FormatInt(capacity, 10), strconv.FormatInt(ttl.Milliseconds(), 10), demand,
+		strconv.FormatInt(last.gen, 10), last.epoch}
 	vals, err := claimScript.Exec(ctx, cl, k.list(), args).ToArray()
 	if err != nil {
 		return claimed{}, err
 	}
-	if len(vals) != 6 {
-		return claimed{}, fmt.Errorf("redisgate: claim answered %d values, want 6", len(vals))
+	if len(vals) != 9 {
+		return claimed{}, fmt.Errorf("redisgate: claim answered %d values, want 9", len(vals))
 	}
 	shares, err := vals[5].ToString()
 	if err != nil {
 		return claimed{}, fmt.Errorf("redisgate: claim answer 5: %v", err)
 	}
-	var out [5]int64
-	for i, v := range vals[:5] {
-		n, err := v.AsInt64()
+	epoch, err := vals[8].ToString()
+	if err != nil || len(epoch) > 20 {
+		return claimed{}, fmt.Errorf("redisgate: claim answer 8 (epoch %.20q): %v", epoch, err)
+	}
+	var out [8]int64 // out[5] unused: the shares are a string
+	for _, i := range []int{0, 1, 2, 3, 4, 6, 7} {
+		n, err := vals[i].AsInt64()
 		if err != nil {
 			return claimed{}, fmt.Errorf("redisgate: claim answer %d: %v", i, err)
 		}
@@ -226,5 +285,6 @@ func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floo
 		}
 		out[i] = n
 	}
-	return claimed{held: out[0], total: out[1], instances: out[2], entitled: out[3], contended: out[4] == 1, shares: shares}, nil
+	return claimed{held: out[0], total: out[1], instances: out[2], entitled: out[3], contended: out[4] == 1, shares: shares,
+		seen: seen{epoch: epoch, gen: out[6]}, settling: out[7] == 1}, nil
 }

@@ -104,7 +104,11 @@ type Stats struct {
 	Capacity  int64 `json:"capacity"`
 	Instances int64 `json:"instances"`
 	// Fallback: Redis is away and the instance uses its fallback share.
-	Fallback    bool   `json:"fallback"`
+	Fallback bool `json:"fallback"`
+	// Settling: Redis went back in time (lost or restored older records)
+	// less than a lease ago; no instance is granted more until every one
+	// has written back what it holds.
+	Settling    bool   `json:"settling,omitempty"`
 	Claims      uint64 `json:"claims"`
 	RedisErrors uint64 `json:"redis_errors"`
 	LastError   string `json:"last_error,omitempty"`
@@ -140,6 +144,10 @@ type Gate struct {
 	// instances is how many instances held or wanted a share at the
 	// last claim.
 	instances atomic.Int64
+
+	// seen is what the last answer said of the pool's records
+	// (claimScript); only the claimer goroutine touches it.
+	seen seen
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -354,11 +362,12 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	capacity := g.limit()
 
 	cctx, cancel := context.WithTimeout(ctx, g.Config().Conn.ReadTimeout)
-	res, err := claim(cctx, cl, g.keys, g.Config().Instance, floor, want, demand, capacity, g.Config().LeaseTTL)
+	res, err := claim(cctx, cl, g.keys, g.Config().Instance, floor, want, demand, capacity, g.Config().LeaseTTL, g.seen)
 	cancel()
 	if err != nil {
 		return 0, err
 	}
+	g.seen = res.seen
 	allowed := min(res.held, res.entitled)
 	if res.contended && res.held == res.entitled && allowed > 0 {
 		// Another instance waits for its share: the next unit that frees
@@ -376,6 +385,7 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	g.stats.Instances, g.stats.Capacity = res.instances, capacity
 	g.stats.LastError = ""
 	g.stats.Fallback = false
+	g.stats.Settling = res.settling
 	g.mu.Unlock()
 	if fallback && g.Config().OnFallback != nil {
 		g.Config().OnFallback(nil)
@@ -428,7 +438,7 @@ func (g *Gate) leave(cl rueidis.Client) {
 	g.feed.Read(false, func(d flow.Demand) { inUse = g.units(d.InFlight) })
 	ctx, cancel := context.WithTimeout(context.Background(), g.Config().Conn.ReadTimeout)
 	defer cancel()
-	_, _ = claim(ctx, cl, g.keys, g.Config().Instance, inUse, 0, "", g.limit(), g.Config().LeaseTTL)
+	_, _ = claim(ctx, cl, g.keys, g.Config().Instance, inUse, 0, "", g.limit(), g.Config().LeaseTTL, g.seen)
 }
 
 // signalRecheck tells the controller, through the answer it last got,

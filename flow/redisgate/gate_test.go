@@ -212,7 +212,7 @@ func TestEntitlementIsMaxMinFair(t *testing.T) {
 		do := func(inst string, floor, want, capacity int64) claimed {
 			t.Helper()
 			// One flow at every instance: shares are max-min over instances.
-			r, err := claim(ctx, cl, k, inst, floor, want, fmt.Sprintf("0\tf\t%d\n", want), capacity, time.Minute)
+			r, err := claim(ctx, cl, k, inst, floor, want, fmt.Sprintf("0\tf\t%d\n", want), capacity, time.Minute, seen{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -263,7 +263,7 @@ func TestCrashedInstanceShareIsReclaimed(t *testing.T) {
 		cl := redistest.Client(t, tg.Conn)
 		k := KeysFor("", pool)
 		// The ghost took both units, then died (no more claims).
-		if r, err := claim(context.Background(), cl, k, "ghost", 2, 2, "0\tf\t2\n", 2, time.Second); err != nil || r.held != 2 {
+		if r, err := claim(context.Background(), cl, k, "ghost", 2, 2, "0\tf\t2\n", 2, time.Second, seen{}); err != nil || r.held != 2 {
 			t.Fatalf("ghost: %+v %v", r, err)
 		}
 		b := newInstance(t, tg.Conn, pool, "b", 2, nil)
@@ -478,7 +478,7 @@ func TestSharesFollowTenantsAndPriorityAcrossInstances(t *testing.T) {
 			for _, d := range demand {
 				want += d.Queued.Requests
 			}
-			r, err := claim(ctx, cl, k, inst, 0, want, encodeDemand(demand, false), 6, time.Minute)
+			r, err := claim(ctx, cl, k, inst, 0, want, encodeDemand(demand, false), 6, time.Minute, seen{})
 			if err != nil {
 				t.Fatal(err)
 			}
