@@ -31,7 +31,7 @@ type instance struct {
 
 // newInstance starts an instance whose pool holds capacity requests
 // (max_concurrency 1 × capacity replicas).
-func newInstance(t *testing.T, conn redisconn.Config, pool, name string, capacity int, tune func(*Config)) *instance {
+func newInstance(t testing.TB, conn redisconn.Config, pool, name string, capacity int, tune func(*Config)) *instance {
 	t.Helper()
 	cfg := Config{Conn: conn, Pool: pool, Instance: name}
 	if tune != nil {
