@@ -53,6 +53,9 @@ const (
 	DefaultLeaseTTL = 5 * time.Second
 	DefaultPoll     = 5 * time.Millisecond
 	retryBackoff    = time.Second
+	// atShareWait × Poll is how soon an instance that holds its whole
+	// share asks again while its requests wait.
+	atShareWait = 4
 )
 
 // WithDefaults fills zero fields.
@@ -394,11 +397,18 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 		g.signalRecheck()
 	}
 	switch {
-	case want > allowed:
-		// Requests wait: ask again soon, for what others give back.
-		// (What this instance holds beyond its share is given back as
-		// its requests finish: each release runs a claim.)
+	case want > allowed && res.held < res.entitled:
+		// Requests wait for units owed to this instance: ask again soon,
+		// for what others give back. (What this instance holds beyond its
+		// share is given back as its requests finish: each release runs a
+		// claim.)
 		return g.Config().Poll, nil
+	case want > allowed:
+		// Requests wait, but the instance holds its whole share: only a
+		// change of the shares can give it more. Asking as often as an
+		// instance that is owed units only loads Redis (every claim reads
+		// every instance's demand).
+		return atShareWait * g.Config().Poll, nil
 	case res.held > 0 || want > 0:
 		return g.Config().LeaseTTL / 3, nil // renew the lease
 	default:

@@ -38,7 +38,7 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // exercise fails or Redis logs a denial.
 const sluiceACL = "~{sluice:* &{sluice:* -@all" +
 	" +evalsha +eval +ping +subscribe +set +del +smembers +zcard +zrange +hmget +xadd +xread" +
-	" +exists +hdel +hexists +hget +hgetall +hlen +hset +hvals +lindex +llen +lpop +lrem" +
+	" +exists +hdel +hexists +hget +hgetall +hincrby +hlen +hset +hvals +lindex +llen +lpop +lrem" +
 	" +publish +rpush +sadd +srem +zadd +zincrby +zrangebyscore +zrem +zscore" +
 	" +time +cluster|slots +cluster|shards"
 
