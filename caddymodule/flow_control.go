@@ -231,6 +231,8 @@ func (h *FlowControl) Cleanup() error { return h.claims.release() }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	h.state.requests.enter()
+	defer h.state.requests.leave()
 	req := flow.Request{}
 	if h.isTrusted(r) {
 		var err error

@@ -110,6 +110,8 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		up = nil
 	}()
 	st := s.state
+	st.requests.enter()
+	defer st.requests.leave()
 	if !s.pool.Managed() {
 		st.syncStatic(pool)
 	}
