@@ -88,3 +88,61 @@ func TestConnectionReloadUnderLoadDrainsTheReplacedStore(t *testing.T) {
 		return n == 0 && llen() == 0
 	})
 }
+
+// The same for flow_control sharing its capacity through Redis: the
+// replaced state keeps its queued request and dispatches it (it used to
+// get 500 shutdown, its share given back while its request still ran, so
+// the new state admitted a second request onto the one-slot pool).
+func TestFlowConnectionReloadUnderLoadDrainsTheReplacedState(t *testing.T) {
+	addr := testRedis(t)
+	prefix := fmt.Sprintf("itest-flow-reload-%d", time.Now().UnixNano()%1e9)
+	config := func(dialTimeout string) string {
+		return globals + fmt.Sprintf(`
+:9194 {
+	flow_control fdrain {
+		redis %s
+		key_prefix %s
+		dial_timeout %s
+		max_concurrency 1
+	}
+	reverse_proxy 127.0.0.1:9195
+}
+:9195 {
+	bind 127.0.0.1
+	inference_sim {
+		name flow-reload-sim
+		concurrency 1
+		latency fixed 3s
+	}
+}
+`, addr, prefix, dialTimeout)
+	}
+	startCaddy(t, config("5s"))
+	url := "http://127.0.0.1:9194"
+	replica := caddymodule.InferenceSimReplica("flow-reload-sim")
+	queuedNow := func() float64 { return flowGauge(t, "inference_extension_flow_control_queue_size", "fdrain") }
+	async := func() <-chan outcome {
+		out := make(chan outcome, 1)
+		go func() { out <- complete(url) }()
+		return out
+	}
+	first := async()
+	eventually(t, "the first request to reach the replica", func() bool { return replica.Stats().Running == 1 })
+	queued := async()
+	eventually(t, "the second request to queue", func() bool { return queuedNow() == 1 })
+
+	reload(t, config("6s"))
+	// The new state shows only its own queue: the third request waits
+	// there while the replaced state's requests hold the pool's one slot.
+	third := async()
+	eventually(t, "the third request to queue in the new state", func() bool { return queuedNow() == 1 })
+
+	for i, ch := range []<-chan outcome{first, queued, third} {
+		if o := <-ch; o.err != nil || o.status != 200 {
+			t.Errorf("request %d across the reload: %+v", i+1, o)
+		}
+	}
+	eventually(t, "the pool's share in Redis to be given back", func() bool {
+		return flowGauge(t, "sluice_flow_control_global_pool_held", "fdrain") == 0
+	})
+}
