@@ -61,3 +61,14 @@ func TestPoolUpstreamsMustAgree(t *testing.T) {
 		}
 	}
 }
+
+// A site with host names is named by them.
+func TestPoolUpstreamsNameSitesByHost(t *testing.T) {
+	app := httpApp(proxyOnPool("p", nil, "a:1"), proxyOnPool("p", nil, "b:1"))
+	host := caddyhttp.MatchHost{"llm.example"}
+	app.Servers["a"].Routes[0].MatcherSets = caddyhttp.MatcherSets{{&host}}
+	err := checkPoolUpstreams(app)
+	if err == nil || !strings.Contains(err.Error(), "site llm.example (upstreams a:1)") || !strings.Contains(err.Error(), "site :2 (upstreams b:1)") {
+		t.Fatalf("refusal %v, want the sites named llm.example and :2", err)
+	}
+}
