@@ -260,11 +260,10 @@ func (ix *Index) remove(r *replica, e *entry) {
 			delete(r.keys, k)
 		}
 	}
+	// An emptied source map stays (bounded by maxSourcesPerReplica): store
+	// may be filling it while it removes a block it replaces.
 	if blocks := r.sources[e.src]; blocks != nil {
 		delete(blocks, e.hash)
-		if len(blocks) == 0 {
-			delete(r.sources, e.src)
-		}
 	}
 	if e.prev != nil {
 		e.prev.next = e.next
@@ -290,6 +289,7 @@ func (ix *Index) clearRank(r *replica, rank int) {
 		for _, e := range blocks {
 			ix.remove(r, e)
 		}
+		delete(r.sources, src)
 	}
 }
 

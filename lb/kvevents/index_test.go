@@ -193,3 +193,19 @@ func TestIndexConcurrent(t *testing.T) {
 		t.Fatalf("blocks: %d", s.Blocks)
 	}
 }
+
+// An engine may store a block it already reported (re-stored after a
+// missed removal): the entry is replaced and stays removable.
+func TestIndexRestoreSameBlock(t *testing.T) {
+	ix := NewIndex(Config{})
+	p := seqTokens(0, 16)
+	storeChain(t, ix, "a", topicA, 1, 1, nil, p, 16)
+	storeChain(t, ix, "a", topicA, 2, 1, nil, p, 16)
+	if s := ix.Stats(); s.Replicas["a"].Blocks != 1 {
+		t.Fatalf("after re-store: %+v", s)
+	}
+	ix.Apply("a", mustMessage(t, topicA, 3, batchPayload(t, vllmRemoved(1))), t0)
+	if s := ix.Stats(); s.Replicas["a"].Blocks != 0 || s.RemovedUnknown != 0 || match(ix, p, "a")[0] != 0 {
+		t.Fatalf("after removal: %+v", s)
+	}
+}
