@@ -64,7 +64,8 @@ type source struct {
 }
 
 type replica struct {
-	keys       map[uint64]int32 // Sluice key -> engine blocks that complete it
+	keys       map[uint64]int32     // Sluice key -> engine blocks that complete it
+	spec       map[uint64]time.Time // speculative keys (just routed there) -> expiry
 	sources    map[source]map[BlockHash]*entry
 	head, tail *entry // oldest first
 	n          int
@@ -122,6 +123,79 @@ func (ix *Index) Match(keys []uint64, replicas []string) []int {
 	return out
 }
 
+func (ix *Index) newReplica(name string) *replica {
+	r := &replica{keys: make(map[uint64]int32), sources: make(map[source]map[BlockHash]*entry)}
+	ix.replicas[name] = r
+	return r
+}
+
+// maxSpeculative bounds the speculative keys per replica.
+const maxSpeculative = 1 << 14
+
+// Speculate records that keys were just routed to the replica: for ttl
+// after now they count as held, so a burst of one new prefix is not scattered
+// before the engine's events arrive. A replica the index has not heard of
+// is created (it may publish later); a full speculative set drops expired
+// keys, then everything.
+func (ix *Index) Speculate(name string, keys []uint64, now time.Time, ttl time.Duration) {
+	if len(keys) == 0 {
+		return
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	r := ix.replicas[name]
+	if r == nil {
+		if len(ix.replicas) >= maxTopics {
+			return
+		}
+		r = ix.newReplica(name)
+	}
+	if r.spec == nil {
+		r.spec = make(map[uint64]time.Time)
+	}
+	if len(r.spec)+len(keys) > maxSpeculative {
+		for k, exp := range r.spec {
+			if !now.Before(exp) {
+				delete(r.spec, k)
+			}
+		}
+		if len(r.spec)+len(keys) > maxSpeculative {
+			clear(r.spec)
+		}
+	}
+	for i, k := range keys {
+		if i >= maxSpeculative {
+			break
+		}
+		r.spec[k] = now.Add(ttl)
+	}
+}
+
+// MatchFresh is Match counting speculative keys unexpired at now, and
+// telling which replicas had a batch within freshFor before now.
+func (ix *Index) MatchFresh(keys []uint64, replicas []string, now time.Time, freshFor time.Duration, matched []int, fresh []bool) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for i, name := range replicas {
+		matched[i], fresh[i] = 0, false
+		r := ix.replicas[name]
+		if r == nil {
+			continue
+		}
+		fresh[i] = !r.lastEvent.IsZero() && now.Sub(r.lastEvent) <= freshFor
+		n := 0
+		for _, k := range keys {
+			if r.keys[k] == 0 {
+				if exp, ok := r.spec[k]; !ok || !now.Before(exp) {
+					break
+				}
+			}
+			n++
+		}
+		matched[i] = n
+	}
+}
+
 // LastEvent is when the replica's last batch was applied (zero if never).
 func (ix *Index) LastEvent(name string) time.Time {
 	ix.mu.Lock()
@@ -165,8 +239,7 @@ func (ix *Index) Apply(name string, m Message, now time.Time) {
 	}
 	r := ix.replicas[name]
 	if r == nil {
-		r = &replica{keys: make(map[uint64]int32), sources: make(map[source]map[BlockHash]*entry)}
-		ix.replicas[name] = r
+		r = ix.newReplica(name)
 	}
 	if seen {
 		switch {

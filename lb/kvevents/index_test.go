@@ -209,3 +209,59 @@ func TestIndexRestoreSameBlock(t *testing.T) {
 		t.Fatalf("after removal: %+v", s)
 	}
 }
+
+func TestIndexSpeculateAndFresh(t *testing.T) {
+	ix := NewIndex(Config{})
+	p := seqTokens(0, 48)
+	keys := ix.Keys(p)
+	names := []string{"a", "b"}
+	matched, fresh := make([]int, 2), make([]bool, 2)
+	storeChain(t, ix, "a", topicA, 1, 1, nil, p[:16], 16) // a published at t0
+	ix.Speculate("b", keys, t0, 2*time.Second)
+
+	ix.MatchFresh(keys, names, t0.Add(time.Second), 30*time.Second, matched, fresh)
+	if matched[0] != 1 || matched[1] != 3 || !fresh[0] || fresh[1] {
+		t.Fatalf("at +1s: matched %v fresh %v", matched, fresh)
+	}
+	ix.MatchFresh(keys, names, t0.Add(3*time.Second), 30*time.Second, matched, fresh)
+	if matched[1] != 0 {
+		t.Fatalf("speculation outlived its ttl: %v", matched)
+	}
+	ix.MatchFresh(keys, names, t0.Add(31*time.Second), 30*time.Second, matched, fresh)
+	if fresh[0] || matched[0] != 1 {
+		t.Fatalf("at +31s a is stale but still holds its block: matched %v fresh %v", matched, fresh)
+	}
+	// speculation is bounded per replica
+	many := make([]uint64, maxSpeculative+10)
+	for i := range many {
+		many[i] = uint64(i)
+	}
+	ix.Speculate("b", many, t0, time.Second)
+	ix.Speculate("b", many[:5], t0, time.Second)
+	ix.mu.Lock()
+	n := len(ix.replicas["b"].spec)
+	ix.mu.Unlock()
+	if n > maxSpeculative {
+		t.Fatalf("%d speculative keys", n)
+	}
+}
+
+func TestPrefixesLookup(t *testing.T) {
+	ix := NewIndex(Config{})
+	now := t0
+	px := &Prefixes{Index: ix, Tokenizer: SimTokenizer{}, Now: func() time.Time { return now }}
+	text := prompt("w", 64) // 64 dummy tokens
+	toks, _ := SimTokenizer{}.Tokenize("m", text)
+	storeChain(t, ix, "a", topicA, 1, 1, nil, toks[:32], 16)
+	rates, fresh, routed := px.Lookup("m", text, []string{"a", "b"})
+	if rates[0] != 0.5 || rates[1] != 0 || !fresh[0] || fresh[1] {
+		t.Fatalf("rates %v fresh %v", rates, fresh)
+	}
+	routed("b")
+	if rates, _, _ = px.Lookup("m", text, []string{"a", "b"}); rates[1] != 1 {
+		t.Fatalf("after routing to b: %v", rates)
+	}
+	if r, _, _ := px.Lookup("m", "", []string{"a"}); r != nil {
+		t.Fatalf("empty prompt: %v", r)
+	}
+}

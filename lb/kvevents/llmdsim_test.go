@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -132,6 +133,13 @@ func TestLLMDSimPublishesIntoIndex(t *testing.T) {
 			ta, tb, tc := tokenize(t, pod, a), tokenize(t, pod, b), tokenize(t, pod, c)
 			if len(ta) != 80 || len(tb) != 80 || len(tc) != 80 {
 				t.Fatalf("tokens: %d, %d, %d", len(ta), len(tb), len(tc))
+			}
+			// Sluice's own copy of the sim's tokenizer agrees with the sim.
+			for _, text := range []string{a, "Hello, world! How's it going? {x: [1, 2]} a-b_c /path\\n", ""} {
+				mine, _ := SimTokenizer{}.Tokenize("m", text)
+				if theirs := tokenize(t, pod, text); !slices.Equal(mine, theirs) {
+					t.Fatalf("%q: SimTokenizer %v, the sim %v", text, mine, theirs)
+				}
 			}
 			held := func(tokens []uint32) int { return ix.Match(ix.Keys(tokens), []string{pod})[0] }
 			blocks := func() int { return ix.Stats().Replicas[pod].Blocks }
