@@ -64,6 +64,21 @@ func (o kvEventsOptions) variant() string {
 	return fmt.Sprintf("kv=%s,%s,%s", o.KVEvents, o.KVEventsTokenizer, time.Duration(o.KVEventsFresh))
 }
 
+func init() {
+	registerCollectors(kvEventsCollector)
+}
+
+// kvEventsCollector reports the listener of every pool that has one.
+var kvEventsCollector = kvevents.NewCollector(func() map[string]kvevents.Source {
+	out := map[string]kvevents.Source{}
+	kvListeners.Range(func(_, v any) bool {
+		k := v.(*kvListener)
+		out[k.pool] = kvevents.Source{Index: k.ix, Listener: k.l}
+		return true
+	})
+	return out
+})
+
 // kvListeners holds one listener and index per listen address, reference
 // counted, so a reload that keeps the address keeps the socket and the
 // index even when the policy's state is rebuilt.

@@ -173,6 +173,14 @@ func TestKVEventsRouteWhereTheEngineHoldsThePrompt(t *testing.T) {
 		t.Fatalf("A through Sluice found %d cached tokens, want 80 (the engine that holds it)", got)
 	}
 
+	m := metricsText(t, url)
+	for _, want := range []string{`sluice_kv_events_blocks{pool="kv",replica="` + y + `"} 5`,
+		`sluice_cache_aware_exact_hits_total{pool="kv"} 1`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s:\n%s", want, grepLines(m, "sluice_"))
+		}
+	}
+
 	// A reload that rebuilds the policy state keeps the listener and the
 	// index (same address): still routed on the engines' caches.
 	reload(t, kvEventsConfig("40s"))
