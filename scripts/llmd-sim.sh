@@ -18,7 +18,7 @@ bin="$cache/llm-d-inference-sim-$version"
 if [ ! -x "$bin" ]; then
 	mkdir -p "$cache"
 	echo "llmd-sim: building llm-d-inference-sim $version into $cache (once)" >&2
-	CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$bin.tmp" \
+	CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly" go build -trimpath -o "$bin.tmp" \
 		github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim >&2
 	mv "$bin.tmp" "$bin"
 fi
