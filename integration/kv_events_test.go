@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -197,6 +198,17 @@ func TestKVEventsRouteWhereTheEngineHoldsThePrompt(t *testing.T) {
 		t.Fatalf("after the reload: A found %d cached tokens, want 80", got)
 	}
 	drained(t, url)
+
+	// The last config using the address goes: the socket is closed.
+	reload(t, globals+"\n:9165 {\n\trespond \"ok\"\n}\n")
+	eventually(t, "the kv_events port to be free", func() bool {
+		l, err := net.Listen("tcp", "127.0.0.1:5565")
+		if err != nil {
+			return false
+		}
+		l.Close()
+		return true
+	})
 }
 
 // outlastSpeculation waits until what Sluice routed itself no longer
