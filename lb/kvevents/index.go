@@ -304,6 +304,10 @@ func (ix *Index) store(r *replica, src source, ev *Event) {
 		}
 	}
 	bs := ev.BlockSize
+	if bs <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
+		ix.c.drop(ReasonTokenCount) // DecodeMessage never yields one; a hand-made Event might
+		return
+	}
 	for i, h := range ev.BlockHashes {
 		var keys []uint64
 		keys, state = ix.keyer.extend(state, ev.TokenIDs[i*bs:(i+1)*bs], nil)

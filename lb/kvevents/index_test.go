@@ -265,3 +265,28 @@ func TestPrefixesLookup(t *testing.T) {
 		t.Fatalf("empty prompt: %v", r)
 	}
 }
+
+// Apply is exported: an Event built by hand with tokens that do not fill
+// its blocks is dropped, not a panic.
+func TestIndexInconsistentEventDropped(t *testing.T) {
+	ix := NewIndex(Config{})
+	m := Message{Topic: topicA, Seq: 1, Batch: Batch{Events: []Event{
+		{Kind: BlockStored, BlockHashes: []BlockHash{IntHash(1), IntHash(2)}, TokenIDs: seqTokens(0, 20), BlockSize: 16},
+		{Kind: BlockStored, BlockHashes: []BlockHash{IntHash(3)}, BlockSize: 0},
+	}}}
+	ix.Apply("a", m, t0)
+	if s := ix.Stats(); s.Blocks != 0 || s.Drops[ReasonTokenCount] != 2 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+func TestPrefixesShortPromptLeftToTheTree(t *testing.T) {
+	ix := NewIndex(Config{})
+	px := &Prefixes{Index: ix, Tokenizer: SimTokenizer{}}
+	if r, _, _ := px.Lookup("m", prompt("w", 15), []string{"a"}); r != nil {
+		t.Fatalf("15 tokens: %v", r)
+	}
+	if r, _, _ := px.Lookup("m", prompt("w", 16), []string{"a"}); len(r) != 1 {
+		t.Fatalf("16 tokens: %v", r)
+	}
+}

@@ -29,13 +29,17 @@ func (p *Prefixes) now() time.Time {
 // Lookup tokenizes the prompt once and returns, per addr, the share of
 // the prompt (0..1) the replica's engine holds and whether its events are
 // fresh, and the function to call with the replica the request went to.
-// rates is nil when the prompt cannot be tokenized (use the tree alone).
+// rates is nil when the prompt cannot be tokenized or is shorter than one
+// block (the tree alone decides).
 func (p *Prefixes) Lookup(model, text string, addrs []string) (rates []float64, fresh []bool, routed func(addr string)) {
 	tokens, ok := p.Tokenizer.Tokenize(model, text)
 	if !ok || len(tokens) == 0 {
 		return nil, nil, nil
 	}
 	keys := p.Index.Keys(tokens)
+	if len(keys) == 0 {
+		return nil, nil, nil // shorter than one block: the tree decides
+	}
 	now := p.now()
 	freshFor := p.FreshFor
 	if freshFor <= 0 {
