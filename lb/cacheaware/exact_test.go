@@ -129,3 +129,35 @@ func TestPickerOnEngineEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// BenchmarkPickerPick4KBExact is BenchmarkPickerPick4KB with kv_events's
+// exact view (the sim's tokenizer, an index where every replica published
+// recently): the cost the exact view adds to a pick.
+func BenchmarkPickerPick4KBExact(b *testing.B) {
+	ix := kvevents.NewIndex(kvevents.Config{})
+	benchPickerPick(b, func(p *Picker) {
+		for i, addr := range p.Router().Addrs() {
+			publishBench(b, ix, addr, uint64(i+1))
+		}
+		p.SetExact(&kvevents.Prefixes{Index: ix, Tokenizer: kvevents.SimTokenizer{}, FreshFor: time.Hour})
+	})
+}
+
+func publishBench(b *testing.B, ix *kvevents.Index, addr string, seq uint64) {
+	toks, _ := kvevents.SimTokenizer{}.Tokenize("m", words(addr, 64))
+	hashes, ids := make([]any, 4), make([]any, 64)
+	for i := range hashes {
+		hashes[i] = seq*100 + uint64(i)
+	}
+	for i := range ids {
+		ids[i] = toks[i]
+	}
+	payload, _ := msgpack.Marshal([]any{1.0, []any{[]any{"BlockStored", hashes, nil, ids, 16}}})
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], 1)
+	m, err := kvevents.DecodeMessage([][]byte{[]byte("kv@" + addr + "@m"), s[:], payload}, kvevents.Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ix.Apply(addr, m, time.Now())
+}
