@@ -2,6 +2,8 @@ package integration
 
 import (
 	"bytes"
+	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -10,6 +12,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // cache_aware with kv_events in front of two real llm-d-inference-sim
@@ -215,3 +220,53 @@ func TestKVEventsRouteWhereTheEngineHoldsThePrompt(t *testing.T) {
 // counts as held (kvevents.Prefixes' default SpeculateFor, 2s): from then
 // on only the engines' events speak.
 func outlastSpeculation() { time.Sleep(2*time.Second + 100*time.Millisecond) }
+
+// Events stop: within kv_events_fresh the replica is scored by the tree
+// again (health says approximate), requests keep being served; events
+// resume: exact again. The publisher is a plain ZMQ PUB sending the
+// engines' wire format for Sluice's own simulated replicas.
+func TestKVEventsFallBackWhenEventsStop(t *testing.T) {
+	startCaddy(t, globals+`
+:9168 {
+	custom_router kvfb
+	reverse_proxy {
+		dynamic custom_router kvfb
+		lb_policy cache_aware {
+			pool kvfb
+			kv_events tcp://127.0.0.1:5567
+			kv_events_tokenizer llmd_sim
+			kv_events_fresh 1s
+		}
+	}
+}
+`+sims(9169))
+	url := "http://127.0.0.1:9168"
+	const replica = "127.0.0.1:9169"
+	setBackends(t, url, "http://"+replica)
+
+	pub := zmq4.NewPub(context.Background())
+	defer pub.Close()
+	if err := pub.Dial("tcp://127.0.0.1:5567"); err != nil {
+		t.Fatal(err)
+	}
+	seq := uint64(0)
+	publish := func() {
+		seq++
+		payload, _ := msgpack.Marshal([]any{float64(time.Now().Unix()), []any{[]any{"AllBlocksCleared"}}})
+		var s [8]byte
+		binary.BigEndian.PutUint64(s[:], seq)
+		if err := pub.SendMulti(zmq4.NewMsgFrom([]byte("kv@"+replica+"@m"), s[:], payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mode := func() string { return getKVHealth(t, url).Replicas[replica].Mode }
+	served := func() {
+		if o := complete(url); o.status != 200 {
+			t.Fatalf("request during the switch: %+v", o)
+		}
+	}
+	eventually(t, "exact while events flow", func() bool { publish(); served(); return mode() == "exact" })
+	eventually(t, "approximate once they stop", func() bool { served(); return mode() == "approximate" })
+	eventually(t, "exact again when they resume", func() bool { publish(); served(); return mode() == "exact" })
+	drained(t, url)
+}
