@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -63,6 +64,8 @@ type CacheAware struct {
 	// Redis stream and applies the others' (lb/cacheaware/share); the pick
 	// stays local. Without it, each instance has its own tree.
 	redisConnection
+	// kv_events: the exact index from engine KV events (see kvEventsOptions).
+	kvEventsOptions
 	bodyOptions
 	passiveHealth
 	attemptOptions
@@ -102,6 +105,9 @@ func (p *CacheAware) Validate() error {
 			return fmt.Errorf("cache_aware: %v", err)
 		}
 	}
+	if err := p.kvEventsOptions.validate(); err != nil {
+		return fmt.Errorf("cache_aware: %v", err)
+	}
 	return validateBodyAndHealth("cache_aware", p.bodyOptions, p.passiveHealth)
 }
 
@@ -124,8 +130,9 @@ func shareKey(c redisconn.Config) string {
 // a shared tree, the sharing's state and counters.
 type CacheAwareSettings struct {
 	cacheaware.PickerSettings
-	Redis *redisconn.Config `json:"redis,omitempty"`
-	Share *share.Stats      `json:"share,omitempty"`
+	Redis    *redisconn.Config `json:"redis,omitempty"`
+	Share    *share.Stats      `json:"share,omitempty"`
+	KVEvents *KVEventsStats    `json:"kv_events,omitempty"`
 }
 
 // CacheAwareShareStats are the sharing stats of every live cache_aware
@@ -154,6 +161,10 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 	if p.shared() {
 		variant = shareKey(conn)
 	}
+	kv := p.kvEventsOptions
+	if v := kv.variant(); v != "" {
+		variant = strings.TrimPrefix(variant+";"+v, ";")
+	}
 	return p.provision(ctx, selectorSpec{
 		attempt: p.attemptOptions,
 		module:  "cache_aware", pool: pool, variant: variant, measure: measureAuto,
@@ -162,18 +173,45 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 		build: func(key stateKey) (*policyState, error) {
 			pk := cacheaware.NewPicker(rc, tc)
 			health := func() stateHealth { return trackerHealth(pk.Tracker()) }
-			if variant == "" {
-				return newPolicyState(key, pk, policyParts{settings: pk.Settings, health: health, run: pk.Run}), nil
+			var closers []func()
+			var kvStats func() *KVEventsStats
+			if kv.enabled() {
+				release, stats, err := attachKVEvents(pool, kv, pk)
+				if err != nil {
+					return nil, err
+				}
+				closers, kvStats = append(closers, release), stats
 			}
-			sh := share.New(share.Config{Conn: conn, Pool: pool}, pk.Router().Insert)
-			pk.OnInsert(sh.Publish)
+			var sh *share.Sharer
+			if p.shared() {
+				sh = share.New(share.Config{Conn: conn, Pool: pool}, pk.Router().Insert)
+				pk.OnInsert(sh.Publish)
+				closers = append(closers, sh.Close)
+			}
 			red := conn.Redacted()
 			settings := func() any {
-				st := sh.Stats()
-				return CacheAwareSettings{PickerSettings: pk.Settings().(cacheaware.PickerSettings), Redis: &red, Share: &st}
+				if sh == nil && kvStats == nil {
+					return pk.Settings()
+				}
+				s := CacheAwareSettings{PickerSettings: pk.Settings().(cacheaware.PickerSettings)}
+				if sh != nil {
+					st := sh.Stats()
+					s.Redis, s.Share = &red, &st
+				}
+				if kvStats != nil {
+					s.KVEvents = kvStats()
+				}
+				return s
 			}
-			return newPolicyState(key, pk, policyParts{settings: settings, health: health, run: pk.Run,
-				closer: sh.Close, extra: sh}), nil
+			parts := policyParts{settings: settings, health: health, run: pk.Run, closer: func() {
+				for _, c := range closers {
+					c()
+				}
+			}}
+			if sh != nil {
+				parts.extra = sh
+			}
+			return newPolicyState(key, pk, parts), nil
 		},
 		apply: func(st *policyState) { st.picker.(*cacheaware.Picker).Configure(rc, tc) },
 	})
@@ -191,6 +229,9 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 //	    miss_policy           least_load|smallest_tree
 //	    redis                 <host:port>...   # share the tree through Redis
 //	    username|password|db|tls|ca_file|dial_timeout|read_timeout|key_prefix <value>
+//	    kv_events             tcp://<host:port>  # exact index from engine KV events
+//	    kv_events_tokenizer   llmd_sim
+//	    kv_events_fresh       <duration|seconds>
 //	    max_body_bytes        <bytes>
 //	    max_fails             <n>
 //	    fail_duration         <duration|seconds>

@@ -39,6 +39,9 @@ func TestNoGoroutineLeftAfterTheModulesAreUnloaded(t *testing.T) {
 	reverse_proxy 127.0.0.1:9895 {
 		lb_policy cache_aware {
 			pool leak-ca
+			kv_events tcp://127.0.0.1:5566
+			kv_events_tokenizer llmd_sim
+			kv_events_fresh %ds
 		}
 	}
 }
@@ -59,7 +62,7 @@ func TestNoGoroutineLeftAfterTheModulesAreUnloaded(t *testing.T) {
 		}
 	}
 }
-`, 1000+i, addr) + sims(9895)
+`, 1000+i, 30+i, addr) + sims(9895)
 	}
 	startCaddy(t, minimal)
 	settle := func() int {

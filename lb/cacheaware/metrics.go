@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Collector struct {
 	routers                 func() map[string]*Router
 	decisions, chars, nodes *prometheus.Desc
-	evicted                 *prometheus.Desc
+	evicted, exactHits      *prometheus.Desc
 }
 
 // NewCollector reports the routers returned by routers (pool name → router).
@@ -19,6 +19,7 @@ func NewCollector(routers func() map[string]*Router) *Collector {
 		chars:     prometheus.NewDesc("sluice_cache_aware_tree_chars", "Characters (Unicode code points) stored in the pool's approximate radix trees.", pool, nil),
 		nodes:     prometheus.NewDesc("sluice_cache_aware_tree_nodes", "Nodes in the pool's approximate radix trees.", pool, nil),
 		evicted:   prometheus.NewDesc("sluice_cache_aware_evicted_chars_total", "Characters freed from the trees by LRU eviction.", pool, nil),
+		exactHits: prometheus.NewDesc("sluice_cache_aware_exact_hits_total", "cache_hit picks the exact index (engine KV events) chose.", pool, nil),
 	}
 }
 
@@ -28,6 +29,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.chars
 	ch <- c.nodes
 	ch <- c.evicted
+	ch <- c.exactHits
 }
 
 // Collect implements prometheus.Collector.
@@ -43,5 +45,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.chars, prometheus.GaugeValue, float64(s.Chars), pool)
 		ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, float64(s.Nodes), pool)
 		ch <- prometheus.MustNewConstMetric(c.evicted, prometheus.CounterValue, float64(s.EvictedChars), pool)
+		ch <- prometheus.MustNewConstMetric(c.exactHits, prometheus.CounterValue, float64(s.ExactHits), pool)
 	}
 }

@@ -42,6 +42,10 @@ type Decision struct {
 	// when the pool was imbalanced: the tree is not consulted then.
 	MatchedChars int
 	MatchRate    float64
+	// Exact is true when the exact view (engine KV events) chose: the
+	// winner's events are fresh and MatchRate is its share of the prompt's
+	// tokens in its engine's cache.
+	Exact bool
 }
 
 // LoadFunc gives a replica's exact in-flight count and whether it may get
@@ -64,6 +68,16 @@ type LoadFunc func(addr string) (inFlight int, usable bool)
 // the first one collecting them all. Deterministic for a given sequence of
 // calls, which keeps tests exact.
 func (r *Router) Pick(model, text string, load LoadFunc) Decision {
+	return r.PickWith(model, text, load, nil)
+}
+
+// PickWith is Pick with an exact view (nil: none). A replica whose view is
+// fresh is scored by its exact rate, and its tree holdings are ignored
+// (the engine knows better); the others by the tree as in Pick. The higher
+// of the best exact rate and the best tree rate decides, exact on a tie;
+// above CacheThreshold it is a hit among the replicas that reach it. exact
+// is called under the router's read lock: it must be quick.
+func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) Decision {
 	text = validText(text)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -118,20 +132,36 @@ func (r *Router) Pick(model, text string, load LoadFunc) Decision {
 			d.MatchRate = float64(d.MatchedChars) / float64(total)
 		}
 	}
-	if hit != nil && d.MatchRate > r.cfg.CacheThreshold {
-		var cbuf [64]*replica
-		cand := cbuf[:0]
+	var cbuf, ebuf [64]*replica
+	cand := cbuf[:0]
+	if hit != nil {
 		for _, h := range hit.holders {
-			if !h.rep.dead && isIn(usable, h.rep) {
-				cand = append(cand, h.rep)
+			if h.rep.dead || !isIn(usable, h.rep) {
+				continue
 			}
+			if exact != nil {
+				if _, fresh := exact(h.rep.addr); fresh {
+					continue
+				}
+			}
+			cand = append(cand, h.rep)
 		}
-		if len(cand) > 0 {
+	}
+	if exact != nil {
+		ecand, erate := bestExact(usable, exact, ebuf[:0])
+		if erate > r.cfg.CacheThreshold && (len(cand) == 0 || erate >= d.MatchRate) {
 			r.hits.Add(1)
-			d.Addr, d.Reason = choose(cand, loads, nil, turn).addr, CacheHit
+			r.exactHits.Add(1)
+			d.MatchRate, d.Exact = erate, true
+			d.Addr, d.Reason = choose(ecand, loads, nil, turn).addr, CacheHit
 			return d
 		}
-		// Every holder is down: a miss, routed among the usable ones.
+	}
+	// No holder usable (down, or scored exactly instead): a miss below.
+	if len(cand) > 0 && d.MatchRate > r.cfg.CacheThreshold {
+		r.hits.Add(1)
+		d.Addr, d.Reason = choose(cand, loads, nil, turn).addr, CacheHit
+		return d
 	}
 
 	r.misses.Add(1)

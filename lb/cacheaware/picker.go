@@ -22,6 +22,8 @@ type Picker struct {
 	// onInsert, when set, also gets every insert of this picker's own
 	// routing decisions (share.Sharer.Publish: many instances, one view).
 	onInsert atomic.Pointer[func(model, text, addr string)]
+	// exact, when set, is consulted before the tree (see SetExact).
+	exact atomic.Pointer[Exact]
 }
 
 // OnInsert sets (nil: clears) the function that also gets the prompt of
@@ -106,8 +108,9 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if req.Parsed {
 		text = req.Text
 	}
+	exact, routed := p.lookupExact(req.Model, text)
 	for tries := 0; tries < pickTries; tries++ {
-		d := p.router.Pick(req.Model, text, load)
+		d := p.router.PickWith(req.Model, text, load, exact)
 		switch {
 		case d.Reason == NoUsable:
 			return nil, lb.ErrAllDown
@@ -117,6 +120,9 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		l := p.tracker.AcquireCost(d.Addr, req.Tokens)
 		if l == nil {
 			continue // removed between pick and acquire: pick again
+		}
+		if routed != nil {
+			routed(d.Addr)
 		}
 		if text != "" {
 			p.router.Insert(req.Model, text, d.Addr)

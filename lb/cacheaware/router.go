@@ -44,6 +44,7 @@ type Router struct {
 
 	rr                       atomic.Uint64 // rotates tie-breaks
 	hits, misses, imbalanced atomic.Uint64
+	exactHits                atomic.Uint64 // hits the exact view chose
 
 	// reconf tells Run that Configure changed the settings, so a new
 	// eviction interval applies now rather than after the old one ends.
@@ -250,6 +251,7 @@ type Stats struct {
 	ReplicaChars map[string]int // runes of the nodes each present replica holds
 
 	Hits, Misses, Imbalanced uint64 // Pick decisions by reason
+	ExactHits                uint64 // the hits the exact view (engine KV events) chose
 	EvictedChars             uint64 // runes freed by eviction (not by replica removal)
 	EvictedHoldings          uint64 // (replica, node) holdings evicted
 }
@@ -262,6 +264,7 @@ func (r *Router) Stats() Stats {
 		Chars: r.size, MaxChars: r.cfg.MaxTreeSize, Nodes: r.nodes, Models: len(r.trees),
 		ReplicaChars: make(map[string]int, len(r.order)),
 		Hits:         r.hits.Load(), Misses: r.misses.Load(), Imbalanced: r.imbalanced.Load(),
+		ExactHits:    r.exactHits.Load(),
 		EvictedChars: r.evictedChars, EvictedHoldings: r.evictedHoldings,
 	}
 	for _, rep := range r.order {

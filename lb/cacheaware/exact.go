@@ -1,0 +1,76 @@
+package cacheaware
+
+// Exact is an exact view of what each replica's engine caches (engine KV
+// events: lb/kvevents.Prefixes). Lookup returns, per addr, the share of
+// the prompt (0..1) the replica holds and whether its view is fresh, and
+// the function to call with the replica the request went to; rates nil
+// means the prompt could not be looked up (the tree alone decides).
+type Exact interface {
+	Lookup(model, text string, addrs []string) (rates []float64, fresh []bool, routed func(addr string))
+}
+
+// ExactFunc gives, for a present replica, its exact match rate and
+// whether that view is fresh (false: score it by the tree).
+type ExactFunc func(addr string) (rate float64, fresh bool)
+
+// SetExact sets (nil: clears) the exact view the picker consults first.
+func (p *Picker) SetExact(e Exact) {
+	if e == nil {
+		p.exact.Store(nil)
+		return
+	}
+	p.exact.Store(&e)
+}
+
+// Addrs returns the present replicas in set order.
+func (r *Router) Addrs() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, len(r.order))
+	for i, rep := range r.order {
+		out[i] = rep.addr
+	}
+	return out
+}
+
+// lookupExact asks the exact view about text for every present replica.
+func (p *Picker) lookupExact(model, text string) (ExactFunc, func(string)) {
+	e := p.exact.Load()
+	if e == nil || text == "" {
+		return nil, nil
+	}
+	addrs := p.router.Addrs()
+	rates, fresh, routed := (*e).Lookup(model, text, addrs)
+	if rates == nil || len(rates) != len(addrs) || len(fresh) != len(addrs) {
+		return nil, nil
+	}
+	idx := make(map[string]int, len(addrs))
+	for i, a := range addrs {
+		idx[a] = i
+	}
+	return func(addr string) (float64, bool) {
+		i, ok := idx[addr]
+		if !ok {
+			return 0, false
+		}
+		return rates[i], fresh[i]
+	}, routed
+}
+
+// bestExact returns the fresh usable replicas with the highest exact rate
+// (ties all) and that rate; -1 when none is fresh.
+func bestExact(usable []*replica, exact ExactFunc, buf []*replica) ([]*replica, float64) {
+	best := -1.0
+	cand := buf[:0]
+	for _, rep := range usable {
+		rate, fresh := exact(rep.addr)
+		switch {
+		case !fresh:
+		case rate > best:
+			best, cand = rate, append(cand[:0], rep)
+		case rate == best:
+			cand = append(cand, rep)
+		}
+	}
+	return cand, best
+}

@@ -1,0 +1,163 @@
+package cacheaware
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/kvevents"
+)
+
+type exactView map[string]struct {
+	rate  float64
+	fresh bool
+}
+
+func (v exactView) fn() ExactFunc {
+	return func(a string) (float64, bool) { e := v[a]; return e.rate, e.fresh }
+}
+
+func TestPickWithExact(t *testing.T) {
+	text := "a long shared prompt"
+	even := loads(map[string]int{})
+	for _, c := range []struct {
+		name   string
+		view   exactView
+		load   LoadFunc
+		want   string
+		reason Reason
+		exact  bool
+	}{
+		{"the engine says b, the tree a", exactView{"a": {0, true}, "b": {0.8, true}}, even, "b", CacheHit, true},
+		{"a fresh and empty: its tree holding is ignored", exactView{"a": {0, true}, "b": {0, true}},
+			loads(map[string]int{"a": 3}), "b", Miss, false},
+		{"a stale: the tree scores it, and beats b's exact 0.6", exactView{"a": {0.9, false}, "b": {0.6, true}}, even, "a", CacheHit, false},
+		{"the tree's 1.0 and exact 1.0 tie: exact wins", exactView{"b": {1, true}}, even, "b", CacheHit, true},
+		{"exact ties go to the less loaded", exactView{"a": {0.7, true}, "b": {0.7, true}},
+			loads(map[string]int{"a": 2}), "b", CacheHit, true},
+		{"exact at the threshold is no hit", exactView{"a": {0, true}, "b": {0.5, true}},
+			loads(map[string]int{"b": 1}), "a", Miss, false},
+		{"imbalance comes first", exactView{"a": {0, true}, "b": {1, true}},
+			loads(map[string]int{"b": 100}), "a", Imbalance, false},
+		{"no fresh replica: the tree alone", exactView{}, even, "a", CacheHit, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRouter(t, Config{}, "a", "b")
+			r.Insert("m", text, "a")
+			d := r.PickWith("m", text, c.load, c.view.fn())
+			if d.Addr != c.want || d.Reason != c.reason || d.Exact != c.exact {
+				t.Fatalf("got %+v, want %s (%s, exact %v)", d, c.want, c.reason, c.exact)
+			}
+			if s := r.Stats(); (s.ExactHits == 1) != c.exact {
+				t.Fatalf("exact hits: %+v", s)
+			}
+		})
+	}
+}
+
+// publish feeds the index one BlockStored for tokens as 16-token blocks on
+// replica addr (positional vLLM layout), as the listener would.
+func publish(t *testing.T, ix *kvevents.Index, addr string, seq uint64, tokens []uint32) {
+	t.Helper()
+	n := len(tokens) / 16
+	hashes, toks := make([]any, n), make([]any, n*16)
+	for i := range hashes {
+		hashes[i] = uint64(seq*1000) + uint64(i)
+	}
+	for i := range toks {
+		toks[i] = tokens[i]
+	}
+	payload, err := msgpack.Marshal([]any{1.0, []any{[]any{"BlockStored", hashes, nil, toks, 16, nil, "GPU"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], seq)
+	m, err := kvevents.DecodeMessage([][]byte{[]byte("kv@" + addr + "@m"), s[:], payload}, kvevents.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix.Apply(addr, m, time.Now())
+}
+
+func words(prefix string, n int) string {
+	w := make([]string, n)
+	for i := range w {
+		w[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return strings.Join(w, " ")
+}
+
+// With a real index: the picker follows what the engines hold, and a burst
+// of a new prefix stays together before the engines' events arrive.
+func TestPickerOnEngineEvents(t *testing.T) {
+	ix := kvevents.NewIndex(kvevents.Config{})
+	p := newPicker(t, "a:1", "b:1")
+	p.SetExact(&kvevents.Prefixes{Index: ix, Tokenizer: kvevents.SimTokenizer{}})
+	tok := func(s string) []uint32 { v, _ := kvevents.SimTokenizer{}.Tokenize("m", s); return v }
+
+	held := words("held", 64)
+	publish(t, ix, "b:1", 1, tok(held))
+	publish(t, ix, "a:1", 1, tok(words("other", 16)))
+
+	l := pickFor(t, p, prompt(held))
+	if d := l.Replica(); d != "b:1" {
+		t.Fatalf("held prompt went to %s", d)
+	}
+	l.Release(ok)
+
+	burst := words("burst", 64)
+	first := pickFor(t, p, prompt(burst))
+	second := pickFor(t, p, &lb.Request{Model: "m", Text: burst, Parsed: true, Tokens: 10})
+	if first.Replica() != second.Replica() {
+		t.Fatalf("a burst of one prefix scattered: %s then %s", first.Replica(), second.Replica())
+	}
+	first.Release(ok)
+	second.Release(ok)
+	if s := p.Router().Stats(); s.ExactHits != 2 {
+		t.Fatalf("exact hits: %+v", s)
+	}
+	// Without an exact view the picker is as before.
+	p.SetExact(nil)
+	if _, err := p.Pick(context.Background(), prompt(held)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkPickerPick4KBExact is BenchmarkPickerPick4KB with kv_events's
+// exact view (the sim's tokenizer, an index where every replica published
+// recently): the cost the exact view adds to a pick.
+func BenchmarkPickerPick4KBExact(b *testing.B) {
+	ix := kvevents.NewIndex(kvevents.Config{})
+	benchPickerPick(b, func(p *Picker) {
+		for i, addr := range p.Router().Addrs() {
+			publishBench(b, ix, addr, uint64(i+1))
+		}
+		p.SetExact(&kvevents.Prefixes{Index: ix, Tokenizer: kvevents.SimTokenizer{}, FreshFor: time.Hour})
+	})
+}
+
+func publishBench(b *testing.B, ix *kvevents.Index, addr string, seq uint64) {
+	toks, _ := kvevents.SimTokenizer{}.Tokenize("m", words(addr, 64))
+	hashes, ids := make([]any, 4), make([]any, 64)
+	for i := range hashes {
+		hashes[i] = seq*100 + uint64(i)
+	}
+	for i := range ids {
+		ids[i] = toks[i]
+	}
+	payload, _ := msgpack.Marshal([]any{1.0, []any{[]any{"BlockStored", hashes, nil, ids, 16}}})
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], 1)
+	m, err := kvevents.DecodeMessage([][]byte{[]byte("kv@" + addr + "@m"), s[:], payload}, kvevents.Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ix.Apply(addr, m, time.Now())
+}

@@ -1,0 +1,82 @@
+package kvevents
+
+import (
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Source is one pool's index and listener, for the collector.
+type Source struct {
+	Index    *Index
+	Listener *Listener
+}
+
+// Collector exports every pool's KV-events counters and index size. It
+// reads Stats at scrape time. Replica labels are the pool's replicas only
+// (the listener drops events of other pods).
+type Collector struct {
+	sources                         func() map[string]Source
+	batches, events, gaps, restarts *prometheus.Desc
+	drops, guard, blocks, evicted   *prometheus.Desc
+	last                            *prometheus.Desc
+}
+
+// NewCollector reports the sources returned by sources (pool name → source).
+func NewCollector(sources func() map[string]Source) *Collector {
+	pool := []string{"pool"}
+	return &Collector{
+		sources:  sources,
+		batches:  prometheus.NewDesc("sluice_kv_events_batches_total", "Engine KV-event batches applied to the exact index.", pool, nil),
+		events:   prometheus.NewDesc("sluice_kv_events_events_total", "Engine KV events (BlockStored, BlockRemoved, AllBlocksCleared) applied.", pool, nil),
+		gaps:     prometheus.NewDesc("sluice_kv_events_gaps_total", "Sequence gaps: the publisher's entries were cleared (events were lost).", pool, nil),
+		restarts: prometheus.NewDesc("sluice_kv_events_restarts_total", "Sequences that went back (a publisher restarted): its entries were cleared.", pool, nil),
+		drops:    prometheus.NewDesc("sluice_kv_events_dropped_total", "Messages or events dropped, by reason.", []string{"pool", "reason"}, nil),
+		guard:    prometheus.NewDesc("sluice_kv_events_connections_cut_total", "ZMQ connections the socket guard cut, by reason (refused, oversize, handshake_timeout).", []string{"pool", "reason"}, nil),
+		blocks:   prometheus.NewDesc("sluice_kv_events_blocks", "Engine blocks the exact index holds per replica.", []string{"pool", "replica"}, nil),
+		evicted:  prometheus.NewDesc("sluice_kv_events_capacity_evicted_total", "Blocks dropped from the index by its size bounds.", pool, nil),
+		last:     prometheus.NewDesc("sluice_kv_events_last_event_timestamp_seconds", "When the replica's last event batch was applied (Unix time).", []string{"pool", "replica"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.batches, c.events, c.gaps, c.restarts, c.drops, c.guard, c.blocks, c.evicted, c.last} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	for pool, src := range c.sources() {
+		s := src.Index.Stats()
+		counter(c.batches, s.Batches, pool)
+		counter(c.events, s.Events, pool)
+		counter(c.gaps, s.Gaps, pool)
+		counter(c.restarts, s.Restarts, pool)
+		counter(c.evicted, s.CapacityEvicted, pool)
+		reasons := make([]string, 0, len(s.Drops))
+		for r := range s.Drops {
+			reasons = append(reasons, string(r))
+		}
+		sort.Strings(reasons)
+		for _, r := range reasons {
+			counter(c.drops, s.Drops[Reason(r)], pool, r)
+		}
+		if src.Listener != nil {
+			g := src.Listener.GuardStats()
+			counter(c.guard, g.RefusedConns, pool, "refused")
+			counter(c.guard, g.OversizeFrames, pool, "oversize")
+			counter(c.guard, g.HandshakeTimeouts, pool, "handshake_timeout")
+		}
+		for name, r := range s.Replicas {
+			ch <- prometheus.MustNewConstMetric(c.blocks, prometheus.GaugeValue, float64(r.Blocks), pool, name)
+			if !r.LastEvent.IsZero() {
+				ch <- prometheus.MustNewConstMetric(c.last, prometheus.GaugeValue, float64(r.LastEvent.UnixNano())/1e9, pool, name)
+			}
+		}
+	}
+}

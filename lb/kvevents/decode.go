@@ -1,0 +1,742 @@
+package kvevents
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// Wire layout decoded here (checked against vLLM's vllm/distributed/kv_events.py,
+// SGLang's python/sglang/srt/disaggregation/kv_events.py, llm-d-kv-cache's
+// kvevents/engineadapter and llm-d-inference-sim v0.10.2's kv_cache_sender.go):
+//
+//	ZMQ multipart: [topic, seq (8-byte big-endian), payload]
+//	payload, positional (msgspec array_like=True; SGLang, older vLLM, the sim):
+//	  batch = [ts float, events [...], data_parallel_rank int|nil (optional)]
+//	  event = ["BlockStored", block_hashes, parent_block_hash|nil, token_ids,
+//	           block_size, lora_id|nil, medium|nil, lora_name|nil, extra_keys, ...]
+//	        | ["BlockRemoved", block_hashes, medium|nil, group_idx|nil]
+//	        | ["AllBlocksCleared", ...]
+//	payload, named (newer vLLM without array_like, the sim's map format):
+//	  batch = {"ts":..., "events":[...], "data_parallel_rank":...}
+//	  event = {"type":"BlockStored", "block_hashes":..., "parent_block_hash":..., ...}
+//
+// Trailing fields may be omitted (msgspec omit_defaults; SGLang's shorter
+// structs); unknown trailing fields and keys are skipped. A block hash is an
+// int (Python hash, possibly negative) or bytes (vLLM's sha256 ExternalBlockHash).
+// The sim sends parent_block_hash 0 for "no parent" in the positional form;
+// the index treats a parent it does not know as unknown, and 0 as the root.
+
+// Kind is the type of one engine KV event.
+type Kind uint8
+
+const (
+	BlockStored Kind = iota + 1
+	BlockRemoved
+	AllBlocksCleared
+)
+
+func (k Kind) String() string {
+	switch k {
+	case BlockStored:
+		return "BlockStored"
+	case BlockRemoved:
+		return "BlockRemoved"
+	case AllBlocksCleared:
+		return "AllBlocksCleared"
+	}
+	return "unknown"
+}
+
+// BlockHash is an engine block hash as an opaque comparable value: "i" and 8
+// big-endian bytes for an integer hash, "b" and the bytes for a bytes hash.
+type BlockHash string
+
+// NoHash is the absent parent (the first block of a sequence).
+const NoHash BlockHash = ""
+
+// IntHash is the BlockHash of an integer engine hash.
+func IntHash(v uint64) BlockHash {
+	var b [9]byte
+	b[0] = 'i'
+	binary.BigEndian.PutUint64(b[1:], v)
+	return BlockHash(b[:])
+}
+
+// Event is one decoded engine event.
+type Event struct {
+	Kind        Kind
+	BlockHashes []BlockHash // BlockStored, BlockRemoved
+	Parent      BlockHash   // BlockStored; NoHash when nil
+	TokenIDs    []uint32    // BlockStored: len == len(BlockHashes)*BlockSize
+	BlockSize   int         // BlockStored
+	LoraID      int64       // BlockStored; meaningful when HasLora
+	HasLora     bool
+	Medium      string // "GPU", "CPU", ... or empty
+}
+
+// Batch is one decoded payload.
+type Batch struct {
+	TS        float64
+	Events    []Event
+	DPRank    int // data-parallel rank; 0 when absent
+	Unknown   int // events with a tag this decoder does not know (skipped)
+	hasDPRank bool
+}
+
+// Message is one decoded ZMQ message.
+type Message struct {
+	Topic string
+	Pod   string // <pod> of kv@<pod>@<model>
+	Model string
+	Seq   uint64
+	Batch Batch
+}
+
+// Limits bound what one message may hold; anything over is dropped whole.
+type Limits struct {
+	MaxPayloadBytes   int // default 16 MiB
+	MaxEventsPerBatch int // default 16384
+	MaxBlocksPerEvent int // default 16384
+	MaxTokensPerEvent int // default 1<<20
+	MaxBlockSize      int // tokens per engine block; default 4096
+	MaxHashBytes      int // bytes hash length; default 64
+}
+
+// DefaultLimits fit a 1M-token prompt at block size 16 in one event.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxPayloadBytes:   16 << 20,
+		MaxEventsPerBatch: 16384,
+		MaxBlocksPerEvent: 16384,
+		MaxTokensPerEvent: 1 << 20,
+		MaxBlockSize:      4096,
+		MaxHashBytes:      64,
+	}
+}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits()
+	if l.MaxPayloadBytes <= 0 {
+		l.MaxPayloadBytes = d.MaxPayloadBytes
+	}
+	if l.MaxEventsPerBatch <= 0 {
+		l.MaxEventsPerBatch = d.MaxEventsPerBatch
+	}
+	if l.MaxBlocksPerEvent <= 0 {
+		l.MaxBlocksPerEvent = d.MaxBlocksPerEvent
+	}
+	if l.MaxTokensPerEvent <= 0 {
+		l.MaxTokensPerEvent = d.MaxTokensPerEvent
+	}
+	if l.MaxBlockSize <= 0 {
+		l.MaxBlockSize = d.MaxBlockSize
+	}
+	if l.MaxHashBytes <= 0 {
+		l.MaxHashBytes = d.MaxHashBytes
+	}
+	return l
+}
+
+// Reason says why a message was dropped; it is a metric label.
+type Reason string
+
+const (
+	ReasonFrames      Reason = "frames"       // not exactly 3 frames
+	ReasonTopic       Reason = "topic"        // not kv@<host:port>@<model>
+	ReasonSeq         Reason = "seq"          // sequence frame not 8 bytes
+	ReasonPayloadSize Reason = "payload_size" // over MaxPayloadBytes
+	ReasonMalformed   Reason = "malformed"    // not the msgpack layout above
+	ReasonTooMany     Reason = "too_many"     // events, blocks or tokens over the limits
+	ReasonBlockSize   Reason = "block_size"   // block size out of range
+	ReasonTokenCount  Reason = "token_count"  // token ids != blocks * block size
+	ReasonHash        Reason = "hash"         // a hash that is not an int or bytes within bounds
+	ReasonUnknownPod  Reason = "unknown_pod"  // the topic's pod is no replica of the pool
+	ReasonParent      Reason = "unknown_parent"
+)
+
+// DecodeError is a dropped message with its counted reason.
+type DecodeError struct {
+	Reason Reason
+	Detail string
+}
+
+func (e *DecodeError) Error() string { return "kv events: " + string(e.Reason) + ": " + e.Detail }
+
+func fail(r Reason, format string, args ...any) error {
+	return &DecodeError{Reason: r, Detail: fmt.Sprintf(format, args...)}
+}
+
+// ReasonOf is the counted reason of an error from this package.
+func ReasonOf(err error) Reason {
+	var de *DecodeError
+	if errors.As(err, &de) {
+		return de.Reason
+	}
+	return ReasonMalformed
+}
+
+const maxTopicBytes = 512
+
+// DecodeMessage decodes the three frames of one ZMQ message.
+func DecodeMessage(frames [][]byte, lim Limits) (Message, error) {
+	lim = lim.withDefaults()
+	if len(frames) != 3 {
+		return Message{}, fail(ReasonFrames, "%d frames, want 3", len(frames))
+	}
+	pod, model, err := ParseTopic(string(frames[0]))
+	if err != nil {
+		return Message{}, err
+	}
+	if len(frames[1]) != 8 {
+		return Message{}, fail(ReasonSeq, "sequence frame of %d bytes, want 8", len(frames[1]))
+	}
+	b, err := DecodeBatch(frames[2], lim)
+	if err != nil {
+		return Message{}, err
+	}
+	return Message{Topic: string(frames[0]), Pod: pod, Model: model,
+		Seq: binary.BigEndian.Uint64(frames[1]), Batch: b}, nil
+}
+
+// ParseTopic splits kv@<pod>@<model>; the pod must be host:port. The model
+// may itself contain '@'.
+func ParseTopic(topic string) (pod, model string, err error) {
+	if len(topic) > maxTopicBytes || !utf8.ValidString(topic) {
+		return "", "", fail(ReasonTopic, "topic is not UTF-8 of at most %d bytes", maxTopicBytes)
+	}
+	parts := strings.SplitN(topic, "@", 3)
+	if len(parts) != 3 || parts[0] != "kv" || parts[1] == "" {
+		return "", "", fail(ReasonTopic, "topic %q is not kv@<host:port>@<model>", topic)
+	}
+	if err := checkHostPort(parts[1]); err != nil {
+		return "", "", fail(ReasonTopic, "topic %q: %v", topic, err)
+	}
+	return parts[1], parts[2], nil
+}
+
+// DecodeBatch decodes one msgpack payload.
+func DecodeBatch(payload []byte, lim Limits) (Batch, error) {
+	lim = lim.withDefaults()
+	if len(payload) > lim.MaxPayloadBytes {
+		return Batch{}, fail(ReasonPayloadSize, "payload of %d bytes, limit %d", len(payload), lim.MaxPayloadBytes)
+	}
+	r := &reader{d: msgpack.NewDecoder(bytes.NewReader(payload)), lim: lim}
+	return r.batch()
+}
+
+type reader struct {
+	d   *msgpack.Decoder
+	lim Limits
+}
+
+func malformed(err error) error {
+	if err == nil {
+		return nil
+	}
+	var de *DecodeError
+	if errors.As(err, &de) {
+		return err
+	}
+	return fail(ReasonMalformed, "%v", err)
+}
+
+func (r *reader) batch() (Batch, error) {
+	var b Batch
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return b, malformed(err)
+	}
+	switch {
+	case isArray(c):
+		n, err := r.d.DecodeArrayLen()
+		if err != nil {
+			return b, malformed(err)
+		}
+		if n < 2 {
+			return b, fail(ReasonMalformed, "batch array of %d fields, want at least 2", n)
+		}
+		if b.TS, err = r.float(); err != nil {
+			return b, malformed(err)
+		}
+		if err := r.events(&b); err != nil {
+			return b, malformed(err)
+		}
+		if n >= 3 {
+			if b.DPRank, b.hasDPRank, err = r.optInt(); err != nil {
+				return b, malformed(err)
+			}
+		}
+		for i := 3; i < n; i++ {
+			if err := r.skip(0); err != nil {
+				return b, malformed(err)
+			}
+		}
+	case isMap(c):
+		n, err := r.d.DecodeMapLen()
+		if err != nil {
+			return b, malformed(err)
+		}
+		for i := 0; i < n; i++ {
+			k, err := r.key()
+			if err != nil {
+				return b, malformed(err)
+			}
+			switch k {
+			case "ts":
+				b.TS, err = r.float()
+			case "events":
+				err = r.events(&b)
+			case "data_parallel_rank":
+				b.DPRank, b.hasDPRank, err = r.optInt()
+			default:
+				err = r.skip(0)
+			}
+			if err != nil {
+				return b, malformed(err)
+			}
+		}
+	default:
+		return b, fail(ReasonMalformed, "batch is neither an array nor a map (code %#x)", c)
+	}
+	if b.DPRank < 0 || b.DPRank > math.MaxUint16 {
+		return b, fail(ReasonMalformed, "data_parallel_rank %d out of range", b.DPRank)
+	}
+	return b, nil
+}
+
+func (r *reader) events(b *Batch) error {
+	n, err := r.d.DecodeArrayLen()
+	if err != nil {
+		return err
+	}
+	if n > r.lim.MaxEventsPerBatch {
+		return fail(ReasonTooMany, "%d events in a batch, limit %d", n, r.lim.MaxEventsPerBatch)
+	}
+	if n > 0 {
+		b.Events = make([]Event, 0, min(n, 64))
+	}
+	for i := 0; i < n; i++ {
+		ev, known, err := r.event()
+		if err != nil {
+			return err
+		}
+		if !known {
+			b.Unknown++
+			continue
+		}
+		b.Events = append(b.Events, ev)
+	}
+	return nil
+}
+
+// event decodes one event; known is false for a tag it does not know
+// (skipped, so a newer engine's extra event types do not stop the stream).
+func (r *reader) event() (ev Event, known bool, err error) {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return ev, false, err
+	}
+	var f fields
+	switch {
+	case isArray(c):
+		err = r.positional(&f)
+	case isMap(c):
+		err = r.named(&f)
+	default:
+		return ev, false, fail(ReasonMalformed, "event is neither an array nor a map (code %#x)", c)
+	}
+	if err != nil {
+		return ev, false, err
+	}
+	switch f.tag {
+	case "BlockStored":
+		ev.Kind = BlockStored
+	case "BlockRemoved":
+		ev.Kind = BlockRemoved
+	case "AllBlocksCleared":
+		ev.Kind = AllBlocksCleared
+		return ev, true, nil
+	default:
+		return ev, false, nil
+	}
+	if !f.has[fHashes] {
+		return ev, false, fail(ReasonMalformed, "%s without block_hashes", f.tag)
+	}
+	ev.BlockHashes, ev.Medium = f.hashes, f.medium
+	if ev.Kind == BlockRemoved {
+		return ev, true, nil
+	}
+	if !f.has[fTokens] || !f.has[fBlockSize] {
+		return ev, false, fail(ReasonMalformed, "BlockStored without token_ids or block_size")
+	}
+	if f.blockSize < 1 || f.blockSize > r.lim.MaxBlockSize {
+		return ev, false, fail(ReasonBlockSize, "block_size %d outside 1..%d", f.blockSize, r.lim.MaxBlockSize)
+	}
+	if len(f.tokens) != len(f.hashes)*f.blockSize {
+		return ev, false, fail(ReasonTokenCount, "%d token ids for %d blocks of %d", len(f.tokens), len(f.hashes), f.blockSize)
+	}
+	ev.Parent, ev.TokenIDs, ev.BlockSize = f.parent, f.tokens, f.blockSize
+	ev.LoraID, ev.HasLora = f.lora, f.hasLora
+	return ev, true, nil
+}
+
+// Field slots shared by the positional and named forms.
+const (
+	fHashes = iota
+	fParent
+	fTokens
+	fBlockSize
+	fLora
+	fMedium
+	nFields
+)
+
+type fields struct {
+	tag       string
+	hashes    []BlockHash
+	parent    BlockHash
+	tokens    []uint32
+	blockSize int
+	lora      int64
+	hasLora   bool
+	medium    string
+	has       [nFields]bool
+}
+
+// Positional slots after the tag, per event kind.
+var (
+	storedOrder  = []int{fHashes, fParent, fTokens, fBlockSize, fLora, fMedium}
+	removedOrder = []int{fHashes, fMedium}
+)
+
+func (r *reader) positional(f *fields) error {
+	n, err := r.d.DecodeArrayLen()
+	if err != nil {
+		return err
+	}
+	if n < 1 {
+		return fail(ReasonMalformed, "event array without a tag")
+	}
+	if f.tag, err = r.shortString(); err != nil {
+		return err
+	}
+	var order []int
+	switch f.tag {
+	case "BlockStored":
+		order = storedOrder
+	case "BlockRemoved":
+		order = removedOrder
+	}
+	for i := 1; i < n; i++ {
+		if i-1 < len(order) {
+			err = r.field(f, order[i-1])
+		} else {
+			err = r.skip(0)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var namedSlots = map[string]int{
+	"block_hashes":      fHashes,
+	"parent_block_hash": fParent,
+	"token_ids":         fTokens,
+	"block_size":        fBlockSize,
+	"lora_id":           fLora,
+	"medium":            fMedium,
+}
+
+func (r *reader) named(f *fields) error {
+	n, err := r.d.DecodeMapLen()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		k, err := r.key()
+		if err != nil {
+			return err
+		}
+		if k == "type" {
+			if f.tag, err = r.shortString(); err != nil {
+				return err
+			}
+			continue
+		}
+		slot, ok := namedSlots[k]
+		if !ok {
+			err = r.skip(0)
+		} else {
+			err = r.field(f, slot)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *reader) field(f *fields, slot int) error {
+	if f.has[slot] {
+		return fail(ReasonMalformed, "field %d given twice", slot)
+	}
+	f.has[slot] = true
+	var err error
+	switch slot {
+	case fHashes:
+		f.hashes, err = r.hashes()
+	case fParent:
+		f.parent, err = r.optHash()
+	case fTokens:
+		f.tokens, err = r.tokens()
+	case fBlockSize:
+		var v int64
+		v, err = r.int()
+		if err == nil && (v < 1 || v > int64(r.lim.MaxBlockSize)) {
+			err = fail(ReasonBlockSize, "block_size %d outside 1..%d", v, r.lim.MaxBlockSize)
+		}
+		f.blockSize = int(v)
+	case fLora:
+		var v int
+		v, f.hasLora, err = r.optInt()
+		f.lora = int64(v)
+	case fMedium:
+		f.medium, err = r.optShortString()
+	}
+	return err
+}
+
+func (r *reader) hashes() ([]BlockHash, error) {
+	n, err := r.d.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 {
+		return nil, fail(ReasonMalformed, "block_hashes is nil")
+	}
+	if n > r.lim.MaxBlocksPerEvent {
+		return nil, fail(ReasonTooMany, "%d blocks in an event, limit %d", n, r.lim.MaxBlocksPerEvent)
+	}
+	out := make([]BlockHash, 0, min(n, 1024))
+	for i := 0; i < n; i++ {
+		h, err := r.hash()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+func (r *reader) optHash() (BlockHash, error) {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return NoHash, err
+	}
+	if c == msgpcode.Nil {
+		return NoHash, r.d.DecodeNil()
+	}
+	return r.hash()
+}
+
+func (r *reader) hash() (BlockHash, error) {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return NoHash, err
+	}
+	switch {
+	case isInt(c):
+		if c == msgpcode.Uint64 {
+			v, err := r.d.DecodeUint64()
+			return IntHash(v), err
+		}
+		v, err := r.d.DecodeInt64()
+		return IntHash(uint64(v)), err
+	case msgpcode.IsBin(c) || msgpcode.IsString(c):
+		b, err := r.d.DecodeBytes()
+		if err != nil {
+			return NoHash, err
+		}
+		if len(b) == 0 || len(b) > r.lim.MaxHashBytes {
+			return NoHash, fail(ReasonHash, "bytes hash of %d bytes, want 1..%d", len(b), r.lim.MaxHashBytes)
+		}
+		return BlockHash("b" + string(b)), nil
+	}
+	return NoHash, fail(ReasonHash, "hash is neither an int nor bytes (code %#x)", c)
+}
+
+func (r *reader) tokens() ([]uint32, error) {
+	n, err := r.d.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 {
+		return nil, fail(ReasonMalformed, "token_ids is nil")
+	}
+	if n > r.lim.MaxTokensPerEvent {
+		return nil, fail(ReasonTooMany, "%d token ids in an event, limit %d", n, r.lim.MaxTokensPerEvent)
+	}
+	out := make([]uint32, 0, min(n, 4096))
+	for i := 0; i < n; i++ {
+		v, err := r.int()
+		if err != nil {
+			return nil, err
+		}
+		if v < 0 || v > math.MaxUint32 {
+			return nil, fail(ReasonMalformed, "token id %d out of range", v)
+		}
+		out = append(out, uint32(v))
+	}
+	return out, nil
+}
+
+func (r *reader) int() (int64, error) {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if !isInt(c) {
+		return 0, fail(ReasonMalformed, "want an int (code %#x)", c)
+	}
+	if c == msgpcode.Uint64 {
+		v, err := r.d.DecodeUint64()
+		if err == nil && v > math.MaxInt64 {
+			return 0, fail(ReasonMalformed, "int %d out of range", v)
+		}
+		return int64(v), err
+	}
+	return r.d.DecodeInt64()
+}
+
+func (r *reader) optInt() (int, bool, error) {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return 0, false, err
+	}
+	if c == msgpcode.Nil {
+		return 0, false, r.d.DecodeNil()
+	}
+	v, err := r.int()
+	if err != nil {
+		return 0, false, err
+	}
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		return 0, false, fail(ReasonMalformed, "int %d out of range", v)
+	}
+	return int(v), true, nil
+}
+
+func (r *reader) float() (float64, error) {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.Float || c == msgpcode.Double {
+		return r.d.DecodeFloat64()
+	}
+	v, err := r.int()
+	return float64(v), err
+}
+
+const maxShortString = 256
+
+// shortString reads a tag, key or medium: a string of at most 256 bytes.
+func (r *reader) shortString() (string, error) {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return "", err
+	}
+	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
+		return "", fail(ReasonMalformed, "want a string (code %#x)", c)
+	}
+	s, err := r.d.DecodeString()
+	if err != nil {
+		return "", err
+	}
+	if len(s) > maxShortString {
+		return "", fail(ReasonMalformed, "string of %d bytes, limit %d", len(s), maxShortString)
+	}
+	return s, nil
+}
+
+func (r *reader) optShortString() (string, error) {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return "", err
+	}
+	if c == msgpcode.Nil {
+		return "", r.d.DecodeNil()
+	}
+	return r.shortString()
+}
+
+func (r *reader) key() (string, error) { return r.shortString() }
+
+// maxSkipDepth bounds nesting in skipped values: the library's own Skip
+// recurses without a bound, and a deep enough nest would exhaust the stack.
+const maxSkipDepth = 32
+
+func (r *reader) skip(depth int) error {
+	if depth > maxSkipDepth {
+		return fail(ReasonMalformed, "nesting deeper than %d", maxSkipDepth)
+	}
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return err
+	}
+	switch {
+	case isArray(c):
+		n, err := r.d.DecodeArrayLen()
+		if err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			if err := r.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case isMap(c):
+		n, err := r.d.DecodeMapLen()
+		if err != nil {
+			return err
+		}
+		for i := 0; i < 2*n; i++ {
+			if err := r.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return r.d.Skip()
+}
+
+func isArray(c byte) bool {
+	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+}
+
+func isMap(c byte) bool {
+	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+}
+
+func isInt(c byte) bool {
+	if msgpcode.IsFixedNum(c) {
+		return true
+	}
+	switch c {
+	case msgpcode.Uint8, msgpcode.Uint16, msgpcode.Uint32, msgpcode.Uint64,
+		msgpcode.Int8, msgpcode.Int16, msgpcode.Int32, msgpcode.Int64:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,217 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
+)
+
+// The ZMQ library reads a frame by allocating the size its peer announces
+// (up to 2^63 bytes) and accepts frames and connections without bound; it
+// also runs each connection's handshake inside its accept loop with no
+// deadline, so one silent client would stop every later publisher. The
+// listen address is reachable from the network, so the listener goes
+// through this guard: a TCP transport whose connections check the ZMTP 3
+// framing as it streams past and fail (closing the connection) on a frame
+// or message over the limits, whose handshake must finish within a
+// deadline, and whose listener refuses connections beyond a maximum.
+
+const guardTransport = "sluice-kv-tcp"
+
+var registerGuard sync.Once
+
+// handshakeTimeout bounds a connection's greeting and handshake (a var so
+// tests can shorten it).
+var handshakeTimeout = 10 * time.Second
+
+type guardLimits struct {
+	maxFrame, maxMessage int64 // bytes
+	maxFrames            int   // frames per message
+	maxConns             int64
+	handshake            time.Duration
+}
+
+func defaultGuardLimits(lim Limits) guardLimits {
+	return guardLimits{
+		maxFrame:   int64(lim.MaxPayloadBytes),
+		maxMessage: int64(lim.MaxPayloadBytes) + 2*maxTopicBytes,
+		maxFrames:  8,
+		maxConns:   1024,
+		handshake:  handshakeTimeout,
+	}
+}
+
+// guardRegistry maps a listen address to its guard: transports are global
+// in the ZMQ library, so one registered transport serves every Listener.
+var guardRegistry sync.Map // host:port -> *guardState
+
+// guardState is one listen address's limits and counters.
+type guardState struct {
+	lim                         guardLimits
+	refused, oversize, timeouts atomic.Uint64
+}
+
+type guardTransportImpl struct{}
+
+func (guardTransportImpl) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	return nil, errors.New("kv_events: the guarded transport only listens")
+}
+
+func (guardTransportImpl) Addr(ep string) (string, error) { return ep, nil }
+
+func (guardTransportImpl) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	v, ok := guardRegistry.Load(addr)
+	if !ok {
+		return nil, fmt.Errorf("kv_events: no limits registered for %q", addr)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	g := v.(*guardState)
+	return &guardListener{Listener: l, lim: g.lim, g: g}, nil
+}
+
+func ensureGuardTransport() error {
+	var err error
+	registerGuard.Do(func() { err = zmq4.RegisterTransport(guardTransport, guardTransportImpl{}) })
+	return err
+}
+
+type guardListener struct {
+	net.Listener
+	lim    guardLimits
+	g      *guardState
+	active atomic.Int64
+}
+
+func (l *guardListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.active.Add(1) > l.lim.maxConns {
+			l.active.Add(-1)
+			l.g.refused.Add(1)
+			_ = c.Close()
+			continue
+		}
+		_ = c.SetReadDeadline(time.Now().Add(l.lim.handshake))
+		return &guardConn{Conn: c, l: l, lim: l.lim, greeting: 64}, nil
+	}
+}
+
+// guardConn follows ZMTP 3 framing on the bytes read: a 64-byte greeting,
+// then frames of [flags, size (1 byte, or 8 with the LONG flag), body].
+type guardConn struct {
+	net.Conn
+	l        *guardListener
+	lim      guardLimits
+	closed   atomic.Bool
+	greeting int    // greeting bytes still to come
+	hdr      []byte // header bytes of the current frame so far
+	body     int64  // body bytes of the current frame still to come
+	inMsg    int64  // bytes of the current message so far
+	frames   int    // frames of the current message so far
+	shaken   bool   // the first command (the handshake) went past
+	inCmd    bool
+}
+
+var errGuard = errors.New("kv_events: ZMTP frame over the limits")
+
+func (c *guardConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if ferr := c.scan(p[:n]); ferr != nil {
+		c.l.g.oversize.Add(1)
+		_ = c.Close()
+		return 0, ferr
+	}
+	var ne net.Error
+	if err != nil && !c.shaken && errors.As(err, &ne) && ne.Timeout() {
+		c.l.g.timeouts.Add(1)
+	}
+	return n, err
+}
+
+func (c *guardConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.l.active.Add(-1)
+	}
+	return c.Conn.Close()
+}
+
+func (c *guardConn) scan(b []byte) error {
+	for len(b) > 0 {
+		switch {
+		case c.greeting > 0:
+			k := min(c.greeting, len(b))
+			c.greeting -= k
+			b = b[k:]
+		case c.body > 0:
+			k := int64(len(b))
+			if k > c.body {
+				k = c.body
+			}
+			c.body -= k
+			b = b[k:]
+			if c.body == 0 {
+				c.frameDone()
+			}
+		default:
+			c.hdr = append(c.hdr, b[0])
+			b = b[1:]
+			flags := c.hdr[0]
+			want := 2
+			if flags&0x02 != 0 {
+				want = 9
+			}
+			if len(c.hdr) < want {
+				continue
+			}
+			var size int64
+			if want == 2 {
+				size = int64(c.hdr[1])
+			} else {
+				for _, x := range c.hdr[1:9] {
+					if size > (1<<62)>>8 {
+						return errGuard
+					}
+					size = size<<8 | int64(x)
+				}
+			}
+			c.inCmd = flags&0x04 != 0
+			more := flags&0x01 != 0
+			c.frames++
+			c.inMsg += size
+			if size > c.lim.maxFrame || c.inMsg > c.lim.maxMessage || c.frames > c.lim.maxFrames {
+				return errGuard
+			}
+			c.hdr = c.hdr[:0]
+			if !more {
+				c.frames, c.inMsg = 0, 0
+			}
+			c.body = size
+			if size == 0 {
+				c.frameDone()
+			}
+		}
+	}
+	return nil
+}
+
+// frameDone lifts the handshake deadline once the peer's first command
+// (READY) has been read in full.
+func (c *guardConn) frameDone() {
+	if c.inCmd && !c.shaken {
+		c.shaken = true
+		_ = c.Conn.SetReadDeadline(time.Time{})
+	}
+}

@@ -1,0 +1,389 @@
+package kvevents
+
+import (
+	"sync"
+	"time"
+)
+
+// Config sizes an Index. Zero values take the defaults.
+type Config struct {
+	// BlockSize is Sluice's key block in tokens (default 16). Prefixes are
+	// matched in whole blocks of this size.
+	BlockSize int
+	// MaxBlocksPerReplica bounds the engine blocks remembered per replica
+	// (default 65536, about 1M tokens at block size 16); the oldest go first.
+	MaxBlocksPerReplica int
+	// MaxBlocksTotal bounds them over all replicas (default 524288); the
+	// oldest of the largest replica go first.
+	MaxBlocksTotal int
+	// Seed is mixed into the root key; instances that share keys must agree.
+	Seed uint64
+}
+
+func (c Config) withDefaults() Config {
+	if c.BlockSize <= 0 {
+		c.BlockSize = DefaultBlockSize
+	}
+	if c.MaxBlocksPerReplica <= 0 {
+		c.MaxBlocksPerReplica = 1 << 16
+	}
+	if c.MaxBlocksTotal <= 0 {
+		c.MaxBlocksTotal = 1 << 19
+	}
+	return c
+}
+
+// Bounds on what a publisher can make the index track besides blocks.
+const (
+	maxTopics            = 4096 // sequence trackers (topic, rank)
+	maxSourcesPerReplica = 64   // (data-parallel rank, medium) pairs
+)
+
+// Index is, per replica, the set of Sluice block keys its engine holds,
+// rebuilt from the engine's KV events. One mutex guards everything.
+type Index struct {
+	mu       sync.Mutex
+	cfg      Config
+	keyer    keyer
+	replicas map[string]*replica
+	total    int
+	seqs     map[seqKey]uint64
+	c        counters
+}
+
+type seqKey struct {
+	topic string
+	rank  int
+}
+
+// source is one cache of a replica: a data-parallel rank and a medium
+// (GPU, CPU offload...). Engine hashes are unique only within one.
+type source struct {
+	rank   int
+	medium string
+}
+
+type replica struct {
+	keys       map[uint64]int32     // Sluice key -> engine blocks that complete it
+	spec       map[uint64]time.Time // speculative keys (just routed there) -> expiry
+	sources    map[source]map[BlockHash]*entry
+	head, tail *entry // oldest first
+	n          int
+	lastEvent  time.Time
+}
+
+// entry is one engine block: the keys it completes (evicted with it) and
+// the keying state after it (its children chain from there).
+type entry struct {
+	hash       BlockHash
+	src        source
+	keys       []uint64
+	state      chain
+	prev, next *entry
+}
+
+// NewIndex returns an empty index.
+func NewIndex(cfg Config) *Index {
+	cfg = cfg.withDefaults()
+	return &Index{
+		cfg:      cfg,
+		keyer:    newKeyer(cfg.BlockSize, cfg.Seed),
+		replicas: make(map[string]*replica),
+		seqs:     make(map[seqKey]uint64),
+		c:        newCounters(),
+	}
+}
+
+// BlockSize is the key block size in tokens.
+func (ix *Index) BlockSize() int { return ix.cfg.BlockSize }
+
+// Keys returns the Sluice keys of every full block of tokens, to pass to Match.
+func (ix *Index) Keys(tokens []uint32) []uint64 { return ix.keyer.keys(tokens) }
+
+// Match returns, per replica, how many leading keys it holds: its longest
+// cached prefix in blocks of BlockSize tokens.
+func (ix *Index) Match(keys []uint64, replicas []string) []int {
+	out := make([]int, len(replicas))
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for i, name := range replicas {
+		r := ix.replicas[name]
+		if r == nil {
+			continue
+		}
+		n := 0
+		for _, k := range keys {
+			if r.keys[k] == 0 {
+				break
+			}
+			n++
+		}
+		out[i] = n
+	}
+	return out
+}
+
+func (ix *Index) newReplica(name string) *replica {
+	r := &replica{keys: make(map[uint64]int32), sources: make(map[source]map[BlockHash]*entry)}
+	ix.replicas[name] = r
+	return r
+}
+
+// maxSpeculative bounds the speculative keys per replica.
+const maxSpeculative = 1 << 14
+
+// Speculate records that keys were just routed to the replica: for ttl
+// after now they count as held, so a burst of one new prefix is not scattered
+// before the engine's events arrive. A replica the index has not heard of
+// is created (it may publish later); a full speculative set drops expired
+// keys, then everything.
+func (ix *Index) Speculate(name string, keys []uint64, now time.Time, ttl time.Duration) {
+	if len(keys) == 0 {
+		return
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	r := ix.replicas[name]
+	if r == nil {
+		if len(ix.replicas) >= maxTopics {
+			return
+		}
+		r = ix.newReplica(name)
+	}
+	if r.spec == nil {
+		r.spec = make(map[uint64]time.Time)
+	}
+	if len(r.spec)+len(keys) > maxSpeculative {
+		for k, exp := range r.spec {
+			if !now.Before(exp) {
+				delete(r.spec, k)
+			}
+		}
+		if len(r.spec)+len(keys) > maxSpeculative {
+			clear(r.spec)
+		}
+	}
+	for i, k := range keys {
+		if i >= maxSpeculative {
+			break
+		}
+		r.spec[k] = now.Add(ttl)
+	}
+}
+
+// MatchFresh is Match counting speculative keys unexpired at now, and
+// telling which replicas had a batch within freshFor before now.
+func (ix *Index) MatchFresh(keys []uint64, replicas []string, now time.Time, freshFor time.Duration, matched []int, fresh []bool) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for i, name := range replicas {
+		matched[i], fresh[i] = 0, false
+		r := ix.replicas[name]
+		if r == nil {
+			continue
+		}
+		fresh[i] = !r.lastEvent.IsZero() && now.Sub(r.lastEvent) <= freshFor
+		n := 0
+		for _, k := range keys {
+			if r.keys[k] == 0 {
+				if exp, ok := r.spec[k]; !ok || !now.Before(exp) {
+					break
+				}
+			}
+			n++
+		}
+		matched[i] = n
+	}
+}
+
+// LastEvent is when the replica's last batch was applied (zero if never).
+func (ix *Index) LastEvent(name string) time.Time {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if r := ix.replicas[name]; r != nil {
+		return r.lastEvent
+	}
+	return time.Time{}
+}
+
+// Forget drops a replica that left the pool.
+func (ix *Index) Forget(name string) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if r := ix.replicas[name]; r != nil {
+		ix.total -= r.n
+		delete(ix.replicas, name)
+	}
+}
+
+// CountDrop counts a message dropped before it reached the index.
+func (ix *Index) CountDrop(r Reason) {
+	ix.mu.Lock()
+	ix.c.drop(r)
+	ix.mu.Unlock()
+}
+
+// Apply applies one decoded message from the replica its topic names. A
+// sequence gap or a sequence going back (publisher restart) clears that
+// replica's cache for the message's rank first: the events in between are
+// lost (no replay here), so what the index held may be stale.
+func (ix *Index) Apply(name string, m Message, now time.Time) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	rank := m.Batch.DPRank
+	sk := seqKey{topic: m.Topic, rank: rank}
+	last, seen := ix.seqs[sk]
+	if !seen && len(ix.seqs) >= maxTopics {
+		ix.c.drop(ReasonTooMany)
+		return
+	}
+	r := ix.replicas[name]
+	if r == nil {
+		r = ix.newReplica(name)
+	}
+	if seen {
+		switch {
+		case m.Seq == last+1:
+		case m.Seq > last+1:
+			ix.c.gaps++
+			ix.clearRank(r, rank)
+		default:
+			ix.c.restarts++
+			ix.clearRank(r, rank)
+		}
+	}
+	ix.seqs[sk] = m.Seq
+	ix.c.batches++
+	ix.c.unknown += uint64(m.Batch.Unknown)
+	r.lastEvent = now
+	for i := range m.Batch.Events {
+		ev := &m.Batch.Events[i]
+		ix.c.events++
+		src := source{rank: rank, medium: ev.Medium}
+		switch ev.Kind {
+		case BlockStored:
+			ix.store(r, src, ev)
+		case BlockRemoved:
+			blocks := r.sources[src]
+			for _, h := range ev.BlockHashes {
+				if e := blocks[h]; e != nil {
+					ix.remove(r, e)
+				} else {
+					ix.c.removedUnknown++
+				}
+			}
+		case AllBlocksCleared:
+			ix.c.cleared++
+			ix.clearRank(r, rank)
+		}
+	}
+	ix.enforce(r)
+}
+
+func (ix *Index) store(r *replica, src source, ev *Event) {
+	blocks := r.sources[src]
+	if blocks == nil {
+		if len(r.sources) >= maxSourcesPerReplica {
+			ix.c.drop(ReasonTooMany)
+			return
+		}
+		blocks = make(map[BlockHash]*entry)
+		r.sources[src] = blocks
+	}
+	state := ix.keyer.start()
+	if ev.Parent != NoHash {
+		switch p := blocks[ev.Parent]; {
+		case p != nil:
+			state = p.state
+		case ev.Parent == IntHash(0):
+			// the sim's positional form says "no parent" with 0
+		default:
+			// evicted here, or stored before we listened: the chain is unknown
+			ix.c.drop(ReasonParent)
+			return
+		}
+	}
+	bs := ev.BlockSize
+	if bs <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
+		ix.c.drop(ReasonTokenCount) // DecodeMessage never yields one; a hand-made Event might
+		return
+	}
+	for i, h := range ev.BlockHashes {
+		var keys []uint64
+		keys, state = ix.keyer.extend(state, ev.TokenIDs[i*bs:(i+1)*bs], nil)
+		if old := blocks[h]; old != nil {
+			ix.remove(r, old)
+		}
+		e := &entry{hash: h, src: src, keys: keys, state: state}
+		blocks[h] = e
+		for _, k := range keys {
+			r.keys[k]++
+		}
+		e.prev = r.tail
+		if r.tail != nil {
+			r.tail.next = e
+		} else {
+			r.head = e
+		}
+		r.tail = e
+		r.n++
+		ix.total++
+	}
+}
+
+func (ix *Index) remove(r *replica, e *entry) {
+	for _, k := range e.keys {
+		if r.keys[k]--; r.keys[k] <= 0 {
+			delete(r.keys, k)
+		}
+	}
+	// An emptied source map stays (bounded by maxSourcesPerReplica): store
+	// may be filling it while it removes a block it replaces.
+	if blocks := r.sources[e.src]; blocks != nil {
+		delete(blocks, e.hash)
+	}
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		r.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		r.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+	r.n--
+	ix.total--
+}
+
+// clearRank drops every block of one data-parallel rank, all media.
+func (ix *Index) clearRank(r *replica, rank int) {
+	for src, blocks := range r.sources {
+		if src.rank != rank {
+			continue
+		}
+		for _, e := range blocks {
+			ix.remove(r, e)
+		}
+		delete(r.sources, src)
+	}
+}
+
+// enforce applies the size bounds, oldest first, counting what it drops.
+func (ix *Index) enforce(r *replica) {
+	for r.n > ix.cfg.MaxBlocksPerReplica {
+		ix.remove(r, r.head)
+		ix.c.capacityEvicted++
+	}
+	for ix.total > ix.cfg.MaxBlocksTotal {
+		var largest *replica
+		for _, o := range ix.replicas {
+			if largest == nil || o.n > largest.n {
+				largest = o
+			}
+		}
+		ix.remove(largest, largest.head)
+		ix.c.capacityEvicted++
+	}
+}

@@ -1,0 +1,80 @@
+package kvevents
+
+import (
+	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// DefaultBlockSize is Sluice's own key block: 16 tokens, vLLM's default
+// block size, so with vLLM defaults one engine block is one key. Any engine
+// block size works: keys are recomputed from the token ids (see chain).
+const DefaultBlockSize = 16
+
+// keyer computes Sluice's block keys: key(i) = xxhash64(key(i-1) || tokens of
+// block i), little-endian, from a root derived from the seed. Parent-chained
+// like the engines' own hashes, so a key names a whole prefix, but with
+// Sluice's seed and block size: the engine's hash seed and block size need
+// not match (llm-d does the same).
+type keyer struct {
+	blockSize int
+	root      uint64
+}
+
+func newKeyer(blockSize int, seed uint64) keyer {
+	var b [8 + len("sluice-kv-v1")]byte
+	binary.LittleEndian.PutUint64(b[:8], seed)
+	copy(b[8:], "sluice-kv-v1")
+	return keyer{blockSize: blockSize, root: xxhash.Sum64(b[:])}
+}
+
+// chain is the keying state at an engine block boundary: the last full key
+// and the tokens after it that do not yet fill one of our blocks.
+type chain struct {
+	last    uint64
+	pending []uint32
+}
+
+func (k keyer) start() chain { return chain{last: k.root} }
+
+// extend feeds tokens after c and returns the keys completed and the new
+// state; c is not modified (its pending slice may be shared).
+func (k keyer) extend(c chain, tokens []uint32, keys []uint64) ([]uint64, chain) {
+	buf := make([]uint32, 0, len(c.pending)+len(tokens))
+	buf = append(append(buf, c.pending...), tokens...)
+	last := c.last
+	for len(buf) >= k.blockSize {
+		last = k.key(last, buf[:k.blockSize])
+		keys = append(keys, last)
+		buf = buf[k.blockSize:]
+	}
+	var pending []uint32
+	if len(buf) > 0 {
+		pending = append([]uint32(nil), buf...)
+	}
+	return keys, chain{last: last, pending: pending}
+}
+
+func (k keyer) key(parent uint64, tokens []uint32) uint64 {
+	var d xxhash.Digest
+	d.Reset()
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], parent)
+	_, _ = d.Write(b[:])
+	var t [4 * 64]byte
+	for len(tokens) > 0 {
+		n := min(len(tokens), 64)
+		for i := 0; i < n; i++ {
+			binary.LittleEndian.PutUint32(t[4*i:], tokens[i])
+		}
+		_, _ = d.Write(t[:4*n])
+		tokens = tokens[n:]
+	}
+	return d.Sum64()
+}
+
+// keys returns the keys of every full block of a token sequence.
+func (k keyer) keys(tokens []uint32) []uint64 {
+	out, _ := k.extend(k.start(), tokens, make([]uint64, 0, len(tokens)/k.blockSize))
+	return out
+}

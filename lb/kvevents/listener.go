@@ -1,0 +1,157 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// Resolver maps a topic's pod (host:port) to the replica name the index
+// keys on; false drops the message (counted as unknown_pod).
+type Resolver func(pod string) (replica string, ok bool)
+
+// Listener is a ZMQ SUB socket that binds (engines dial it: vLLM with a
+// non-wildcard endpoint, llm-d-inference-sim always) and feeds an Index.
+type Listener struct {
+	ix      *Index
+	resolve Resolver
+	lim     Limits
+	addr    string
+	guard   *guardState
+	sock    zmq4.Socket
+	cancel  context.CancelFunc
+	done    chan struct{}
+	once    sync.Once
+	now     func() time.Time
+}
+
+// ListenerConfig configures Listen.
+type ListenerConfig struct {
+	Addr    string // tcp://host:port (host * for every interface)
+	Index   *Index
+	Resolve Resolver
+	Limits  Limits
+	Log     io.Writer // the ZMQ library's connection errors; nil discards them
+}
+
+// Listen validates the address, binds it and starts feeding the index.
+func Listen(cfg ListenerConfig) (*Listener, error) {
+	addr, ix, resolve, lim := cfg.Addr, cfg.Index, cfg.Resolve, cfg.Limits
+	hp, err := ParseListenAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	if ix == nil || resolve == nil {
+		return nil, errors.New("kv_events: listener needs an index and a resolver")
+	}
+	lim = lim.withDefaults()
+	if err := ensureGuardTransport(); err != nil {
+		return nil, err
+	}
+	guard := &guardState{lim: defaultGuardLimits(lim)}
+	if _, dup := guardRegistry.LoadOrStore(hp, guard); dup {
+		return nil, fmt.Errorf("kv_events: %s is already listened on", addr)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	logw := cfg.Log
+	if logw == nil {
+		logw = io.Discard
+	}
+	sock := zmq4.NewSub(ctx, zmq4.WithLogger(log.New(logw, "kv_events: ", 0)))
+	if err := sock.SetOption(zmq4.OptionSubscribe, "kv@"); err != nil {
+		cancel()
+		guardRegistry.Delete(hp)
+		return nil, err
+	}
+	if err := sock.Listen(guardTransport + "://" + hp); err != nil {
+		_ = sock.Close()
+		cancel()
+		guardRegistry.Delete(hp)
+		msg := strings.ReplaceAll(err.Error(), guardTransport+"://", "tcp://")
+		return nil, fmt.Errorf("kv_events: cannot listen on %s: %s", addr, msg)
+	}
+	l := &Listener{ix: ix, resolve: resolve, lim: lim, addr: hp, guard: guard, sock: sock, cancel: cancel,
+		done: make(chan struct{}), now: time.Now}
+	go l.run(ctx)
+	return l, nil
+}
+
+// Addr is the bound address (its port when 0 was asked).
+func (l *Listener) Addr() net.Addr { return l.sock.Addr() }
+
+func (l *Listener) run(ctx context.Context) {
+	defer close(l.done)
+	for {
+		msg, err := l.sock.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			continue // one publisher's connection ended
+		}
+		l.handle(msg.Frames)
+	}
+}
+
+func (l *Listener) handle(frames [][]byte) {
+	m, err := DecodeMessage(frames, l.lim)
+	if err != nil {
+		l.ix.CountDrop(ReasonOf(err))
+		return
+	}
+	name, ok := l.resolve(m.Pod)
+	if !ok {
+		l.ix.CountDrop(ReasonUnknownPod)
+		return
+	}
+	l.ix.Apply(name, m, l.now())
+}
+
+// GuardStats counts connections the socket guard cut off.
+type GuardStats struct {
+	RefusedConns      uint64 // over the connection limit
+	OversizeFrames    uint64 // a frame or message over the limits
+	HandshakeTimeouts uint64 // no handshake within the deadline
+}
+
+// GuardStats returns the guard's counters.
+func (l *Listener) GuardStats() GuardStats {
+	return GuardStats{RefusedConns: l.guard.refused.Load(), OversizeFrames: l.guard.oversize.Load(),
+		HandshakeTimeouts: l.guard.timeouts.Load()}
+}
+
+// Close stops the listener and waits for its goroutine.
+func (l *Listener) Close() error {
+	var err error
+	l.once.Do(func() {
+		err = l.sock.Close()
+		l.cancel()
+		<-l.done
+		l.drain()
+		guardRegistry.Delete(l.addr)
+	})
+	return err
+}
+
+// drain empties the library's receive queue after Close: a connection
+// goroutine that read a message just before the close waits to hand it
+// over and would otherwise never exit. Recv on a closed socket picks at
+// random between its closed context and a queued message, so enough
+// consecutive errors mean nothing is queued.
+func (l *Listener) drain() {
+	for misses := 0; misses < 64; {
+		if _, err := l.sock.Recv(); errors.Is(err, context.Canceled) {
+			misses++
+		} else {
+			misses = 0
+		}
+	}
+}

@@ -1,0 +1,189 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"go.uber.org/goleak"
+)
+
+// Ports 5550-5599 are this package's for ZMQ.
+
+// noLeaks checks that no goroutine outlives the test, except the writer of
+// the library's PUB socket, which the test's own publishers leave behind
+// (the library does not stop it on Close; Sluice only subscribes).
+func noLeaks(t *testing.T) {
+	goleak.VerifyNone(t, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+}
+
+func resolveAll(pod string) (string, bool) { return pod, strings.HasPrefix(pod, "127.0.0.1:") }
+
+// waitFor polls cond until it holds; the deadline only bounds a broken run.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func newPub(t *testing.T, addr string) zmq4.Socket {
+	t.Helper()
+	pub := zmq4.NewPub(context.Background())
+	if err := pub.Dial(addr); err != nil {
+		t.Fatal(err)
+	}
+	return pub
+}
+
+func send(t *testing.T, pub zmq4.Socket, topic string, seq uint64, payload []byte) {
+	t.Helper()
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], seq)
+	if err := pub.SendMulti(zmq4.NewMsgFrom([]byte(topic), s[:], payload)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestListenerFeedsIndex(t *testing.T) {
+	defer noLeaks(t)
+	ix := NewIndex(Config{})
+	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5551", Index: ix, Resolve: resolveAll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	pub := newPub(t, "tcp://127.0.0.1:5551")
+	defer pub.Close()
+
+	prompt := seqTokens(0, 32)
+	topic := "kv@127.0.0.1:9150@m"
+	// PUB drops messages until the subscription reaches it: resend (each a
+	// new sequence number) until one lands.
+	seq := uint64(1)
+	waitFor(t, "the first batch", func() bool {
+		send(t, pub, topic, seq, batchPayload(t, vllmStored(anyHashes(1, 2), nil, prompt, 16)))
+		seq++
+		return ix.Match(ix.Keys(prompt), []string{"127.0.0.1:9150"})[0] == 2
+	})
+	send(t, pub, topic, seq, batchPayload(t, vllmRemoved(2)))
+	send(t, pub, "kv@10.9.9.9:1@m", 1, batchPayload(t, vllmRemoved(1))) // not a replica
+	send(t, pub, topic, seq+1, []byte{0xc1})                            // malformed
+	waitFor(t, "the removal and both drops", func() bool {
+		s := ix.Stats()
+		return s.Drops[ReasonUnknownPod] == 1 && s.Drops[ReasonMalformed] == 1 &&
+			ix.Match(ix.Keys(prompt), []string{"127.0.0.1:9150"})[0] == 1
+	})
+	if s := ix.Stats(); s.Replicas["127.0.0.1:9150"].LastEvent.IsZero() {
+		t.Fatalf("no last event time: %+v", s)
+	}
+	// Close with a publisher still connected and sending: nothing leaks.
+	for i := 0; i < 50; i++ {
+		send(t, pub, topic, seq+2+uint64(i), batchPayload(t, vllmRemoved(9)))
+	}
+	if err := l.Close(); err != nil {
+		t.Logf("close: %v", err)
+	}
+	_ = pub.Close()
+}
+
+func TestListenerAddressErrors(t *testing.T) {
+	ix := NewIndex(Config{})
+	for _, addr := range []string{"127.0.0.1:5552", "ipc:///tmp/x", "tcp://127.0.0.1", "tcp://:5552", "tcp://127.0.0.1:99999"} {
+		if l, err := Listen(ListenerConfig{Addr: addr, Index: ix, Resolve: resolveAll}); err == nil {
+			l.Close()
+			t.Errorf("%q: want an error", addr)
+		} else if !strings.Contains(err.Error(), "kv_events") {
+			t.Errorf("%q: error does not name the directive: %v", addr, err)
+		}
+	}
+	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5553", Index: ix, Resolve: resolveAll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5553", Index: ix, Resolve: resolveAll}); err == nil {
+		t.Fatal("second listener on the same address: want an error")
+	}
+	// taken by something else
+	busy, err := net.Listen("tcp", "127.0.0.1:5554")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	if _, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5554", Index: ix, Resolve: resolveAll}); err == nil || !strings.Contains(err.Error(), "tcp://127.0.0.1:5554") {
+		t.Fatalf("busy port: %v", err)
+	}
+}
+
+// zmtpGreeting is a ZMTP 3.0 NULL-mechanism greeting (64 bytes).
+func zmtpGreeting() []byte {
+	g := make([]byte, 64)
+	g[0], g[9], g[10], g[11] = 0xff, 0x7f, 3, 0
+	copy(g[12:], "NULL")
+	return g
+}
+
+// A hostile or broken client must not crash Sluice or stop real publishers:
+// a frame announcing 2^40 bytes closes its connection; a client that never
+// finishes its handshake is cut off at the deadline.
+func TestListenerGuardsTheSocket(t *testing.T) {
+	defer noLeaks(t)
+	old := handshakeTimeout
+	handshakeTimeout = 300 * time.Millisecond
+	defer func() { handshakeTimeout = old }()
+
+	ix := NewIndex(Config{})
+	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5555", Index: ix, Resolve: resolveAll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+
+	silent, err := net.Dial("tcp", "127.0.0.1:5555") // never speaks
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+
+	huge, err := net.Dial("tcp", "127.0.0.1:5555")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer huge.Close()
+	msg := zmtpGreeting()
+	msg = append(msg, 0x06, 0, 0, 1, 0, 0, 0, 0, 0) // LONG|COMMAND, 2^40 bytes
+	if _, err := huge.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	_ = huge.SetReadDeadline(time.Now().Add(20 * time.Second))
+	buf := make([]byte, 256)
+	for {
+		if _, err := huge.Read(buf); err != nil {
+			break // closed by the guard (or the deadline, which the next check catches)
+		}
+	}
+
+	pub := newPub(t, "tcp://127.0.0.1:5555")
+	defer pub.Close()
+	prompt := seqTokens(0, 16)
+	seq := uint64(1)
+	waitFor(t, "a real publisher after the hostile ones", func() bool {
+		send(t, pub, "kv@127.0.0.1:9151@m", seq, batchPayload(t, vllmStored(anyHashes(1), nil, prompt, 16)))
+		seq++
+		return ix.Match(ix.Keys(prompt), []string{"127.0.0.1:9151"})[0] == 1
+	})
+	if g := l.GuardStats(); g.OversizeFrames != 1 || g.HandshakeTimeouts != 1 {
+		t.Fatalf("guard stats: %+v", g)
+	}
+	_ = l.Close()
+	_ = pub.Close()
+}

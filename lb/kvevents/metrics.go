@@ -1,0 +1,59 @@
+package kvevents
+
+import "time"
+
+// counters are the index's running totals, guarded by Index.mu.
+type counters struct {
+	batches, events, unknown uint64
+	gaps, restarts, cleared  uint64
+	removedUnknown           uint64
+	capacityEvicted          uint64
+	drops                    map[Reason]uint64
+}
+
+func newCounters() counters { return counters{drops: make(map[Reason]uint64)} }
+
+func (c *counters) drop(r Reason) { c.drops[r]++ }
+
+// Stats is a snapshot for metrics and health.
+type Stats struct {
+	Batches         uint64            // batches applied
+	Events          uint64            // events applied
+	UnknownEvents   uint64            // events with a tag this decoder does not know
+	Gaps            uint64            // sequence gaps (the rank's entries cleared)
+	Restarts        uint64            // sequence went back (the rank's entries cleared)
+	Cleared         uint64            // AllBlocksCleared events
+	RemovedUnknown  uint64            // BlockRemoved of a block the index did not hold
+	CapacityEvicted uint64            // blocks dropped by MaxBlocksPerReplica/MaxBlocksTotal
+	Drops           map[Reason]uint64 // messages or events dropped, by reason
+	Blocks          int               // engine blocks held, all replicas
+	Replicas        map[string]ReplicaStats
+}
+
+// ReplicaStats is one replica's part of Stats.
+type ReplicaStats struct {
+	Blocks    int       // engine blocks held
+	Keys      int       // distinct Sluice keys held
+	LastEvent time.Time // last batch applied
+}
+
+// Stats returns a snapshot of the counters and sizes.
+func (ix *Index) Stats() Stats {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	s := Stats{
+		Batches: ix.c.batches, Events: ix.c.events, UnknownEvents: ix.c.unknown,
+		Gaps: ix.c.gaps, Restarts: ix.c.restarts, Cleared: ix.c.cleared,
+		RemovedUnknown: ix.c.removedUnknown, CapacityEvicted: ix.c.capacityEvicted,
+		Drops:    make(map[Reason]uint64, len(ix.c.drops)),
+		Blocks:   ix.total,
+		Replicas: make(map[string]ReplicaStats, len(ix.replicas)),
+	}
+	for r, n := range ix.c.drops {
+		s.Drops[r] = n
+	}
+	for name, r := range ix.replicas {
+		s.Replicas[name] = ReplicaStats{Blocks: r.n, Keys: len(r.keys), LastEvent: r.lastEvent}
+	}
+	return s
+}
