@@ -30,6 +30,19 @@ eval "$(bash scripts/redis-cluster-test.sh)"
 trap 'kill "$SLUICE_TEST_REDIS_PID" $SLUICE_TEST_REDIS_CLUSTER_PIDS 2>/dev/null || true; rm -rf "$tmp" "$SLUICE_TEST_REDIS_CLUSTER_DIR"' EXIT
 echo "test redis cluster at $SLUICE_TEST_REDIS_CLUSTER_ADDRS (pids $SLUICE_TEST_REDIS_CLUSTER_PIDS)"
 
+# llm-d-inference-sim, an engine simulator that publishes KV-cache events
+# like vLLM: the kv_events tests run against it (built once into a cache).
+if [ -z "${SLUICE_LLMD_SIM:-}" ]; then
+	if sim=$(bash scripts/llmd-sim.sh); then
+		export SLUICE_LLMD_SIM="$sim"
+	elif [ "${CI:-}" = true ]; then
+		echo "building llm-d-inference-sim failed: the kv_events tests need it" >&2
+		exit 1
+	else
+		echo "llm-d-inference-sim could not be built: the kv_events tests against it will skip" >&2
+	fi
+fi
+
 go test -race -count=1 "$@" ./...
 
 # A short run of every fuzz target of outside input (the committed corpora
@@ -38,7 +51,8 @@ go test -race -count=1 "$@" ./...
 if [ $# -eq 0 ]; then
 	for target in "FuzzSetBackendsBody ./caddymodule" "FuzzTrustedFlowHeaders ./caddymodule" \
 		"FuzzCaddyfileOptions ./caddymodule" "FuzzFirstByteLimit ./caddymodule" \
-		"FuzzParseBackend ./lb" "FuzzExtractMatchesEncodingJSON ./lb/reqtext"; do
+		"FuzzParseBackend ./lb" "FuzzExtractMatchesEncodingJSON ./lb/reqtext" \
+		"FuzzDecode ./lb/kvevents"; do
 		set -- $target
 		echo "fuzz $1 ($2), ${SLUICE_FUZZTIME:-3s}"
 		go test -run '^$' -fuzz "^$1\$" -fuzztime "${SLUICE_FUZZTIME:-3s}" "$2"
