@@ -34,6 +34,14 @@ type mode interface {
 	stats(st *Stats)
 }
 
+// newMode builds the mode named by Config.modeName on m.
+func newMode(name string, m *member) mode {
+	if name == modeQueue {
+		return newGlobalQueue(m)
+	}
+	return newLeastRequest(m)
+}
+
 // records is what the member needs from the mode running on it.
 type records interface {
 	// The mode's scripts for the records every mode keeps (the member
