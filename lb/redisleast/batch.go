@@ -441,9 +441,32 @@ func (b *batcher) drain() bool {
 	return true
 }
 
+// settle sends everything queued and waits for the call under way
+// (reconcile, while no pick or release adds to the queue); false if a
+// call failed.
+func (b *batcher) settle() bool {
+	s := b.m
+	for range 64 {
+		b.mu.Lock()
+		for b.calling {
+			b.cond.Wait()
+		}
+		b.syncIdentLocked(s.ident.Load())
+		if len(b.queue) == 0 && !b.failed {
+			b.mu.Unlock()
+			return true
+		}
+		if b.sendQueuedLocked() != nil {
+			return false
+		}
+	}
+	return false
+}
+
 // send runs the batch script for bt within ReadTimeout.
 func (b *batcher) send(bt *batch) reply {
 	s := b.m
+	floor := bt.ident.acked.Load()
 	args := make([]string, 0, 5+len(bt.cands)+3*len(bt.events))
 	args = append(args, strconv.FormatInt(s.conf().LeaseTTL.Milliseconds(), 10), bt.ident.id,
 		strconv.FormatUint(bt.seq, 10), strconv.Itoa(bt.off), strconv.Itoa(len(bt.cands)))
@@ -455,12 +478,13 @@ func (b *batcher) send(bt *batch) reply {
 		return batchScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, bt.ident.alive, bt.ident.inst, s.k.insts, s.k.picks}, args)
 	})
 	arr, err := res.ToArray()
-	if err == nil && len(arr) != 5 {
+	if err == nil && len(arr) != 6 {
 		err = errBadReply
 	}
 	if err != nil {
 		return reply{err: err}
 	}
+	s.noteVersion(bt.ident, floor, versionOf(arr, 5))
 	picked, _ := arr[1].ToString()
 	zs, err := arr[2].AsStrSlice()
 	if err != nil || len(zs)%2 != 0 {

@@ -36,6 +36,8 @@ func (lr *leastRequest) start(context.Context) error {
 }
 
 func (lr *leastRequest) pick(ctx context.Context, candidates []string) (*Lease, error) {
+	lr.m.own.mu.RLock()
+	defer lr.m.own.mu.RUnlock()
 	if c := lr.m.cfgp.Load(); c.MaxInflight == 0 && c.CallRate > 0 {
 		return lr.batch.pick(ctx, c, candidates, false)
 	}
@@ -84,6 +86,14 @@ func (lr *leastRequest) execSync(ctx context.Context, replicas []string) rueidis
 func (lr *leastRequest) maintain(context.Context) { lr.batch.poke() }
 
 func (lr *leastRequest) drain() { lr.batch.drain() }
+
+func (lr *leastRequest) settle() bool { return lr.batch.settle() }
+
+func (lr *leastRequest) execReconcile(ctx context.Context, ident *identity, floor int64, held []string) rueidis.RedisResult {
+	m := lr.m
+	return reconcileScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, ident.alive, ident.inst, m.k.insts},
+		append(m.reconcileArgs(ident, floor), held...))
+}
 
 func (lr *leastRequest) rotated() {} // the batcher drops the old identity's events at its next use
 

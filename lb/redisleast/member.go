@@ -28,7 +28,7 @@ type member struct {
 	// connection settings in it never change (see Config.ConnectionKey).
 	cfgp   atomic.Pointer[Config]
 	cfgMu  sync.Mutex    // serializes configure
-	reconf chan struct{} // configure → loop: apply now
+	wakeCh chan struct{} // → loop: run a round now (configure, records lost)
 	pool   string
 	k      keys
 	conn   conn
@@ -36,6 +36,7 @@ type member struct {
 
 	ident atomic.Pointer[identity]
 	seq   atomic.Uint64
+	own   ownRecords // what it holds in Redis, to rewrite after Redis lost writes
 	br    breaker
 	pend  pending
 	tombs tombstones
@@ -95,7 +96,7 @@ func (r *replicaSet) lastCounts() map[string]int64 {
 
 func newMember(cfg Config, pool string) *member {
 	m := &member{pool: pool, k: newKeys(cfg.KeyPrefix, pool), done: make(chan struct{}),
-		reconf: make(chan struct{}, 1)}
+		wakeCh: make(chan struct{}, 1)}
 	m.cfgp.Store(&cfg)
 	m.br = breaker{limit: cfg.BreakerFailures, onOpen: m.startProbe}
 	m.pend.max = cfg.PendingMax
@@ -170,16 +171,22 @@ func (m *member) configure(cfg Config) error {
 	// The loop renews with the new lease TTL, moves its ticker, redials
 	// if the read timeout outgrew the connection, and lets the mode act
 	// (the queue hands slots a raised max_inflight freed to the waiters).
+	m.wake()
+	return nil
+}
+
+// wake makes the loop run a round now.
+func (m *member) wake() {
 	select {
-	case m.reconf <- struct{}{}:
+	case m.wakeCh <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 // identity is the name under which an instance records its requests.
 type identity struct {
 	id, alive, inst string
+	acked           atomic.Int64 // the highest version of its records Redis acknowledged (reconcile.go)
 }
 
 func (m *member) newIdentity() *identity {
@@ -238,8 +245,14 @@ func transportErr(err error) bool {
 
 // execRelease sends releases (request ids, "?id" for lost selects)
 // recorded under ident, with the mode's script.
-func (m *member) execRelease(ctx context.Context, ident *identity, ids []string) rueidis.RedisResult {
-	return m.call(ctx, func(ctx context.Context) rueidis.RedisResult { return m.rec.execRelease(ctx, ident, ids) })
+func (m *member) execRelease(ctx context.Context, ident *identity, ids []string) error {
+	floor := ident.acked.Load()
+	arr, err := m.call(ctx, func(ctx context.Context) rueidis.RedisResult { return m.rec.execRelease(ctx, ident, ids) }).ToArray()
+	if err != nil {
+		return err
+	}
+	m.noteVersion(ident, floor, versionOf(arr, 1))
+	return nil
 }
 
 // releaseNow releases one request recorded in Redis, or keeps it for the
@@ -251,7 +264,7 @@ func (m *member) releaseNow(ident *identity, req string) {
 		m.queueRelease(ident, req)
 		return
 	}
-	if err := m.execRelease(context.Background(), ident, []string{req}).Error(); err != nil && !rueidis.IsRedisNil(err) {
+	if err := m.execRelease(context.Background(), ident, []string{req}); err != nil && !rueidis.IsRedisNil(err) {
 		m.queueRelease(ident, req)
 	}
 }

@@ -61,4 +61,11 @@ type records interface {
 	drain()
 	// rotated: the member took a new identity.
 	rotated()
+	// settle sends what the mode keeps for Redis and returns once none of
+	// it is on its way (false: Redis did not take it); reconcile calls it
+	// holding own.mu, so nothing new comes.
+	settle() bool
+	// execReconcile runs the mode's reconcile script for ident from held,
+	// its leases as (request id, replica) pairs (reconcile.go).
+	execReconcile(ctx context.Context, ident *identity, floor int64, held []string) rueidis.RedisResult
 }

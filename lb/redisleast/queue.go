@@ -129,6 +129,7 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string) (*Lease, er
 	m := q.m
 	var tok string
 	var wait chan string
+	m.own.mu.RLock() // not while it waits: reconcile keeps its waiters' records
 	p, err := m.scriptPick(ctx, candidates, func(deadline time.Time, ident *identity, req string, args []string) rueidis.RedisResult {
 		q.waiters.drop(tok) // an earlier try's
 		tok = token(ident, req)
@@ -145,8 +146,10 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string) (*Lease, er
 		})
 	})
 	if err == nil && p.code == pickQueued {
+		m.own.mu.RUnlock()
 		return q.await(ctx, p.ident, p.req, wait)
 	}
+	defer m.own.mu.RUnlock()
 	q.waiters.drop(tok)
 	if err != nil {
 		return nil, err
@@ -238,7 +241,6 @@ const (
 func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch chan string) (*Lease, error) {
 	m := q.m
 	start := time.Now()
-	tok := token(ident, req)
 	q.queuedTotal.Add(1)
 	if !m.hold(&q.qwg) {
 		return q.giveUp(ctx, ident, req, start, gaveUpClosed)
@@ -248,7 +250,6 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 	defer t.Stop()
 	select {
 	case rep := <-ch:
-		q.waiters.drop(tok)
 		return q.handed(ident, req, rep, start), nil
 	case <-ctx.Done():
 		return q.giveUp(ctx, ident, req, start, gaveUpCancelled)
@@ -259,8 +260,12 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 	}
 }
 
-// handed makes the lease of a slot the queue gave this request.
+// handed makes the lease of a slot the queue gave this request: from
+// waiter to lease at once for reconcile, which keeps the records of both.
 func (q *globalQueue) handed(ident *identity, req, rep string, start time.Time) *Lease {
+	q.m.own.mu.RLock()
+	defer q.m.own.mu.RUnlock()
+	q.waiters.drop(token(ident, req))
 	q.wait.observe(time.Since(start))
 	q.handovers.Add(1)
 	return q.m.lease(rep, ident, req, false)
@@ -271,20 +276,25 @@ func (q *globalQueue) handed(ident *identity, req, rep string, start time.Time) 
 func (q *globalQueue) giveUp(ctx context.Context, ident *identity, req string, start time.Time, why giveUpReason) (*Lease, error) {
 	m := q.m
 	tok := token(ident, req)
+	floor := ident.acked.Load()
 	res := m.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return cancelQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid}, []string{tok})
+		return cancelQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid, ident.inst}, []string{tok})
 	})
-	q.waiters.drop(tok)
 	arr, err := res.ToArray()
-	if err == nil && len(arr) != 2 {
+	if err == nil && len(arr) != 3 {
 		err = errBadReply
 	}
 	code := int64(-1)
 	var rep string
 	if err == nil {
+		m.noteVersion(ident, floor, versionOf(arr, 2))
 		code, _ = arr[0].AsInt64()
 		rep, _ = arr[1].ToString()
-	} else {
+	}
+	if code != 1 {
+		q.waiters.drop(tok)
+	}
+	if err != nil {
 		// Unknown whether it is still queued or was handed a slot: the
 		// lost-select release takes it out of the queue, or releases the
 		// slot, once Redis answers.
@@ -435,6 +445,26 @@ func (q *globalQueue) execSync(ctx context.Context, replicas []string) rueidis.R
 func (q *globalQueue) release(l *Lease) { q.m.releaseNow(l.ident, l.req) }
 
 func (q *globalQueue) drain() {} // the queue keeps nothing beyond the member's pending releases
+
+func (q *globalQueue) settle() bool { return true } // nothing kept: see drain
+
+// execReconcile keeps the records of the requests still waiting here (a
+// hand-over on its way) and takes the others of this instance out of the
+// queue.
+func (q *globalQueue) execReconcile(ctx context.Context, ident *identity, floor int64, held []string) rueidis.RedisResult {
+	m := q.m
+	prefix := ident.id + ":"
+	var waiting []string
+	for _, tok := range q.waiters.tokens() {
+		if req, ok := strings.CutPrefix(tok, prefix); ok {
+			waiting = append(waiting, req)
+		}
+	}
+	args := append(m.reconcileArgs(ident, floor), strconv.Itoa(m.conf().MaxInflight), m.k.tag, strconv.Itoa(len(waiting)))
+	args = append(append(args, waiting...), held...)
+	return reconcileQueueScript.Exec(ctx, m.rc(),
+		[]string{m.k.load, m.k.gone, ident.alive, ident.inst, m.k.insts, m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid}, args)
+}
 
 // rotated resubscribes under the new identity.
 func (q *globalQueue) rotated() {

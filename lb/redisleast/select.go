@@ -99,13 +99,14 @@ func (m *member) scriptPick(ctx context.Context, candidates []string,
 	resynced, retried := false, false
 	for {
 		ident := m.ident.Load()
+		floor := ident.acked.Load()
 		req := strconv.FormatUint(m.seq.Add(1), 36)
 		c := m.conf()
 		args := make([]string, 0, 7+len(candidates))
 		args = append(args, strconv.Itoa(c.MaxInflight), strconv.FormatInt(c.LeaseTTL.Milliseconds(), 10),
 			req, ident.id, strconv.Itoa(rand.IntN(len(candidates))))
 		arr, err := run(deadline, ident, req, args).ToArray()
-		if err == nil && len(arr) != 2 {
+		if err == nil && len(arr) != 3 {
 			err = errBadReply
 		}
 		if err != nil {
@@ -124,6 +125,7 @@ func (m *member) scriptPick(ctx context.Context, candidates []string,
 			}
 			return picked{code: pickNoAnswer}, nil
 		}
+		m.noteVersion(ident, floor, versionOf(arr, 2))
 		code, _ := arr[0].AsInt64()
 		addr, _ := arr[1].ToString()
 		if code != pickNone {
@@ -157,6 +159,7 @@ const errBadReply = replyError("redis select: unexpected reply shape")
 // lease hands out a lease on addr recorded (or to be recorded) under
 // ident as req.
 func (m *member) lease(addr string, ident *identity, req string, batched bool) *Lease {
+	m.own.hold(ident, req, addr)
 	m.local.get(addr).Add(1)
 	m.c.selections.Add(1)
 	return &Lease{Addr: addr, m: m, ident: ident, req: req, batched: batched, start: time.Now(), hl: m.health.Acquire(addr)}
@@ -215,6 +218,9 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	if l.ident == nil || m.closed.Load() {
 		return true // not in Redis, or Close already handed it to the reapers
 	}
+	m.own.mu.RLock()
+	defer m.own.mu.RUnlock()
+	m.own.drop(l.req)
 	m.rec.release(l)
 	return true
 }

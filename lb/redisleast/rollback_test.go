@@ -1,0 +1,183 @@
+package redisleast
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/lb/redistest"
+)
+
+// snapshot is a copy of every key of a pool as a Redis restarted from an
+// older RDB file, or a lagging replica promoted, would hold it: each key's
+// DUMP and the time it had left to live.
+type snapshot struct {
+	c     rueidis.Client
+	dumps map[string]string
+	ttls  map[string]int64 // ms; 0: no expiry
+}
+
+func takeSnapshot(t *testing.T, c rueidis.Client, tag string) snapshot {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := redistest.Keys(ctx, c, tag+"*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := snapshot{c: c, dumps: map[string]string{}, ttls: map[string]int64{}}
+	for _, k := range keys {
+		d, err := c.Do(ctx, c.B().Dump().Key(k).Build()).ToString()
+		if rueidis.IsRedisNil(err) {
+			continue // expired meanwhile
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := c.Do(ctx, c.B().Pttl().Key(k).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sn.dumps[k], sn.ttls[k] = d, max(ttl, 0)
+	}
+	return sn
+}
+
+// rollBack makes the pool's keys what they were at the snapshot: every
+// key written since is gone, every key of then is back as it was.
+func (sn snapshot) rollBack(t *testing.T, tag string) {
+	t.Helper()
+	ctx := context.Background()
+	c := sn.c
+	keys, err := redistest.Keys(ctx, c, tag+"*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if err := c.Do(ctx, c.B().Del().Key(k).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, d := range sn.dumps {
+		if err := c.Do(ctx, c.B().Restore().Key(k).Ttl(sn.ttls[k]).SerializedValue(d).Replace().Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// recordsOf is an instance hash's request records (request id → replica),
+// without tombstones and bookkeeping fields.
+func recordsOf(t *testing.T, c rueidis.Client, inst string) map[string]string {
+	t.Helper()
+	kv, err := c.Do(context.Background(), c.B().Hgetall().Key(inst).Build()).AsStrMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for f, v := range kv {
+		if f != "#" && f != "!" && v != "" {
+			out[f] = v
+		}
+	}
+	return out
+}
+
+// Redis that comes back with older data (restarted from an RDB snapshot,
+// a lagging replica promoted) has lost acknowledged writes: releases —
+// their records count again, for good (nothing reaps a live instance),
+// so with max_inflight the pool shed or queued until Sluice restarted —
+// and picks, whose requests then count nowhere. The instance notices its
+// records went back (their version is older than one Redis already
+// acknowledged) and rewrites them from the leases it holds.
+func TestRedisRollbackIsReconciled(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, tg redistest.Target) {
+		for _, m := range []struct {
+			name string
+			cfg  func() Config
+		}{
+			{"batched", func() Config { return confFor(t, tg) }},
+			{"shedding", func() Config { c := confFor(t, tg); c.MaxInflight = 1; return c }},
+			{"queueing", func() Config { return queueConfFor(t, tg) }},
+		} {
+			t.Run(m.name, func(t *testing.T) { testRedisRollbackIsReconciled(t, tg, m.cfg()) })
+		}
+	})
+}
+
+func testRedisRollbackIsReconciled(t *testing.T, tg redistest.Target, cfg Config) {
+	cfg.LeaseTTL = 300 * time.Millisecond // a maintenance round every 100 ms
+	s := newStore(t, cfg, "p")
+	c := rawFor(t, tg)
+	ctx := context.Background()
+	if err := s.Sync(ctx, []string{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	countsAre := func(want map[string]int64) func() bool {
+		return func() bool { return maps.Equal(mustCounts(t, s), want) }
+	}
+	la, lb := sel(t, s, "a"), sel(t, s, "b")
+	waitFor(t, "both picks in Redis", countsAre(map[string]int64{"a": 1, "b": 1}))
+	sn := takeSnapshot(t, c, s.k.tag)
+	la.Release(ok)
+	lb.Release(ok)
+	waitFor(t, "both releases in Redis", countsAre(map[string]int64{"a": 0, "b": 0}))
+	lx := sel(t, s, "a") // a pick the rollback loses
+	waitFor(t, "the pick in Redis", countsAre(map[string]int64{"a": 1, "b": 0}))
+
+	sn.rollBack(t, s.k.tag) // the releases are undone, the pick is gone
+
+	inst := s.ident.Load().inst
+	waitFor(t, "the records to be the leases the instance holds", func() bool {
+		return maps.Equal(recordsOf(t, c, inst), map[string]string{lx.req: "a"}) &&
+			maps.Equal(mustCounts(t, s), map[string]int64{"a": 1, "b": 0})
+	})
+	lb2 := sel(t, s, "b") // b's slot is free again (with max_inflight 1 it was not)
+	lx.Release(ok)
+	lb2.Release(ok)
+	waitFor(t, "every release in Redis", func() bool { return drained(t, s, c) })
+}
+
+// In the queueing mode a rollback also brings back waiters that left the
+// queue: the queue hands them slots that nobody releases (their instance
+// no longer waits for them), and with one slot per replica the pool
+// stalls. The instance drops its waiters it no longer waits for and
+// reclaims the slots they were given.
+func TestRedisRollbackDropsRestoredWaiters(t *testing.T) {
+	redistest.Each(t, testRedisRollbackDropsRestoredWaiters)
+}
+
+func testRedisRollbackDropsRestoredWaiters(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := queueConfFor(t, tg)
+	cfg.LeaseTTL = 300 * time.Millisecond
+	st := queueStores(t, cfg, "x", "y")
+	x, y := st[0], st[1]
+	if err := x.Sync(context.Background(), []string{"r"}); err != nil {
+		t.Fatal(err)
+	}
+	held := sel(t, x, "r")
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan got, 1)
+	enqueue(t, ctx, c, y, "y", out, "r")
+	sn := takeSnapshot(t, c, x.k.tag)
+	cancel()
+	if g := <-out; !errors.Is(g.err, context.Canceled) {
+		t.Fatalf("the cancelled waiter got %v", g.err)
+	}
+	waitFor(t, "the waiter to leave the queue", func() bool { return queueEmpty(t, x, c) })
+
+	sn.rollBack(t, x.k.tag) // y's waiter is back in the queue
+	held.Release(ok)        // its slot goes to the head of the queue
+
+	wctx, wcancel := context.WithTimeout(context.Background(), cfg.QueueTimeout)
+	defer wcancel()
+	l, err := x.Select(wctx, []string{"r"})
+	if err != nil {
+		t.Fatalf("a new request after the rollback: %v (the slot went to a waiter nobody waits for)", err)
+	}
+	l.Release(ok)
+	waitFor(t, "every record and waiter to go", func() bool { return drained(t, x, c) && queueEmpty(t, x, c) })
+}
