@@ -204,9 +204,37 @@ func (b *batcher) finishLocked(bt *batch, r reply) {
 		}
 	}
 	b.out, b.failed = nil, false
+	b.followLostPickLocked(bt, r.picked)
 	now := time.Now()
 	b.observePicksLocked(r.counter, r.applied, now)
 	b.view, b.viewAt = r.counts, now
+}
+
+// followLostPickLocked moves an exact pick whose first reply was lost to
+// the replica its request went to. That request went to a replica picked
+// from the view (the event's replica), but the script picks by itself,
+// from Redis's counts, when the lost try ran or the batch went again:
+// picked is where it recorded the request ("" nowhere). Unless the
+// request has ended already (its release, queued behind, takes whatever
+// was recorded), a release of the record and a pick of the replica follow
+// in the next batch.
+func (b *batcher) followLostPickLocked(bt *batch, picked string) {
+	if len(bt.events) == 0 {
+		return
+	}
+	ev := bt.events[len(bt.events)-1]
+	if ev.kind != '*' || ev.replica == "" || ev.replica == picked {
+		return // no exact pick, or its reply came back (the lease is on picked), or it agrees
+	}
+	for _, q := range b.queue {
+		if q.kind == '-' && q.id == ev.id {
+			return
+		}
+	}
+	if picked != "" {
+		b.addLocked(event{'-', ev.id, picked}, -1)
+	}
+	b.addLocked(event{'+', ev.id, ev.replica}, 1)
 }
 
 // sendQueuedLocked sends the next batch (called with mu held, returns with
