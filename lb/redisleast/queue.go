@@ -62,6 +62,11 @@ import (
 // (errors.Is lb.ErrQueueTimeout).
 var ErrQueueTimeout = fmt.Errorf("timed out waiting in the global queue: %w", lb.ErrQueueTimeout)
 
+// errNoMemberLeft: the queue refused a waiter because no member it may be
+// given is left (see dispatchFn); errors.Is lb.ErrAllDown, so a retry
+// tries again without the replicas it avoided.
+var errNoMemberLeft = fmt.Errorf("no replica this queued request may use is left in the pool: %w", lb.ErrAllDown)
+
 // globalQueue is the queueing mode (see above).
 type globalQueue struct {
 	m        *member
@@ -250,6 +255,10 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 	defer t.Stop()
 	select {
 	case rep := <-ch:
+		if rep == "" { // refused by the queue
+			q.waiters.drop(token(ident, req))
+			return nil, errNoMemberLeft
+		}
 		return q.handed(ident, req, rep, start), nil
 	case <-ctx.Done():
 		return q.giveUp(ctx, ident, req, start, gaveUpCancelled)

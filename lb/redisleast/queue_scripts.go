@@ -24,7 +24,10 @@ import "github.com/redis/rueidis"
 // A waiter is given any member except those its avoid entry names (the
 // replicas its instance had down, or that were not among its candidates):
 // the least loaded of the others, once one is under maxIn. The head waits
-// for such a slot (FIFO: nobody overtakes it).
+// for such a slot (FIFO: nobody overtakes it). A head whose avoid entry
+// names every member has no slot to wait for (its candidates left the
+// pool): it is refused at once — popped, and told by PUBLISH "<request
+// id> " (no replica) — and the next waiter goes on.
 const dispatchFn = `
 local function dispatch(tag, maxIn)
   local load, queue, waiters, assigned = tag .. ':load', tag .. ':queue', tag .. ':waiters', tag .. ':assigned'
@@ -43,7 +46,7 @@ local function dispatch(tag, maxIn)
       redis.call('LPOP', queue)
       redis.call('HDEL', avoidKey, head)
     else
-      local rep
+      local rep, refused
       local avoid = redis.call('HGET', avoidKey, head)
       if avoid then
         local skip = {}
@@ -52,17 +55,26 @@ local function dispatch(tag, maxIn)
         for i = 1, #free do
           if not skip[free[i]] then rep = free[i] break end
         end
+        if not rep then
+          refused = true
+          local all = redis.call('ZRANGE', load, 0, -1)
+          for i = 1, #all do
+            if not skip[all[i]] then refused = false break end
+          end
+        end
       else
         local top = redis.call('ZRANGE', load, 0, 0, 'WITHSCORES')
         if #top > 0 and tonumber(top[2]) < maxIn then rep = top[1] end
       end
-      if not rep then break end
+      if not rep and not refused then break end
       redis.call('LPOP', queue)
       redis.call('HDEL', waiters, head)
       redis.call('HDEL', avoidKey, head)
       local req = string.match(head, ':([^:]*)$')
       local ikey = tag .. ':inst:' .. inst
-      if redis.call('HEXISTS', ikey, req) == 0 then
+      if refused then
+        redis.call('PUBLISH', tag .. ':notify:' .. inst, req .. ' ')
+      elseif redis.call('HEXISTS', ikey, req) == 0 then
         redis.call('ZINCRBY', load, 1, rep)
         redis.call('HSET', ikey, req, rep)
         redis.call('SADD', tag .. ':insts', inst)
