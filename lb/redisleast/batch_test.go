@@ -241,3 +241,52 @@ func TestLostExactPickIsCountedWhereItsRequestWent(t *testing.T) {
 		return err == nil && maps.Equal(c, map[string]int64{"a": 5, "b": 0})
 	})
 }
+
+// Instances whose backend sets diverge: the other instance synced last,
+// without c, so Redis does not count c. An exact pick never takes c (it
+// picks among members), but a pick from the view read c as idle, always
+// (its own picks of c left its delta when their batch was applied, and
+// the view never shows c), and sent it most requests. A candidate the
+// view does not count is taken only when it counts none of them.
+func TestViewPicksLeaveACandidateRedisDoesNotCount(t *testing.T) {
+	redistest.Each(t, testViewPicksLeaveACandidateRedisDoesNotCount)
+}
+
+func testViewPicksLeaveACandidateRedisDoesNotCount(t *testing.T, tg redistest.Target) {
+	cfg := confFor(t, tg)
+	cfg.CallRate = 1 // the burst of 16 calls, then one a second
+	cfg.BreakerBackoff = time.Hour
+	s, other := newStore(t, cfg, "p"), newStore(t, cfg, "p")
+	ctx := context.Background()
+	if err := s.Sync(ctx, []string{"a", "b", "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Sync(ctx, []string{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	var held []*Lease
+	for range 3 {
+		held = append(held, sel(t, other, "a"), sel(t, other, "b"))
+	}
+	for range callBurst / 2 { // spend s's budget; the last reply is its view
+		sel(t, s, "a", "b").Release(ok)
+	}
+	before := s.Stats().ViewPicks
+	onC := 0
+	for range 20 {
+		l := sel(t, s, "a", "b", "c")
+		if l.Addr == "c" {
+			onC++
+		}
+		held = append(held, l)
+	}
+	if s.Stats().ViewPicks == before {
+		t.Fatal("no pick came from the view: the budget was not spent as planned")
+	}
+	if onC > 0 {
+		t.Fatalf("%d of 20 picks went to c, which Redis does not count (a and b hold 3 each)", onC)
+	}
+	for _, l := range held {
+		l.Release(ok)
+	}
+}
