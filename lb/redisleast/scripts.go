@@ -163,8 +163,9 @@ return bump(KEYS[2])
 
 // reconcileFn rewrites an instance's records from the leases it holds
 // (see reconcile.go): a record without a lease is dropped and its replica
-// decremented, unless keep names it; a lease without a record is recorded
-// again (where a pick would be: load, else gone, else not at all).
+// decremented, unless keep names it; a lease without a record, or whose
+// record names another replica, is recorded (again) on its replica, where
+// a pick would be: load, else gone, else not at all.
 // argv[from...] are (request id, replica) pairs. Returns the ids dropped
 // and how many it recorded.
 const reconcileFn = `
@@ -176,12 +177,13 @@ local function reconcile(load, gone, inst, argv, from, keep)
   for i = 1, #kv, 2 do
     local id, rep = kv[i], kv[i + 1]
     if id ~= '#' and id ~= '!' and rep ~= '' then
-      if held[id] then
+      local h = held[id]
+      if h == rep then
         held[id] = false
-      elseif not keep[id] then
+      elseif h or not keep[id] then
         redis.call('HDEL', inst, id)
         decr(load, gone, rep)
-        dropped[#dropped + 1] = id
+        if not h then dropped[#dropped + 1] = id end
       end
     end
   end
