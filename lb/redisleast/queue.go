@@ -246,6 +246,7 @@ const (
 func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch chan string) (*Lease, error) {
 	m := q.m
 	start := time.Now()
+	tok := token(ident, req)
 	q.queuedTotal.Add(1)
 	if !m.hold(&q.qwg) {
 		return q.giveUp(ctx, ident, req, start, gaveUpClosed)
@@ -256,10 +257,10 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 	select {
 	case rep := <-ch:
 		if rep == "" { // refused by the queue
-			q.waiters.drop(token(ident, req))
+			q.waiters.drop(tok)
 			return nil, errNoMemberLeft
 		}
-		return q.handed(ident, req, rep, start), nil
+		return q.handed(ident, req, tok, rep, start), nil
 	case <-ctx.Done():
 		return q.giveUp(ctx, ident, req, start, gaveUpCancelled)
 	case <-t.C:
@@ -271,10 +272,10 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 
 // handed makes the lease of a slot the queue gave this request: from
 // waiter to lease at once for reconcile, which keeps the records of both.
-func (q *globalQueue) handed(ident *identity, req, rep string, start time.Time) *Lease {
+func (q *globalQueue) handed(ident *identity, req, tok, rep string, start time.Time) *Lease {
 	q.m.own.mu.RLock()
 	defer q.m.own.mu.RUnlock()
-	q.waiters.drop(token(ident, req))
+	q.waiters.drop(tok)
 	q.wait.observe(time.Since(start))
 	q.handovers.Add(1)
 	return q.m.lease(rep, ident, req, false)
@@ -310,7 +311,7 @@ func (q *globalQueue) giveUp(ctx context.Context, ident *identity, req string, s
 		m.queueRelease(ident, "?"+req)
 	}
 	if code == 1 {
-		l := q.handed(ident, req, rep, start)
+		l := q.handed(ident, req, tok, rep, start)
 		if why != gaveUpCancelled {
 			return l, nil // dispatched just in time
 		}
