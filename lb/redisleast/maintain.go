@@ -51,7 +51,7 @@ func (m *member) loop() {
 			m.reconcile(ctx) // Redis lost writes (reconcile.go)
 		}
 		m.sweepTombstones(ctx)
-		if m.unsynced.Load() {
+		if m.set.unsynced.Load() {
 			m.resync(ctx) // a set Redis refused (an error reply) goes again
 		}
 		m.reap(ctx)

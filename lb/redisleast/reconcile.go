@@ -134,16 +134,6 @@ func (m *member) reconcile(ctx context.Context) {
 	m.noteVersion(ident, floor, versionOf(arr, 2))
 }
 
-// replaySet writes the last Sync again: the member set may have gone back
-// with the rest.
-func (m *member) replaySet(ctx context.Context) {
-	m.syncMu.Lock()
-	defer m.syncMu.Unlock()
-	if last := m.set.members(); len(last) > 0 {
-		_ = m.sync(ctx, last)
-	}
-}
-
 // reconcileArgs are the arguments reconcileScript and its queueing
 // variant start with.
 func (m *member) reconcileArgs(ident *identity, floor int64) []string {
