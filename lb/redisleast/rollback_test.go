@@ -181,3 +181,50 @@ func testRedisRollbackDropsRestoredWaiters(t *testing.T, tg redistest.Target) {
 	l.Release(ok)
 	waitFor(t, "every record and waiter to go", func() bool { return drained(t, x, c) && queueEmpty(t, x, c) })
 }
+
+// The symptom end to end: a Redis restarted from its last RDB snapshot,
+// with max_inflight. The release acknowledged after the snapshot is
+// undone, and the replica's one slot stayed taken: every pick shed (503)
+// until Sluice restarted.
+func TestRedisRestartedFromAnOlderSnapshotStopsShedding(t *testing.T) {
+	dir := t.TempDir()
+	srv, err := redistest.Start("", "--dir", dir, "--dbfilename", "dump.rdb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Kill)
+	cfg := testConfig(t, srv.Addr)
+	cfg.MaxInflight = 1
+	cfg.LeaseTTL = 300 * time.Millisecond
+	cfg.ReadTimeout = 200 * time.Millisecond
+	cfg.BreakerBackoff = 50 * time.Millisecond
+	s := newStore(t, cfg, "rdb")
+	ctx := context.Background()
+	if err := s.Sync(ctx, []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	l := sel(t, s, "a")
+	c := raw(t, srv.Addr)
+	if err := c.Do(ctx, c.B().Save().Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	l.Release(ok) // acknowledged, and lost with the restart
+	srv.Kill()
+	restarted, err := redistest.Start(srv.Addr, "--dir", dir, "--dbfilename", "dump.rdb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(restarted.Kill)
+	var last error
+	waitFor(t, "a pick through Redis after the restart", func() bool {
+		l, err := s.Select(ctx, []string{"a"})
+		if err != nil {
+			last = err
+			return false
+		}
+		l.Release(ok)
+		last = errors.New("a local pick (breaker open)")
+		return !l.Fallback
+	})
+	t.Logf("last refusal before the pick went through: %v", last)
+}
