@@ -26,8 +26,9 @@ import "github.com/redis/rueidis"
 // the least loaded of the others, once one is under maxIn. The head waits
 // for such a slot (FIFO: nobody overtakes it). A head whose avoid entry
 // names every member has no slot to wait for (its candidates left the
-// pool): it is refused at once — popped, and told by PUBLISH "<request
-// id> " (no replica) — and the next waiter goes on.
+// pool): it is refused at once — popped, barred by a tombstone under its
+// instance (so reconcile does not queue it again) and told by PUBLISH
+// "<request id> " (no replica) — and the next waiter goes on.
 const dispatchFn = `
 local function dispatch(tag, maxIn)
   local load, queue, waiters, assigned = tag .. ':load', tag .. ':queue', tag .. ':waiters', tag .. ':assigned'
@@ -73,6 +74,7 @@ local function dispatch(tag, maxIn)
       local req = string.match(head, ':([^:]*)$')
       local ikey = tag .. ':inst:' .. inst
       if refused then
+        redis.call('HSET', ikey, req, '')
         redis.call('PUBLISH', tag .. ':notify:' .. inst, req .. ' ')
       elseif redis.call('HEXISTS', ikey, req) == 0 then
         redis.call('ZINCRBY', load, 1, rep)
@@ -219,18 +221,30 @@ return n
 
 // reconcileQueueScript is reconcileScript in queueing mode: the records
 // of the instance's waiting requests are kept (a hand-over on its way),
-// its waiters it no longer waits for leave the queue, the dropped
-// records' assignments go, and the freed slots are dispatched.
+// those of its waiters Redis lost (not queued, not handed a slot, not
+// barred) are queued again at the tail, its waiters it no longer waits for
+// leave the queue, the dropped records' assignments go, and the freed
+// slots are dispatched.
 //
 // KEYS: load, gone, alive:<id>, inst:<id>, insts, queue, waiters, assigned, avoid
 // ARGV: leaseTTL ms, instance id, version floor, maxInflight, tag, n,
-// n waiting request ids, (request id, replica)...
-// Reply: {records and waiters dropped, records added, the instance's version}.
+// n (waiting request id, avoid list) pairs, (request id, replica)...
+// Reply: {records and waiters dropped, records and waiters added, the
+// instance's version}.
 var reconcileQueueScript = rueidis.NewLuaScript(decr + dispatchFn + reconcileFn + `
 local me, nw = ARGV[2], tonumber(ARGV[6])
 local waiting = {}
-for i = 7, 6 + nw do waiting[ARGV[i]] = true end
-local dropped, added = reconcile(KEYS[1], KEYS[2], KEYS[4], ARGV, 7 + nw, waiting)
+for i = 7, 6 + 2 * nw, 2 do waiting[ARGV[i]] = true end
+local dropped, added = reconcile(KEYS[1], KEYS[2], KEYS[4], ARGV, 7 + 2 * nw, waiting)
+for i = 7, 6 + 2 * nw, 2 do
+  local tok = me .. ':' .. ARGV[i]
+  if redis.call('HEXISTS', KEYS[7], tok) == 0 and redis.call('HEXISTS', KEYS[4], ARGV[i]) == 0 then
+    redis.call('RPUSH', KEYS[6], tok)
+    redis.call('HSET', KEYS[7], tok, me)
+    if ARGV[i + 1] ~= '' then redis.call('HSET', KEYS[9], tok, ARGV[i + 1]) end
+    added = added + 1
+  end
+end
 for i = 1, #dropped do redis.call('HDEL', KEYS[8], me .. ':' .. dropped[i]) end
 local left = 0
 local w = redis.call('HGETALL', KEYS[7])

@@ -228,3 +228,39 @@ func TestRedisRestartedFromAnOlderSnapshotStopsShedding(t *testing.T) {
 	})
 	t.Logf("last refusal before the pick went through: %v", last)
 }
+
+// A waiter queued after the snapshot is not in the queue Redis came back
+// with: nothing would hand it the slot that frees, and it waited its
+// whole queue_timeout. Its instance queues it again (at the tail).
+func TestRedisRollbackRequeuesLostWaiters(t *testing.T) {
+	redistest.Each(t, testRedisRollbackRequeuesLostWaiters)
+}
+
+func testRedisRollbackRequeuesLostWaiters(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := queueConfFor(t, tg)
+	cfg.LeaseTTL = 300 * time.Millisecond
+	st := queueStores(t, cfg, "x", "y")
+	x, y := st[0], st[1]
+	for _, s := range st {
+		if err := s.Sync(context.Background(), []string{"a", "b"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ha, hb := sel(t, x, "a"), sel(t, x, "b")
+	sn := takeSnapshot(t, c, x.k.tag)
+	out := make(chan got, 1)
+	enqueue(t, context.Background(), c, y, "y", out, "b") // it avoids a
+	sn.rollBack(t, x.k.tag)                               // and is gone from the queue
+	ha.Release(ok)                                        // not for it
+	hb.Release(ok)
+	g := <-out
+	if g.err != nil {
+		t.Fatalf("the waiter Redis lost: %v", g.err)
+	}
+	if g.l.Addr != "b" {
+		t.Fatalf("the waiter Redis lost got %s, which it avoids", g.l.Addr)
+	}
+	g.l.Release(ok)
+	waitFor(t, "every record and waiter to go", func() bool { return drained(t, x, c) && queueEmpty(t, x, c) })
+}
