@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,59 +15,50 @@ import (
 	"github.com/sluice-router/sluice/lb/redistest"
 )
 
-// snapshot is a copy of every key of a pool as a Redis restarted from an
-// older RDB file, or a lagging replica promoted, would hold it: each key's
-// DUMP and the time it had left to live.
+// snapshot is a copy of every key of a pool at one moment, as a Redis
+// restarted from an older RDB file, or a lagging replica promoted, holds
+// it: each key's DUMP and the time it had left to live. Taken and put
+// back by a script each (all of a pool's keys share a slot), so that
+// neither sees a pick or release half done.
 type snapshot struct {
-	c     rueidis.Client
-	dumps map[string]string
-	ttls  map[string]int64 // ms; 0: no expiry
+	c    rueidis.Client
+	tag  string
+	keys []string // key, dump, ttl ms (0: none), ...
 }
+
+var snapshotScript = rueidis.NewLuaScript(`
+local out = {}
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+  out[#out + 1] = k
+  out[#out + 1] = redis.call('DUMP', k)
+  out[#out + 1] = tostring(math.max(redis.call('PTTL', k), 0))
+end
+return out
+`)
+
+var rollBackScript = rueidis.NewLuaScript(`
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end
+for i = 2, #ARGV, 3 do redis.call('RESTORE', ARGV[i], ARGV[i + 2], ARGV[i + 1], 'REPLACE') end
+return 1
+`)
 
 func takeSnapshot(t *testing.T, c rueidis.Client, tag string) snapshot {
 	t.Helper()
-	ctx := context.Background()
-	keys, err := redistest.Keys(ctx, c, tag+"*")
+	// KEYS[1] routes the script to the pool's slot.
+	keys, err := snapshotScript.Exec(context.Background(), c, []string{tag + ":load"}, []string{tag + "*"}).AsStrSlice()
 	if err != nil {
 		t.Fatal(err)
 	}
-	sn := snapshot{c: c, dumps: map[string]string{}, ttls: map[string]int64{}}
-	for _, k := range keys {
-		d, err := c.Do(ctx, c.B().Dump().Key(k).Build()).ToString()
-		if rueidis.IsRedisNil(err) {
-			continue // expired meanwhile
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		ttl, err := c.Do(ctx, c.B().Pttl().Key(k).Build()).AsInt64()
-		if err != nil {
-			t.Fatal(err)
-		}
-		sn.dumps[k], sn.ttls[k] = d, max(ttl, 0)
-	}
-	return sn
+	return snapshot{c: c, tag: tag, keys: keys}
 }
 
 // rollBack makes the pool's keys what they were at the snapshot: every
 // key written since is gone, every key of then is back as it was.
-func (sn snapshot) rollBack(t *testing.T, tag string) {
+func (sn snapshot) rollBack(t *testing.T) {
 	t.Helper()
-	ctx := context.Background()
-	c := sn.c
-	keys, err := redistest.Keys(ctx, c, tag+"*")
-	if err != nil {
+	args := append([]string{sn.tag + "*"}, sn.keys...)
+	if err := rollBackScript.Exec(context.Background(), sn.c, []string{sn.tag + ":load"}, args).Error(); err != nil {
 		t.Fatal(err)
-	}
-	for _, k := range keys {
-		if err := c.Do(ctx, c.B().Del().Key(k).Build()).Error(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for k, d := range sn.dumps {
-		if err := c.Do(ctx, c.B().Restore().Key(k).Ttl(sn.ttls[k]).SerializedValue(d).Replace().Build()).Error(); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
@@ -127,7 +121,7 @@ func testRedisRollbackIsReconciled(t *testing.T, tg redistest.Target, cfg Config
 	lx := sel(t, s, "a") // a pick the rollback loses
 	waitFor(t, "the pick in Redis", countsAre(map[string]int64{"a": 1, "b": 0}))
 
-	sn.rollBack(t, s.k.tag) // the releases are undone, the pick is gone
+	sn.rollBack(t) // the releases are undone, the pick is gone
 
 	inst := s.ident.Load().inst
 	waitFor(t, "the records to be the leases the instance holds", func() bool {
@@ -169,7 +163,7 @@ func testRedisRollbackDropsRestoredWaiters(t *testing.T, tg redistest.Target) {
 	}
 	waitFor(t, "the waiter to leave the queue", func() bool { return queueEmpty(t, x, c) })
 
-	sn.rollBack(t, x.k.tag) // y's waiter is back in the queue
+	sn.rollBack(t) // y's waiter is back in the queue
 	held.Release(ok)        // its slot goes to the head of the queue
 
 	wctx, wcancel := context.WithTimeout(context.Background(), cfg.QueueTimeout)
@@ -251,7 +245,7 @@ func testRedisRollbackRequeuesLostWaiters(t *testing.T, tg redistest.Target) {
 	sn := takeSnapshot(t, c, x.k.tag)
 	out := make(chan got, 1)
 	enqueue(t, context.Background(), c, y, "y", out, "b") // it avoids a
-	sn.rollBack(t, x.k.tag)                               // and is gone from the queue
+	sn.rollBack(t)                               // and is gone from the queue
 	ha.Release(ok)                                        // not for it
 	hb.Release(ok)
 	g := <-out
@@ -263,4 +257,99 @@ func testRedisRollbackRequeuesLostWaiters(t *testing.T, tg redistest.Target) {
 	}
 	g.l.Release(ok)
 	waitFor(t, "every record and waiter to go", func() bool { return drained(t, x, c) && queueEmpty(t, x, c) })
+}
+
+// Rollbacks in the middle of a storm of picks, releases and (queueing
+// mode) waits and cancellations from three instances: whatever the
+// rollbacks undid, once every request has ended the pool's counts are 0,
+// no record is left and the queue is empty — the reconciliations ran
+// beside picks and releases without losing or doubling one.
+func TestRedisRollbackDuringAStorm(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, tg redistest.Target) {
+		t.Run("batched", func(t *testing.T) { testRedisRollbackDuringAStorm(t, tg, confFor(t, tg)) })
+		t.Run("queueing", func(t *testing.T) {
+			cfg := queueConfFor(t, tg)
+			cfg.QueueTimeout = 25 * time.Millisecond
+			testRedisRollbackDuringAStorm(t, tg, cfg)
+		})
+	})
+}
+
+func testRedisRollbackDuringAStorm(t *testing.T, tg redistest.Target, cfg Config) {
+	c := rawFor(t, tg)
+	cfg.LeaseTTL = 300 * time.Millisecond
+	cfg.CallRate = 50 // batched: a good share of view picks
+	st := queueStores(t, cfg, "i0", "i1", "i2")
+	reps := []string{"a", "b", "c"}
+	for _, s := range st {
+		if err := s.Sync(context.Background(), reps); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan struct{})
+	var leased atomic.Int64
+	var wg sync.WaitGroup
+	for _, s := range st {
+		for range 8 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), time.Duration(5+rand.IntN(40))*time.Millisecond)
+					l, err := s.Select(ctx, reps)
+					cancel()
+					if err != nil {
+						continue // queue timeouts and cancellations
+					}
+					leased.Add(1)
+					time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+					l.Release(ok)
+				}
+			})
+		}
+	}
+	for range 3 {
+		time.Sleep(100 * time.Millisecond)
+		sn := takeSnapshot(t, c, st[0].k.tag)
+		time.Sleep(100 * time.Millisecond)
+		sn.rollBack(t)
+	}
+	time.Sleep(100 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	t.Logf("%d leased", leased.Load())
+	deadline := time.Now().Add(30 * time.Second)
+	for !drained(t, st[0], c) || !queueEmpty(t, st[0], c) {
+		if time.Now().After(deadline) {
+			dumpPool(t, c, st[0].k.tag)
+			t.Fatal("gave up waiting for every count at 0, no record, an empty queue")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// dumpPool logs every key of a pool, for a failure's diagnosis.
+func dumpPool(t *testing.T, c rueidis.Client, tag string) {
+	ctx := context.Background()
+	keys, _ := redistest.Keys(ctx, c, tag+"*")
+	for _, k := range keys {
+		typ, _ := c.Do(ctx, c.B().Type().Key(k).Build()).ToString()
+		var v any
+		switch typ {
+		case "hash":
+			v, _ = c.Do(ctx, c.B().Hgetall().Key(k).Build()).AsStrMap()
+		case "zset":
+			v, _ = c.Do(ctx, c.B().Zrange().Key(k).Min("0").Max("-1").Withscores().Build()).AsZScores()
+		case "list":
+			v, _ = c.Do(ctx, c.B().Lrange().Key(k).Start(0).Stop(-1).Build()).AsStrSlice()
+		case "set":
+			v, _ = c.Do(ctx, c.B().Smembers().Key(k).Build()).AsStrSlice()
+		default:
+			v, _ = c.Do(ctx, c.B().Get().Key(k).Build()).ToString()
+		}
+		t.Logf("%s %s: %v", typ, k[len(tag):], v)
+	}
 }
