@@ -163,8 +163,8 @@ func testRedisRollbackDropsRestoredWaiters(t *testing.T, tg redistest.Target) {
 	}
 	waitFor(t, "the waiter to leave the queue", func() bool { return queueEmpty(t, x, c) })
 
-	sn.rollBack(t) // y's waiter is back in the queue
-	held.Release(ok)        // its slot goes to the head of the queue
+	sn.rollBack(t)   // y's waiter is back in the queue
+	held.Release(ok) // its slot goes to the head of the queue
 
 	wctx, wcancel := context.WithTimeout(context.Background(), cfg.QueueTimeout)
 	defer wcancel()
@@ -245,7 +245,7 @@ func testRedisRollbackRequeuesLostWaiters(t *testing.T, tg redistest.Target) {
 	sn := takeSnapshot(t, c, x.k.tag)
 	out := make(chan got, 1)
 	enqueue(t, context.Background(), c, y, "y", out, "b") // it avoids a
-	sn.rollBack(t)                               // and is gone from the queue
+	sn.rollBack(t)                                        // and is gone from the queue
 	ha.Release(ok)                                        // not for it
 	hb.Release(ok)
 	g := <-out
