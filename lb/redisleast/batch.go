@@ -296,10 +296,11 @@ func (b *batcher) pick(ctx context.Context, cfg *Config, candidates []string, re
 		if b.calling || b.failed || !b.allowLocked(now, rate) {
 			addr := b.viewPickLocked(candidates, rand.IntN(len(candidates)), time.Now())
 			b.addLocked(event{'+', req, addr}, 1)
+			l := b.holdLocked(addr, ident, req)
 			failed := b.failed
 			b.mu.Unlock()
 			b.poke()
-			l := s.lease(addr, ident, req, true)
+			s.handOut(l)
 			if failed { // Redis did not answer the last batch: a local pick
 				s.c.fallbacks.Add(1)
 				l.Fallback = true
@@ -322,25 +323,32 @@ func (b *batcher) pick(ctx context.Context, cfg *Config, candidates []string, re
 		bt.events[len(bt.events)-1].replica = addr
 		b.delta[addr]++
 		b.finishLocked(bt, r)
-		b.mu.Unlock()
-		b.poke()
 		if ctx.Err() != nil {
-			b.release(ident, req, addr)
+			b.mu.Unlock()
+			b.poke()
+			b.release(ident, req, addr, nil)
 			return nil, ctx.Err()
 		}
+		l := b.holdLocked(addr, ident, req)
+		b.mu.Unlock()
+		b.poke()
 		s.c.fallbacks.Add(1)
-		l := s.lease(addr, ident, req, true)
+		s.handOut(l)
 		l.Fallback = true
 		return l, nil
 	}
 	b.finishLocked(bt, r)
+	var l *Lease
+	if r.picked != "" {
+		l = b.holdLocked(r.picked, ident, req)
+	}
 	more := len(b.queue) > 0
 	b.mu.Unlock()
 	if more {
 		b.poke()
 	}
-	if r.picked != "" {
-		return s.lease(r.picked, ident, req, true), nil
+	if l != nil {
+		return s.handOut(l), nil
 	}
 	// No candidate is a member: Redis may have restarted empty.
 	if resynced || !s.resync(ctx) {
@@ -349,12 +357,24 @@ func (b *batcher) pick(ctx context.Context, cfg *Config, candidates []string, re
 	return b.pick(ctx, cfg, candidates, true)
 }
 
-// release queues the release of a batched pick and sends it at once
-// if the budget allows (from the caller's goroutine: Release runs off the
-// request path), else leaves it to the flusher.
-func (b *batcher) release(ident *identity, req, addr string) {
+// holdLocked makes the lease of a batched pick, held (with mu, so that
+// quiesce sees the lease and its event together).
+func (b *batcher) holdLocked(addr string, ident *identity, req string) *Lease {
+	l := &Lease{Addr: addr, m: b.m, ident: ident, req: req, batched: true}
+	b.m.own.hold(l)
+	return l
+}
+
+// release queues the release of a batched pick (l, nil for a pick that
+// made no lease) and sends it at once if the budget allows (from the
+// caller's goroutine: Release runs off the request path), else leaves it
+// to the flusher.
+func (b *batcher) release(ident *identity, req, addr string, l *Lease) {
 	s := b.m
 	b.mu.Lock()
+	if l != nil {
+		s.own.drop(l)
+	}
 	if b.ident != ident {
 		b.mu.Unlock() // abandoned identity: the reapers reclaim it
 		return
@@ -469,26 +489,26 @@ func (b *batcher) drain() bool {
 	return true
 }
 
-// settle sends everything queued and waits for the call under way
-// (reconcile, while no pick or release adds to the queue); false if a
-// call failed.
-func (b *batcher) settle() bool {
-	s := b.m
-	for range 64 {
-		b.mu.Lock()
-		for b.calling {
-			b.cond.Wait()
-		}
-		b.syncIdentLocked(s.ident.Load())
-		if len(b.queue) == 0 && !b.failed {
-			b.mu.Unlock()
-			return true
-		}
-		if b.sendQueuedLocked() != nil {
-			return false
+// quiesce waits for the call under way, sends what is queued holding mu
+// (so that nothing is queued meanwhile: a few calls at most) and runs fn
+// still holding it (reconcile: the held leases are then exactly what
+// Redis holds). A failed call skips fn.
+func (b *batcher) quiesce(fn func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.calling {
+		b.cond.Wait()
+	}
+	b.syncIdentLocked(b.m.ident.Load())
+	for len(b.queue) > 0 || b.failed { // the failed batch, the queue, a lost pick's move
+		bt := b.takeLocked(nil, nil)
+		r := b.send(bt)
+		b.finishLocked(bt, r)
+		if r.err != nil {
+			return
 		}
 	}
-	return false
+	fn()
 }
 
 // send runs the batch script for bt within ReadTimeout.

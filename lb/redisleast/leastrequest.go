@@ -36,8 +36,6 @@ func (lr *leastRequest) start(context.Context) error {
 }
 
 func (lr *leastRequest) pick(ctx context.Context, candidates []string) (*Lease, error) {
-	lr.m.own.mu.RLock()
-	defer lr.m.own.mu.RUnlock()
 	if c := lr.m.cfgp.Load(); c.MaxInflight == 0 && c.CallRate > 0 {
 		return lr.batch.pick(ctx, c, candidates, false)
 	}
@@ -47,6 +45,8 @@ func (lr *leastRequest) pick(ctx context.Context, candidates []string) (*Lease, 
 // exact picks with one select script (shedding at MaxInflight).
 func (lr *leastRequest) exact(ctx context.Context, candidates []string) (*Lease, error) {
 	m := lr.m
+	m.own.mu.RLock()
+	defer m.own.mu.RUnlock()
 	p, err := m.scriptPick(ctx, candidates, func(deadline time.Time, ident *identity, _ string, args []string) rueidis.RedisResult {
 		args = append(args, candidates...)
 		return m.callUntil(ctx, deadline, func(ctx context.Context) rueidis.RedisResult {
@@ -61,10 +61,10 @@ func (lr *leastRequest) exact(ctx context.Context, candidates []string) (*Lease,
 
 func (lr *leastRequest) release(l *Lease) {
 	if l.batched {
-		lr.batch.release(l.ident, l.req, l.Addr)
+		lr.batch.release(l.ident, l.req, l.Addr, l)
 		return
 	}
-	lr.m.releaseNow(l.ident, l.req)
+	lr.m.releaseRecorded(l)
 }
 
 func (lr *leastRequest) execRelease(ctx context.Context, ident *identity, ids []string) rueidis.RedisResult {
@@ -87,7 +87,7 @@ func (lr *leastRequest) maintain(context.Context) { lr.batch.poke() }
 
 func (lr *leastRequest) drain() { lr.batch.drain() }
 
-func (lr *leastRequest) settle() bool { return lr.batch.settle() }
+func (lr *leastRequest) quiesce(fn func()) { lr.batch.quiesce(fn) }
 
 func (lr *leastRequest) execReconcile(ctx context.Context, ident *identity, floor int64, held []string) rueidis.RedisResult {
 	m := lr.m

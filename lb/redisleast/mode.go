@@ -51,7 +51,7 @@ type records interface {
 	execReap(ctx context.Context, id string) rueidis.RedisResult
 	execSync(ctx context.Context, replicas []string) rueidis.RedisResult
 	// release ends a lease recorded (or to be recorded) in Redis, the
-	// store not closed.
+	// store not closed, and drops it from own.held.
 	release(l *Lease)
 	// maintain is the mode's share of each maintenance round (and of the
 	// probe's, once Redis answers again).
@@ -61,10 +61,11 @@ type records interface {
 	drain()
 	// rotated: the member took a new identity.
 	rotated()
-	// settle sends what the mode keeps for Redis and returns once none of
-	// it is on its way (false: Redis did not take it); reconcile calls it
-	// holding own.mu, so nothing new comes.
-	settle() bool
+	// quiesce runs fn once the mode has sent everything it keeps for
+	// Redis, and keeps it from picking or releasing meanwhile (the batcher;
+	// reconcile holds own.mu for the rest); it skips fn if Redis did not
+	// take what was kept.
+	quiesce(fn func())
 	// execReconcile runs the mode's reconcile script for ident from held,
 	// its leases as (request id, replica) pairs (reconcile.go).
 	execReconcile(ctx context.Context, ident *identity, floor int64, held []string) rueidis.RedisResult

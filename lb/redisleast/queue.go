@@ -305,7 +305,7 @@ func (q *globalQueue) handedLocked(ident *identity, req, tok, rep string, start 
 	q.waiters.drop(tok)
 	q.wait.observe(time.Since(start))
 	q.handovers.Add(1)
-	return q.m.lease(rep, ident, req, false)
+	return q.m.lease(rep, ident, req)
 }
 
 // giveUp takes the waiter out of the queue, or claims the slot it was
@@ -484,11 +484,11 @@ func (q *globalQueue) execSync(ctx context.Context, replicas []string) rueidis.R
 	return syncQueueScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, m.k.queue}, args)
 }
 
-func (q *globalQueue) release(l *Lease) { q.m.releaseNow(l.ident, l.req) }
+func (q *globalQueue) release(l *Lease) { q.m.releaseRecorded(l) }
 
 func (q *globalQueue) drain() {} // the queue keeps nothing beyond the member's pending releases
 
-func (q *globalQueue) settle() bool { return true } // nothing kept: see drain
+func (q *globalQueue) quiesce(fn func()) { fn() } // nothing kept: see drain
 
 // execReconcile keeps the records of the requests still waiting here (a
 // hand-over on its way), queues again those Redis lost, and takes the

@@ -35,50 +35,56 @@ import (
 // above every one acknowledged; in the queueing mode its waiters it no
 // longer waits for leave the queue (the slots they were handed are among
 // the dropped records) and the freed slots are dispatched. Meanwhile no
-// pick or release of the instance touches its records (ownRecords.mu),
-// and the batcher has sent everything it kept, so what the instance holds
-// is exactly what Redis should hold. Other instances reconcile their own
-// records; dead ones are reaped as always.
+// pick or release of the instance touches its records (ownRecords.mu
+// for the one-call picks and releases, the batcher's mutex for the
+// batched ones), and the batcher has sent everything it kept, so what the
+// instance holds is exactly what Redis should hold. Other instances
+// reconcile their own records; dead ones are reaped as always.
 
 // ownRecords is what this instance holds in Redis, for reconciliation.
 type ownRecords struct {
-	// mu is read-held by every pick and release of the instance's records
-	// (from before its script is sent until held reflects it), and
-	// write-held by reconcile.
+	// mu is read-held by every one-call pick and release of the
+	// instance's records (from before its script is sent until held
+	// reflects it), and write-held by reconcile. Batched picks and
+	// releases change held under the batcher's mutex instead, which
+	// reconcile holds too (quiesce).
 	mu    sync.RWMutex
-	hmu   sync.Mutex
-	held  map[string]heldLease // request id → the lease recorded (or to be) in Redis
-	stale atomic.Bool          // Redis lost writes: reconcile at the next round
+	lmu   sync.Mutex
+	held  Lease       // sentinel of the ring of leases recorded (or to be) in Redis
+	stale atomic.Bool // Redis lost writes: reconcile at the next round
 }
 
-type heldLease struct {
-	ident   *identity
-	replica string
-}
-
-func (o *ownRecords) hold(ident *identity, req, replica string) {
-	o.hmu.Lock()
-	if o.held == nil {
-		o.held = map[string]heldLease{}
+// hold links l (its Addr, ident and req set) into held.
+func (o *ownRecords) hold(l *Lease) {
+	o.lmu.Lock()
+	h := &o.held
+	if h.next == nil {
+		h.next, h.prev = h, h
 	}
-	o.held[req] = heldLease{ident, replica}
-	o.hmu.Unlock()
+	l.prev, l.next = h.prev, h
+	h.prev.next = l
+	h.prev = l
+	o.lmu.Unlock()
 }
 
-func (o *ownRecords) drop(req string) {
-	o.hmu.Lock()
-	delete(o.held, req)
-	o.hmu.Unlock()
+// drop unlinks l, if held.
+func (o *ownRecords) drop(l *Lease) {
+	o.lmu.Lock()
+	if l.next != nil {
+		l.prev.next, l.next.prev = l.next, l.prev
+		l.prev, l.next = nil, nil
+	}
+	o.lmu.Unlock()
 }
 
 // snapshot lists ident's leases as (request id, replica) pairs.
 func (o *ownRecords) snapshot(ident *identity) []string {
-	o.hmu.Lock()
-	defer o.hmu.Unlock()
-	out := make([]string, 0, 2*len(o.held))
-	for req, h := range o.held {
-		if h.ident == ident {
-			out = append(out, req, h.replica)
+	o.lmu.Lock()
+	defer o.lmu.Unlock()
+	var out []string
+	for l := o.held.next; l != nil && l != &o.held; l = l.next {
+		if l.ident == ident {
+			out = append(out, l.req, l.Addr)
 		}
 	}
 	return out
@@ -117,21 +123,29 @@ func (m *member) reconcile(ctx context.Context) {
 	m.replaySet(ctx)
 	m.own.mu.Lock()
 	defer m.own.mu.Unlock()
-	if !m.rec.settle() {
-		return
-	}
-	ident := m.ident.Load()
-	floor := ident.acked.Load()
-	held := m.own.snapshot(ident)
-	res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return m.rec.execReconcile(ctx, ident, floor, held)
+	m.rec.quiesce(func() {
+		ident := m.ident.Load()
+		floor := ident.acked.Load()
+		held := m.own.snapshot(ident)
+		res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+			return m.rec.execReconcile(ctx, ident, floor, held)
+		})
+		arr, err := res.ToArray()
+		if err != nil || len(arr) != 3 {
+			return
+		}
+		m.own.stale.Store(false)
+		m.noteVersion(ident, floor, versionOf(arr, 2))
 	})
-	arr, err := res.ToArray()
-	if err != nil || len(arr) != 3 {
-		return
-	}
-	m.own.stale.Store(false)
-	m.noteVersion(ident, floor, versionOf(arr, 2))
+}
+
+// releaseRecorded ends a lease recorded in Redis with one release script
+// (or keeps the release for later: releaseNow).
+func (m *member) releaseRecorded(l *Lease) {
+	m.own.mu.RLock()
+	defer m.own.mu.RUnlock()
+	m.own.drop(l)
+	m.releaseNow(l.ident, l.req)
 }
 
 // reconcileArgs are the arguments reconcileScript and its queueing

@@ -47,19 +47,25 @@ func (b *batcher) observePicksLocked(counter float64, applied int64, now time.Ti
 // viewPickLocked picks for a request from the view (see above), scanning
 // from off among the candidates.
 func (b *batcher) viewPickLocked(cands []string, off int, now time.Time) string {
-	cands = b.countedLocked(cands)
-	off %= len(cands)
 	unseen := b.foreignRate * now.Sub(b.viewAt).Seconds()
 	if unseen < 0.05 { // nobody else picks: the least loaded, ties at random
-		best, bestN := "", int64(0)
+		best, bestN, counted := "", int64(0), false
 		for i := range cands {
 			a := cands[(i+off)%len(cands)]
-			if n := b.view[a] + b.delta[a]; best == "" || n < bestN {
+			v, ok := b.view[a]
+			if counted && !ok {
+				continue // an uncounted one, once a counted one is found
+			}
+			if ok && !counted {
+				counted, best = true, "" // the first counted one: forget the others
+			}
+			if n := v + b.delta[a]; best == "" || n < bestN {
 				best, bestN = a, n
 			}
 		}
 		return best
 	}
+	cands = b.countedLocked(cands)
 	scores := make([]float64, len(cands))
 	for i, a := range cands {
 		scores[i] = float64(b.view[a] + b.delta[a])
