@@ -207,11 +207,11 @@ func transportErr(err error) bool {
 // recorded under ident, with the mode's script.
 func (m *member) execRelease(ctx context.Context, ident *identity, ids []string) error {
 	floor := ident.acked.Load()
-	arr, err := m.call(ctx, func(ctx context.Context) rueidis.RedisResult { return m.rec.execRelease(ctx, ident, ids) }).ToArray()
+	v, err := m.call(ctx, func(ctx context.Context) rueidis.RedisResult { return m.rec.execRelease(ctx, ident, ids) }).AsInt64()
 	if err != nil {
 		return err
 	}
-	m.noteVersion(ident, floor, versionOf(arr, 1))
+	m.noteVersion(ident, floor, v)
 	return nil
 }
 

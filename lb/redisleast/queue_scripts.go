@@ -148,10 +148,9 @@ return {3, '', v}
 //
 // KEYS: load, gone, inst:<id>, queue, waiters, assigned, avoid
 // ARGV: maxInflight, tag, instance id, request ids...
-// Reply: {how many records existed, the instance's version}.
+// Reply: the instance's version.
 var releaseQueueScript = rueidis.NewLuaScript(decr + dispatchFn + bumpFn + `
 local me = ARGV[3]
-local n = 0
 for i = 4, #ARGV do
   local id, lost = ARGV[i], false
   if string.sub(id, 1, 1) == '?' then id, lost = string.sub(id, 2), true end
@@ -165,13 +164,12 @@ for i = 4, #ARGV do
   if rep and rep ~= '' then
     redis.call('HDEL', KEYS[3], id)
     decr(KEYS[1], KEYS[2], rep)
-    n = n + 1
   elseif lost and not rep then
     redis.call('HSET', KEYS[3], id, '')
   end
 end
 dispatch(ARGV[2], tonumber(ARGV[1]))
-return {n, bump(KEYS[3])}
+return bump(KEYS[3])
 `)
 
 // cancelQueueScript takes a waiter out of the queue (its client gave up,

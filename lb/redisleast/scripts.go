@@ -88,9 +88,8 @@ return {1, best, v}
 //
 // KEYS: load, gone, inst:<id>
 // ARGV: request ids...
-// Reply: {how many records existed, the instance's version}.
+// Reply: the instance's version.
 var releaseScript = rueidis.NewLuaScript(decr + bumpFn + `
-local n = 0
 for i = 1, #ARGV do
   local id, lost = ARGV[i], false
   if string.sub(id, 1, 1) == '?' then id, lost = string.sub(id, 2), true end
@@ -98,12 +97,11 @@ for i = 1, #ARGV do
   if rep and rep ~= '' then
     redis.call('HDEL', KEYS[3], id)
     decr(KEYS[1], KEYS[2], rep)
-    n = n + 1
   elseif lost and not rep then
     redis.call('HSET', KEYS[3], id, '')
   end
 end
-return {n, bump(KEYS[3])}
+return bump(KEYS[3])
 `)
 
 // dropTombstonesScript deletes the tombstones among the given request ids
