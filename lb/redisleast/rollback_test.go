@@ -353,3 +353,43 @@ func dumpPool(t *testing.T, c rueidis.Client, tag string) {
 		t.Logf("%s %s: %v", typ, k[len(tag):], v)
 	}
 }
+
+// An instance that stalled past its lease (a long pause, a stopped
+// process) is taken for dead and reaped while its requests still run:
+// they counted nowhere until they ended (with max_inflight, more than the
+// limit were let in). Its hash went with the reap, so the next call
+// answers a version Redis had already passed, and the instance records
+// its leases again.
+func TestInstanceTakenForDeadRecordsItsLeasesAgain(t *testing.T) {
+	redistest.Each(t, testInstanceTakenForDeadRecordsItsLeasesAgain)
+}
+
+func testInstanceTakenForDeadRecordsItsLeasesAgain(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := confFor(t, tg)
+	cfg.MaxInflight = 1
+	cfg.LeaseTTL = time.Minute // no renewal during the test: the stall
+	s := newStore(t, cfg, "p")
+	ctx := context.Background()
+	if err := s.Sync(ctx, []string{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	la := sel(t, s, "a")
+	id := s.ident.Load()
+	if err := c.Do(ctx, c.B().Del().Key(id.alive).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := reapScript.Exec(ctx, c, []string{s.k.load, s.k.gone, id.alive, id.inst, s.k.insts}, []string{id.id}).AsInt64()
+	if err != nil || n != 1 {
+		t.Fatalf("reap: %d %v, want 1 request reclaimed", n, err)
+	}
+	lb := sel(t, s, "b") // its answer shows the records are gone
+	waitFor(t, "both leases counted again", func() bool {
+		return maps.Equal(mustCounts(t, s), map[string]int64{"a": 1, "b": 1})
+	})
+	la.Release(ok)
+	lb.Release(ok)
+	if !drained(t, s, c) {
+		t.Fatalf("counts %v after both releases", mustCounts(t, s))
+	}
+}
