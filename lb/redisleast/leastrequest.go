@@ -77,9 +77,9 @@ func (lr *leastRequest) execReap(ctx context.Context, id string) rueidis.RedisRe
 	return reapScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, m.k.alive(id), m.k.inst(id), m.k.insts}, []string{id})
 }
 
-func (lr *leastRequest) execSync(ctx context.Context, replicas []string) rueidis.RedisResult {
+func (lr *leastRequest) execSync(ctx context.Context, ident *identity, replicas []string) rueidis.RedisResult {
 	m := lr.m
-	return syncScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone}, replicas)
+	return syncScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, ident.inst}, replicas)
 }
 
 // maintain: a batch that failed below the breaker's limit goes again.

@@ -65,16 +65,19 @@ func (m *member) syncSet(ctx context.Context, replicas []string) error {
 }
 
 func (m *member) sync(ctx context.Context, replicas []string) error {
-	res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult { return m.rec.execSync(ctx, replicas) })
-	if err := res.Error(); err != nil {
+	ident := m.ident.Load()
+	floor := ident.acked.Load()
+	v, err := m.call(ctx, func(ctx context.Context) rueidis.RedisResult { return m.rec.execSync(ctx, ident, replicas) }).AsInt64()
+	if err != nil {
 		err = fmt.Errorf("redis sync: %w", err)
 		m.set.unsynced.Store(true)
 		m.set.syncErr.Store(&err)
 		return err
 	}
+	m.noteVersion(ident, floor, v)
 	m.set.unsynced.Store(false)
 	m.set.syncErr.Store(nil)
-	_, err := m.counts(ctx)
+	_, err = m.counts(ctx)
 	return err
 }
 

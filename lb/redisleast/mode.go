@@ -49,7 +49,7 @@ type records interface {
 	// instance's reaping, the member set.
 	execRelease(ctx context.Context, ident *identity, ids []string) rueidis.RedisResult
 	execReap(ctx context.Context, id string) rueidis.RedisResult
-	execSync(ctx context.Context, replicas []string) rueidis.RedisResult
+	execSync(ctx context.Context, ident *identity, replicas []string) rueidis.RedisResult
 	// release ends a lease recorded (or to be recorded) in Redis, the
 	// store not closed, and drops it from own.held.
 	release(l *Lease)

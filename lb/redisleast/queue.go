@@ -478,10 +478,10 @@ func (q *globalQueue) execReap(ctx context.Context, id string) rueidis.RedisResu
 		[]string{id, strconv.Itoa(m.conf().MaxInflight), m.k.tag})
 }
 
-func (q *globalQueue) execSync(ctx context.Context, replicas []string) rueidis.RedisResult {
+func (q *globalQueue) execSync(ctx context.Context, ident *identity, replicas []string) rueidis.RedisResult {
 	m := q.m
 	args := append([]string{strconv.Itoa(m.conf().MaxInflight), m.k.tag}, replicas...)
-	return syncQueueScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, m.k.queue}, args)
+	return syncQueueScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, m.k.queue, ident.inst}, args)
 }
 
 func (q *globalQueue) release(l *Lease) { q.m.releaseRecorded(l) }

@@ -262,15 +262,15 @@ return {#dropped + left, added, v}
 // syncQueueScript is syncScript in queueing mode: new members' free slots
 // go to the waiters at once.
 //
-// KEYS: load, gone, queue
+// KEYS: load, gone, queue, inst:<id> (the syncing instance's)
 // ARGV: maxInflight, tag, replicas...
-// Reply: the number of members.
-var syncQueueScript = rueidis.NewLuaScript(syncFn + dispatchFn + `
+// Reply: the instance's version (as syncScript).
+var syncQueueScript = rueidis.NewLuaScript(syncFn + dispatchFn + bumpFn + `
 local reps = {}
 for i = 3, #ARGV do reps[#reps + 1] = ARGV[i] end
-local n = sync(KEYS[1], KEYS[2], reps)
+sync(KEYS[1], KEYS[2], reps)
 dispatch(ARGV[2], tonumber(ARGV[1]))
-return n
+return bump(KEYS[4])
 `)
 
 // kickQueueScript dispatches whatever is free (a safety net run by the

@@ -393,3 +393,35 @@ func testInstanceTakenForDeadRecordsItsLeasesAgain(t *testing.T, tg redistest.Ta
 		t.Fatalf("counts %v after both releases", mustCounts(t, s))
 	}
 }
+
+// A backend set Redis acknowledged after the snapshot is undone too: the
+// replica it added is no member any more, and picks that may only use it
+// found none, until the next set change.
+func TestRedisRollbackReplaysTheMemberSet(t *testing.T) {
+	redistest.Each(t, testRedisRollbackReplaysTheMemberSet)
+}
+
+func testRedisRollbackReplaysTheMemberSet(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := confFor(t, tg)
+	cfg.MaxInflight = 1
+	cfg.LeaseTTL = time.Minute // no renewal during the test
+	s := newStore(t, cfg, "p")
+	ctx := context.Background()
+	if err := s.Sync(ctx, []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	sn := takeSnapshot(t, c, s.k.tag)
+	if err := s.Sync(ctx, []string{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	sn.rollBack(t) // b is no member any more
+	waitFor(t, "a pick of b", func() bool {
+		l, err := s.Select(ctx, []string{"b"})
+		if err != nil {
+			return false
+		}
+		l.Release(ok)
+		return true
+	})
+}

@@ -228,11 +228,12 @@ return {#dropped, added, settle(KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARG
 // removed while busy; removed busy ones move to gone, so the releases of
 // their last requests stay exact.
 //
-// KEYS: load, gone
+// KEYS: load, gone, inst:<id> (the syncing instance's)
 // ARGV: replicas...
-// Reply: the number of members.
-var syncScript = rueidis.NewLuaScript(syncFn + `
-return sync(KEYS[1], KEYS[2], ARGV)
+// Reply: the instance's version (a set Redis lost is replayed).
+var syncScript = rueidis.NewLuaScript(syncFn + bumpFn + `
+sync(KEYS[1], KEYS[2], ARGV)
+return bump(KEYS[3])
 `)
 
 // syncFn is the body of syncScript, shared with syncQueueScript.
