@@ -19,8 +19,9 @@ import (
 // slots that nobody releases).
 //
 // Detection: every script that writes an instance's records (or renews
-// it, or takes one of its waiters out of the queue) raises the instance's
-// version, field "!" of its hash, and answers it (bumpFn). The instance
+// it, changes the member set for it, or takes one of its waiters out of
+// the queue) raises the instance's version, field "!" of its hash, and
+// answers it (bumpFn). The instance
 // keeps the highest version Redis acknowledged (identity.acked). A call
 // sent after that acknowledgement ran after the write it acknowledged, so
 // it must answer a higher version; an answer at or below it means Redis

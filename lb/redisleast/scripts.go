@@ -25,7 +25,7 @@ end
 
 // bumpFn raises an instance's version (field "!" of its hash) and
 // returns it: every script that writes the instance's records, or that
-// it uses to renew or leave the queue, runs it, so the version Redis
+// it uses to renew, sync or leave the queue, runs it, so the version Redis
 // answers never goes back unless Redis lost writes (see reconcile.go).
 const bumpFn = `
 local function bump(inst)
