@@ -206,9 +206,37 @@ func (b *batcher) finishLocked(bt *batch, r reply) {
 		}
 	}
 	b.out, b.failed = nil, false
+	b.followLostPickLocked(bt, r.picked)
 	now := time.Now()
 	b.observePicksLocked(r.counter, r.applied, now)
 	b.view, b.viewAt = r.counts, now
+}
+
+// followLostPickLocked moves an exact pick whose first reply was lost to
+// the replica its request went to. That request went to a replica picked
+// from the view (the event's replica), but the script picks by itself,
+// from Redis's counts, when the lost try ran or the batch went again:
+// picked is where it recorded the request ("" nowhere). Unless the
+// request has ended already (its release, queued behind, takes whatever
+// was recorded), a release of the record and a pick of the replica follow
+// in the next batch.
+func (b *batcher) followLostPickLocked(bt *batch, picked string) {
+	if len(bt.events) == 0 {
+		return
+	}
+	ev := bt.events[len(bt.events)-1]
+	if ev.kind != '*' || ev.replica == "" || ev.replica == picked {
+		return // no exact pick, or its reply came back (the lease is on picked), or it agrees
+	}
+	for _, q := range b.queue {
+		if q.kind == '-' && q.id == ev.id {
+			return
+		}
+	}
+	if picked != "" {
+		b.addLocked(event{'-', ev.id, picked}, -1)
+	}
+	b.addLocked(event{'+', ev.id, ev.replica}, 1)
 }
 
 // sendQueuedLocked sends the next batch (called with mu held, returns with
@@ -270,10 +298,11 @@ func (b *batcher) pick(ctx context.Context, cfg *Config, candidates []string, re
 		if b.calling || b.failed || !b.allowLocked(now, rate) {
 			addr := b.viewPickLocked(candidates, rand.IntN(len(candidates)), time.Now())
 			b.addLocked(event{'+', req, addr}, 1)
+			l := b.holdLocked(addr, ident, req)
 			failed := b.failed
 			b.mu.Unlock()
 			b.poke()
-			l := s.lease(addr, ident, req, true)
+			s.handOut(l)
 			if failed { // Redis did not answer the last batch: a local pick
 				s.c.fallbacks.Add(1)
 				l.Fallback = true
@@ -297,25 +326,32 @@ func (b *batcher) pick(ctx context.Context, cfg *Config, candidates []string, re
 		bt.events[len(bt.events)-1].replica = addr
 		b.delta[addr]++
 		b.finishLocked(bt, r)
-		b.mu.Unlock()
-		b.poke()
 		if ctx.Err() != nil {
-			b.release(ident, req, addr)
+			b.mu.Unlock()
+			b.poke()
+			b.release(ident, req, addr, nil)
 			return nil, ctx.Err()
 		}
+		l := b.holdLocked(addr, ident, req)
+		b.mu.Unlock()
+		b.poke()
 		s.c.fallbacks.Add(1)
-		l := s.lease(addr, ident, req, true)
+		s.handOut(l)
 		l.Fallback = true
 		return l, nil
 	}
 	b.finishLocked(bt, r)
+	var l *Lease
+	if r.picked != "" {
+		l = b.holdLocked(r.picked, ident, req)
+	}
 	more := len(b.queue) > 0
 	b.mu.Unlock()
 	if more {
 		b.poke()
 	}
-	if r.picked != "" {
-		return s.lease(r.picked, ident, req, true), nil
+	if l != nil {
+		return s.handOut(l), nil
 	}
 	// No candidate is a member: Redis may have restarted empty.
 	if resynced || !s.resync(ctx) {
@@ -324,12 +360,24 @@ func (b *batcher) pick(ctx context.Context, cfg *Config, candidates []string, re
 	return b.pick(ctx, cfg, candidates, true)
 }
 
-// release queues the release of a batched pick and sends it at once
-// if the budget allows (from the caller's goroutine: Release runs off the
-// request path), else leaves it to the flusher.
-func (b *batcher) release(ident *identity, req, addr string) {
+// holdLocked makes the lease of a batched pick, held (with mu, so that
+// quiesce sees the lease and its event together).
+func (b *batcher) holdLocked(addr string, ident *identity, req string) *Lease {
+	l := &Lease{Addr: addr, m: b.m, ident: ident, req: req, batched: true}
+	b.m.own.hold(l)
+	return l
+}
+
+// release queues the release of a batched pick (l, nil for a pick that
+// made no lease) and sends it at once if the budget allows (from the
+// caller's goroutine: Release runs off the request path), else leaves it
+// to the flusher.
+func (b *batcher) release(ident *identity, req, addr string, l *Lease) {
 	s := b.m
 	b.mu.Lock()
+	if l != nil {
+		s.own.drop(l)
+	}
 	if b.ident != ident {
 		b.mu.Unlock() // abandoned identity: the reapers reclaim it
 		return
@@ -444,9 +492,32 @@ func (b *batcher) drain() bool {
 	return true
 }
 
+// quiesce waits for the call under way, sends what is queued holding mu
+// (so that nothing is queued meanwhile: a few calls at most) and runs fn
+// still holding it (reconcile: the held leases are then exactly what
+// Redis holds). A failed call skips fn.
+func (b *batcher) quiesce(fn func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.calling {
+		b.cond.Wait()
+	}
+	b.syncIdentLocked(b.m.ident.Load())
+	for len(b.queue) > 0 || b.failed { // the failed batch, the queue, a lost pick's move
+		bt := b.takeLocked(nil, nil)
+		r := b.send(bt)
+		b.finishLocked(bt, r)
+		if r.err != nil {
+			return
+		}
+	}
+	fn()
+}
+
 // send runs the batch script for bt within ReadTimeout.
 func (b *batcher) send(bt *batch) reply {
 	s := b.m
+	floor := bt.ident.acked.Load()
 	args := make([]string, 0, 5+len(bt.cands)+3*len(bt.events))
 	args = append(args, strconv.FormatInt(s.conf().LeaseTTL.Milliseconds(), 10), bt.ident.id,
 		strconv.FormatUint(bt.seq, 10), strconv.Itoa(bt.off), strconv.Itoa(len(bt.cands)))
@@ -458,12 +529,13 @@ func (b *batcher) send(bt *batch) reply {
 		return batchScript.Exec(ctx, s.rc(), []string{s.k.load, s.k.gone, bt.ident.alive, bt.ident.inst, s.k.insts, s.k.picks}, args)
 	})
 	arr, err := res.ToArray()
-	if err == nil && len(arr) != 5 {
+	if err == nil && len(arr) != 6 {
 		err = errBadReply
 	}
 	if err != nil {
 		return reply{err: err}
 	}
+	s.noteVersion(bt.ident, floor, versionOf(arr, 5))
 	picked, _ := arr[1].ToString()
 	zs, err := arr[2].AsStrSlice()
 	if err != nil || len(zs)%2 != 0 {

@@ -2,6 +2,8 @@ package redisleast
 
 import (
 	"context"
+	"maps"
+	"syscall"
 	"testing"
 	"time"
 
@@ -190,3 +192,101 @@ func budgetSpent(t *testing.T, rate int) (*Store, string, Config) {
 
 // batcherOf is the batcher of a least-request store.
 func batcherOf(s *Store) *batcher { return &s.mode.(*leastRequest).batch }
+
+// An exact pick whose reply is lost sends its request to the view's
+// least-loaded replica, and its batch goes again until Redis answers. But
+// the script picks by itself, among Redis's counts: when the lost try ran
+// (or the resent one runs) it may record the request on another replica
+// than the one the request went to, which then counts one request too few
+// and the other one too many for as long as the request runs. The count
+// must follow the request.
+func TestLostExactPickIsCountedWhereItsRequestWent(t *testing.T) {
+	srv := privateRedis(t)
+	cfg := testConfig(t, srv.Addr)
+	cfg.ReadTimeout = 200 * time.Millisecond
+	cfg.BreakerBackoff = 50 * time.Millisecond
+	s := newStore(t, cfg, "lost")
+	ctx := context.Background()
+	if err := s.Sync(ctx, []string{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	hb := sel(t, s, "b") // the view: a 0, b 1
+	c := raw(t, srv.Addr)
+	// Load the view does not show yet: in Redis a is the busier one.
+	if err := c.Do(ctx, c.B().Zincrby().Key(s.k.load).Increment(5).Member("a").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Signal(syscall.SIGSTOP)
+	l, err := s.Select(ctx, []string{"a", "b"}) // its reply is lost: the request goes to the view's a
+	srv.Signal(syscall.SIGCONT)                 // the script it sent runs now, and picks b
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.Fallback || l.Addr != "a" {
+		t.Fatalf("lease %s (fallback %v): want a local pick of a while Redis is frozen", l.Addr, l.Fallback)
+	}
+	var counts map[string]int64
+	waitFor(t, "the pick in Redis where its request went (a 6, b 1)", func() bool {
+		counts, _ = s.Counts(ctx)
+		if maps.Equal(counts, map[string]int64{"a": 6, "b": 1}) {
+			return true
+		}
+		t.Logf("counts %v", counts)
+		return false
+	})
+	l.Release(ok)
+	hb.Release(ok)
+	waitFor(t, "every release in Redis", func() bool {
+		c, err := s.Counts(ctx)
+		return err == nil && maps.Equal(c, map[string]int64{"a": 5, "b": 0})
+	})
+}
+
+// Instances whose backend sets diverge: the other instance synced last,
+// without c, so Redis does not count c. An exact pick never takes c (it
+// picks among members), but a pick from the view read c as idle, always
+// (its own picks of c left its delta when their batch was applied, and
+// the view never shows c), and sent it most requests. A candidate the
+// view does not count is taken only when it counts none of them.
+func TestViewPicksLeaveACandidateRedisDoesNotCount(t *testing.T) {
+	redistest.Each(t, testViewPicksLeaveACandidateRedisDoesNotCount)
+}
+
+func testViewPicksLeaveACandidateRedisDoesNotCount(t *testing.T, tg redistest.Target) {
+	cfg := confFor(t, tg)
+	cfg.CallRate = 1 // the burst of 16 calls, then one a second
+	cfg.BreakerBackoff = time.Hour
+	s, other := newStore(t, cfg, "p"), newStore(t, cfg, "p")
+	ctx := context.Background()
+	if err := s.Sync(ctx, []string{"a", "b", "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Sync(ctx, []string{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	var held []*Lease
+	for range 3 {
+		held = append(held, sel(t, other, "a"), sel(t, other, "b"))
+	}
+	for range callBurst / 2 { // spend s's budget; the last reply is its view
+		sel(t, s, "a", "b").Release(ok)
+	}
+	before := s.Stats().ViewPicks
+	onC := 0
+	for range 20 {
+		l := sel(t, s, "a", "b", "c")
+		if l.Addr == "c" {
+			onC++
+		}
+		held = append(held, l)
+	}
+	if s.Stats().ViewPicks == before {
+		t.Fatal("no pick came from the view: the budget was not spent as planned")
+	}
+	if onC > 0 {
+		t.Fatalf("%d of 20 picks went to c, which Redis does not count (a and b hold 3 each)", onC)
+	}
+	for _, l := range held {
+		l.Release(ok)
+	}
+}

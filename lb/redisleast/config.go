@@ -172,6 +172,22 @@ func (c Config) Validate() error {
 // least-request. A store's mode is fixed at New.
 func (c Config) queueing() bool { return c.QueueTimeout > 0 }
 
+// Mode names (modeName).
+const (
+	modeLeastRequest = "off" // no queue: least-request (exact or batched)
+	modeQueue        = "queueing"
+)
+
+// modeName names the mode the config asks for: New builds that mode, and
+// the connection key carries the name, so that switching it needs a new
+// store. The one place the mode is asked.
+func (c Config) modeName() string {
+	if c.queueing() {
+		return modeQueue
+	}
+	return modeLeastRequest
+}
+
 // clientOption maps the config onto rueidis (see redisconn).
 func (c Config) clientOption() (rueidis.ClientOption, error) {
 	return c.ClientOption(redisconn.ConnTimeout(c.ReadTimeout))
@@ -182,13 +198,9 @@ func (c Config) clientOption() (rueidis.ClientOption, error) {
 // Configure's refusal both come from this one list.
 func (c Config) connectionFields() [][2]string {
 	c = c.WithDefaults()
-	mode := "off"
-	if c.queueing() {
-		mode = "queueing"
-	}
 	return append(c.Config.Fields(),
 		[2]string{"instance_id", c.InstanceID},
-		[2]string{"queue_timeout", mode}, // the queueing mode, not the duration
+		[2]string{"queue_timeout", c.modeName()}, // the queueing mode, not the duration
 	)
 }
 

@@ -11,7 +11,9 @@ import "github.com/sluice-router/sluice/lb/redisconn"
 //	{tag}:insts         SET  ids of instances that may hold records
 //	{tag}:picks         ZSET member "n": picks recorded by batches (least-request mode, viewpick.go)
 //	{tag}:alive:<id>    STRING with a TTL: the instance is alive while it exists
-//	{tag}:inst:<id>     HASH request id → replica, one field per request in flight
+//	{tag}:inst:<id>     HASH request id → replica, one field per request in flight ("" a
+//	                    tombstone); "#" the last batch applied, "!" the records' version
+//	                    (reconcile.go)
 //	{tag}:permcheck     scratch key of the permission check at New (never left behind)
 //
 // Queueing mode (QueueTimeout > 0) adds one global FIFO per pool. A queued

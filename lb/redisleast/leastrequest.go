@@ -45,6 +45,8 @@ func (lr *leastRequest) pick(ctx context.Context, candidates []string) (*Lease, 
 // exact picks with one select script (shedding at MaxInflight).
 func (lr *leastRequest) exact(ctx context.Context, candidates []string) (*Lease, error) {
 	m := lr.m
+	m.own.mu.RLock()
+	defer m.own.mu.RUnlock()
 	p, err := m.scriptPick(ctx, candidates, func(deadline time.Time, ident *identity, _ string, args []string) rueidis.RedisResult {
 		args = append(args, candidates...)
 		return m.callUntil(ctx, deadline, func(ctx context.Context) rueidis.RedisResult {
@@ -59,10 +61,10 @@ func (lr *leastRequest) exact(ctx context.Context, candidates []string) (*Lease,
 
 func (lr *leastRequest) release(l *Lease) {
 	if l.batched {
-		lr.batch.release(l.ident, l.req, l.Addr)
+		lr.batch.release(l.ident, l.req, l.Addr, l)
 		return
 	}
-	lr.m.releaseNow(l.ident, l.req)
+	lr.m.releaseRecorded(l)
 }
 
 func (lr *leastRequest) execRelease(ctx context.Context, ident *identity, ids []string) rueidis.RedisResult {
@@ -75,15 +77,23 @@ func (lr *leastRequest) execReap(ctx context.Context, id string) rueidis.RedisRe
 	return reapScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, m.k.alive(id), m.k.inst(id), m.k.insts}, []string{id})
 }
 
-func (lr *leastRequest) execSync(ctx context.Context, replicas []string) rueidis.RedisResult {
+func (lr *leastRequest) execSync(ctx context.Context, ident *identity, replicas []string) rueidis.RedisResult {
 	m := lr.m
-	return syncScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone}, replicas)
+	return syncScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, ident.inst}, replicas)
 }
 
 // maintain: a batch that failed below the breaker's limit goes again.
 func (lr *leastRequest) maintain(context.Context) { lr.batch.poke() }
 
 func (lr *leastRequest) drain() { lr.batch.drain() }
+
+func (lr *leastRequest) quiesce(fn func()) { lr.batch.quiesce(fn) }
+
+func (lr *leastRequest) execReconcile(ctx context.Context, ident *identity, floor int64, held []string) rueidis.RedisResult {
+	m := lr.m
+	return reconcileScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, ident.alive, ident.inst, m.k.insts},
+		append(m.reconcileArgs(ident, floor), held...))
+}
 
 func (lr *leastRequest) rotated() {} // the batcher drops the old identity's events at its next use
 

@@ -2,6 +2,7 @@ package redisleast
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,7 +32,7 @@ func (m *member) loop() {
 		case <-m.done:
 			return
 		case <-t.C:
-		case <-m.reconf:
+		case <-m.wakeCh:
 		}
 		if e := m.reapInterval(); e != every { // Configure changed lease_ttl
 			every = e
@@ -46,8 +47,11 @@ func (m *member) loop() {
 			continue
 		}
 		m.flush(ctx)
+		if m.own.stale.Load() {
+			m.reconcile(ctx) // Redis lost writes (reconcile.go)
+		}
 		m.sweepTombstones(ctx)
-		if m.unsynced.Load() {
+		if m.set.unsynced.Load() {
 			m.resync(ctx) // a set Redis refused (an error reply) goes again
 		}
 		m.reap(ctx)
@@ -58,12 +62,19 @@ func (m *member) loop() {
 
 func (m *member) reapInterval() time.Duration { return max(m.conf().LeaseTTL/3, time.Millisecond) }
 
-// renew extends this instance's liveness key.
+// renew extends this instance's liveness key; its version tells whether
+// Redis lost writes (reconcile.go).
 func (m *member) renew(ctx context.Context) error {
 	id := m.ident.Load()
-	return m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return m.rc().Do(ctx, m.rc().B().Set().Key(id.alive).Value("1").Px(m.conf().LeaseTTL).Build())
-	}).Error()
+	floor := id.acked.Load()
+	v, err := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return renewScript.Exec(ctx, m.rc(), []string{id.alive, id.inst, m.k.insts},
+			[]string{strconv.FormatInt(m.conf().LeaseTTL.Milliseconds(), 10), id.id})
+	}).AsInt64()
+	if err == nil {
+		m.noteVersion(id, floor, v)
+	}
+	return err
 }
 
 // flush sends the pending releases, in batches; what fails is requeued.
@@ -73,7 +84,7 @@ func (m *member) flush(ctx context.Context) {
 		for i := 0; i < len(b.ids); i += batch {
 			ids := b.ids[i:min(i+batch, len(b.ids))]
 			// Error replies too (see Lease.Release): kept until Redis takes them.
-			if err := m.execRelease(ctx, b.ident, ids).Error(); err != nil && !rueidis.IsRedisNil(err) {
+			if err := m.execRelease(ctx, b.ident, ids); err != nil && !rueidis.IsRedisNil(err) {
 				m.pend.putBack(pendingBatch{b.ident, b.ids[i:]})
 				break
 			}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +27,7 @@ type member struct {
 	// connection settings in it never change (see Config.ConnectionKey).
 	cfgp   atomic.Pointer[Config]
 	cfgMu  sync.Mutex    // serializes configure
-	reconf chan struct{} // configure → loop: apply now
+	wakeCh chan struct{} // → loop: run a round now (configure, records lost)
 	pool   string
 	k      keys
 	conn   conn
@@ -36,11 +35,12 @@ type member struct {
 
 	ident atomic.Pointer[identity]
 	seq   atomic.Uint64
+	own   ownRecords // what it holds in Redis, to rewrite after Redis lost writes
 	br    breaker
 	pend  pending
 	tombs tombstones
 	local localCounts
-	set   replicaSet
+	set   memberSet // the pool's member set as this instance gives it (memberset.go)
 	c     counters
 	svc   ewma // hold time of successful leases, for RetryAfter
 	// health is this instance's passive health of the replicas (failed
@@ -50,52 +50,13 @@ type member struct {
 	health *tracker.Tracker
 
 	unreachable atomic.Pointer[error] // why Redis was not usable at New
-	syncErr     atomic.Pointer[error] // why the last set is not in Redis yet (nil: it is)
-	syncMu      sync.Mutex            // serializes sync and resync
-	unsynced    atomic.Bool           // the last set has not reached Redis
 
-	life    sync.Mutex // orders starting a probe or a wait against close
-	probing atomic.Bool
-	closed  atomic.Bool
-	done    chan struct{}
-	wg      sync.WaitGroup // the loop, the probe, the mode's goroutines
-}
-
-// replicaSet is the member set of the last Sync (replayed after a Redis
-// restart) and the global counts last read.
-type replicaSet struct {
-	mu     sync.Mutex
-	last   []string
-	counts map[string]int64
-}
-
-func (r *replicaSet) setMembers(m []string) {
-	r.mu.Lock()
-	r.last = m
-	r.mu.Unlock()
-}
-
-func (r *replicaSet) members() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.last
-}
-
-func (r *replicaSet) setCounts(c map[string]int64) {
-	r.mu.Lock()
-	r.counts = c
-	r.mu.Unlock()
-}
-
-func (r *replicaSet) lastCounts() map[string]int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.counts
+	lifecycle // its goroutines, and closing (lifecycle.go)
 }
 
 func newMember(cfg Config, pool string) *member {
-	m := &member{pool: pool, k: newKeys(cfg.KeyPrefix, pool), done: make(chan struct{}),
-		reconf: make(chan struct{}, 1)}
+	m := &member{pool: pool, k: newKeys(cfg.KeyPrefix, pool), wakeCh: make(chan struct{}, 1),
+		lifecycle: lifecycle{done: make(chan struct{})}}
 	m.cfgp.Store(&cfg)
 	m.br = breaker{limit: cfg.BreakerFailures, onOpen: m.startProbe}
 	m.pend.max = cfg.PendingMax
@@ -170,16 +131,22 @@ func (m *member) configure(cfg Config) error {
 	// The loop renews with the new lease TTL, moves its ticker, redials
 	// if the read timeout outgrew the connection, and lets the mode act
 	// (the queue hands slots a raised max_inflight freed to the waiters).
+	m.wake()
+	return nil
+}
+
+// wake makes the loop run a round now.
+func (m *member) wake() {
 	select {
-	case m.reconf <- struct{}{}:
+	case m.wakeCh <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 // identity is the name under which an instance records its requests.
 type identity struct {
 	id, alive, inst string
+	acked           atomic.Int64 // the highest version of its records Redis acknowledged (reconcile.go)
 }
 
 func (m *member) newIdentity() *identity {
@@ -238,8 +205,14 @@ func transportErr(err error) bool {
 
 // execRelease sends releases (request ids, "?id" for lost selects)
 // recorded under ident, with the mode's script.
-func (m *member) execRelease(ctx context.Context, ident *identity, ids []string) rueidis.RedisResult {
-	return m.call(ctx, func(ctx context.Context) rueidis.RedisResult { return m.rec.execRelease(ctx, ident, ids) })
+func (m *member) execRelease(ctx context.Context, ident *identity, ids []string) error {
+	floor := ident.acked.Load()
+	v, err := m.call(ctx, func(ctx context.Context) rueidis.RedisResult { return m.rec.execRelease(ctx, ident, ids) }).AsInt64()
+	if err != nil {
+		return err
+	}
+	m.noteVersion(ident, floor, v)
+	return nil
 }
 
 // releaseNow releases one request recorded in Redis, or keeps it for the
@@ -251,7 +224,7 @@ func (m *member) releaseNow(ident *identity, req string) {
 		m.queueRelease(ident, req)
 		return
 	}
-	if err := m.execRelease(context.Background(), ident, []string{req}).Error(); err != nil && !rueidis.IsRedisNil(err) {
+	if err := m.execRelease(context.Background(), ident, []string{req}); err != nil && !rueidis.IsRedisNil(err) {
 		m.queueRelease(ident, req)
 	}
 }
@@ -265,74 +238,6 @@ func (m *member) queueRelease(ident *identity, req string) {
 	m.rotate(ident)
 }
 
-// syncSet is Store.Sync.
-func (m *member) syncSet(ctx context.Context, replicas []string) error {
-	m.syncMu.Lock()
-	defer m.syncMu.Unlock()
-	replicas = slices.Clone(replicas)
-	m.set.setMembers(replicas)
-	m.local.retain(replicas)
-	m.health.SetReplicas(replicas)
-	if m.br.isOpen() {
-		err := fmt.Errorf("redis %v: circuit breaker open; will sync when it closes", m.conf().Addrs)
-		m.unsynced.Store(true)
-		m.syncErr.Store(&err)
-		return err
-	}
-	return m.sync(ctx, replicas)
-}
-
-func (m *member) sync(ctx context.Context, replicas []string) error {
-	res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult { return m.rec.execSync(ctx, replicas) })
-	if err := res.Error(); err != nil {
-		err = fmt.Errorf("redis sync: %w", err)
-		m.unsynced.Store(true)
-		m.syncErr.Store(&err)
-		return err
-	}
-	m.unsynced.Store(false)
-	m.syncErr.Store(nil)
-	_, err := m.counts(ctx)
-	return err
-}
-
-// resync replays the last Sync when Redis holds no member (it restarted
-// without persistence, or the key was deleted). True if it synced.
-func (m *member) resync(ctx context.Context) bool {
-	m.syncMu.Lock()
-	defer m.syncMu.Unlock()
-	last := m.set.members()
-	if !m.unsynced.Load() {
-		if len(last) == 0 {
-			return false
-		}
-		res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-			return m.rc().Do(ctx, m.rc().B().Zcard().Key(m.k.load).Build())
-		})
-		if n, err := res.AsInt64(); err != nil || n > 0 {
-			return false
-		}
-	}
-	return m.sync(ctx, last) == nil
-}
-
-// counts is Store.Counts.
-func (m *member) counts(ctx context.Context) (map[string]int64, error) {
-	res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
-		return m.rc().Do(ctx, m.rc().B().Zrange().Key(m.k.load).Min("0").Max("-1").Withscores().Build())
-	})
-	zs, err := res.AsZScores()
-	if err != nil {
-		return nil, fmt.Errorf("redis counts: %w", err)
-	}
-	out := make(map[string]int64, len(zs))
-	for _, z := range zs {
-		out[z.Member] = int64(z.Score)
-	}
-	m.set.setCounts(out)
-	return out, nil
-}
-
 // stats is the mode-free part of Store.Stats.
 func (m *member) stats() Stats {
 	cum, count, sum := m.c.histogram()
@@ -343,31 +248,6 @@ func (m *member) stats() Stats {
 		Buckets: scriptBuckets, BucketCounts: cum, ScriptCount: count, ScriptSum: sum,
 		InFlight: m.set.lastCounts(),
 	}
-}
-
-// hold adds one to wg, unless the store is closing (false): close waits
-// for wg after it marked the store closed, so nothing is added too late.
-func (m *member) hold(wg *sync.WaitGroup) bool {
-	m.life.Lock()
-	defer m.life.Unlock()
-	if m.closed.Load() {
-		return false
-	}
-	wg.Add(1)
-	return true
-}
-
-// shut marks the store closed and stops its goroutines' loops; false if
-// it was closed already.
-func (m *member) shut() bool {
-	m.life.Lock()
-	if !m.closed.CompareAndSwap(false, true) {
-		m.life.Unlock()
-		return false
-	}
-	m.life.Unlock()
-	close(m.done)
-	return true
 }
 
 // close waits for the goroutines, sends what is pending and deletes the

@@ -34,6 +34,14 @@ type mode interface {
 	stats(st *Stats)
 }
 
+// newMode builds the mode named by Config.modeName on m.
+func newMode(name string, m *member) mode {
+	if name == modeQueue {
+		return newGlobalQueue(m)
+	}
+	return newLeastRequest(m)
+}
+
 // records is what the member needs from the mode running on it.
 type records interface {
 	// The mode's scripts for the records every mode keeps (the member
@@ -41,9 +49,9 @@ type records interface {
 	// instance's reaping, the member set.
 	execRelease(ctx context.Context, ident *identity, ids []string) rueidis.RedisResult
 	execReap(ctx context.Context, id string) rueidis.RedisResult
-	execSync(ctx context.Context, replicas []string) rueidis.RedisResult
+	execSync(ctx context.Context, ident *identity, replicas []string) rueidis.RedisResult
 	// release ends a lease recorded (or to be recorded) in Redis, the
-	// store not closed.
+	// store not closed, and drops it from own.held.
 	release(l *Lease)
 	// maintain is the mode's share of each maintenance round (and of the
 	// probe's, once Redis answers again).
@@ -53,4 +61,12 @@ type records interface {
 	drain()
 	// rotated: the member took a new identity.
 	rotated()
+	// quiesce runs fn once the mode has sent everything it keeps for
+	// Redis, and keeps it from picking or releasing meanwhile (the batcher;
+	// reconcile holds own.mu for the rest); it skips fn if Redis did not
+	// take what was kept.
+	quiesce(fn func())
+	// execReconcile runs the mode's reconcile script for ident from held,
+	// its leases as (request id, replica) pairs (reconcile.go).
+	execReconcile(ctx context.Context, ident *identity, floor int64, held []string) rueidis.RedisResult
 }

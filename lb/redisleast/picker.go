@@ -26,7 +26,7 @@ func (s *Store) SetReplicas(addrs []string) {
 // Redis yet; nil once it is (also when it got there later, by the replay
 // after an outage).
 func (s *Store) SyncErr() error {
-	if p := s.syncErr.Load(); p != nil {
+	if p := s.set.syncErr.Load(); p != nil {
 		return *p
 	}
 	return nil

@@ -62,6 +62,11 @@ import (
 // (errors.Is lb.ErrQueueTimeout).
 var ErrQueueTimeout = fmt.Errorf("timed out waiting in the global queue: %w", lb.ErrQueueTimeout)
 
+// errNoMemberLeft: the queue refused a waiter because no member it may be
+// given is left (see dispatchFn); errors.Is lb.ErrAllDown, so a retry
+// tries again without the replicas it avoided.
+var errNoMemberLeft = fmt.Errorf("no replica this queued request may use is left in the pool: %w", lb.ErrAllDown)
+
 // globalQueue is the queueing mode (see above).
 type globalQueue struct {
 	m        *member
@@ -129,11 +134,13 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string) (*Lease, er
 	m := q.m
 	var tok string
 	var wait chan string
+	avoid := q.avoidList(candidates)
+	m.own.mu.RLock() // not while it waits: reconcile keeps its waiters' records
 	p, err := m.scriptPick(ctx, candidates, func(deadline time.Time, ident *identity, req string, args []string) rueidis.RedisResult {
 		q.waiters.drop(tok) // an earlier try's
 		tok = token(ident, req)
-		wait = q.waiters.add(tok)
-		args = append(args, m.k.tag, q.avoidList(candidates))
+		wait = q.waiters.add(tok, avoid)
+		args = append(args, m.k.tag, avoid)
 		args = append(args, candidates...)
 		// Not cut short by the client: a reply lost to a cancellation
 		// would leave the request queued (or holding a slot) until the
@@ -145,8 +152,10 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string) (*Lease, er
 		})
 	})
 	if err == nil && p.code == pickQueued {
+		m.own.mu.RUnlock()
 		return q.await(ctx, p.ident, p.req, wait)
 	}
+	defer m.own.mu.RUnlock()
 	q.waiters.drop(tok)
 	if err != nil {
 		return nil, err
@@ -170,19 +179,25 @@ func (q *globalQueue) avoidList(candidates []string) string {
 	return b.String()
 }
 
-// waiterSet routes hand-over notifications to the waiting Selects.
+// waiterSet routes hand-over notifications to the waiting Selects, and
+// keeps what reconcile needs to queue one again (its avoid list).
 type waiterSet struct {
 	mu sync.Mutex
-	m  map[string]chan string // token → replica (buffered 1)
+	m  map[string]waiter // by token
 }
 
-func (w *waiterSet) add(tok string) chan string {
+type waiter struct {
+	ch    chan string // the replica handed over (buffered 1)
+	avoid string      // as queued (avoidList)
+}
+
+func (w *waiterSet) add(tok, avoid string) chan string {
 	ch := make(chan string, 1)
 	w.mu.Lock()
 	if w.m == nil {
-		w.m = map[string]chan string{}
+		w.m = map[string]waiter{}
 	}
-	w.m[tok] = ch
+	w.m[tok] = waiter{ch, avoid}
 	w.mu.Unlock()
 	return ch
 }
@@ -197,7 +212,7 @@ func (w *waiterSet) drop(tok string) {
 // (notification and recheck) are dropped.
 func (w *waiterSet) deliver(tok, rep string) {
 	w.mu.Lock()
-	ch := w.m[tok]
+	ch := w.m[tok].ch
 	w.mu.Unlock()
 	if ch != nil {
 		select {
@@ -213,6 +228,20 @@ func (w *waiterSet) tokens() []string {
 	out := make([]string, 0, len(w.m))
 	for tok := range w.m {
 		out = append(out, tok)
+	}
+	return out
+}
+
+// of lists the waiters whose token starts with prefix (an identity's) as
+// (request id, avoid list) pairs.
+func (w *waiterSet) of(prefix string) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for tok, wt := range w.m {
+		if req, ok := strings.CutPrefix(tok, prefix); ok {
+			out = append(out, req, wt.avoid)
+		}
 	}
 	return out
 }
@@ -248,8 +277,12 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 	defer t.Stop()
 	select {
 	case rep := <-ch:
-		q.waiters.drop(tok)
-		return q.handed(ident, req, rep, start), nil
+		if rep == "" { // refused by the queue, which left a tombstone (dispatchFn)
+			q.waiters.drop(tok)
+			m.tombs.add(ident, []string{req}, time.Now())
+			return nil, errNoMemberLeft
+		}
+		return q.handed(ident, req, tok, rep, start), nil
 	case <-ctx.Done():
 		return q.giveUp(ctx, ident, req, start, gaveUpCancelled)
 	case <-t.C:
@@ -259,41 +292,60 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 	}
 }
 
-// handed makes the lease of a slot the queue gave this request.
-func (q *globalQueue) handed(ident *identity, req, rep string, start time.Time) *Lease {
+// handed makes the lease of a slot the queue gave this request: from
+// waiter to lease at once for reconcile, which keeps the records of both.
+func (q *globalQueue) handed(ident *identity, req, tok, rep string, start time.Time) *Lease {
+	q.m.own.mu.RLock()
+	defer q.m.own.mu.RUnlock()
+	return q.handedLocked(ident, req, tok, rep, start)
+}
+
+// handedLocked is handed with own.mu read-held.
+func (q *globalQueue) handedLocked(ident *identity, req, tok, rep string, start time.Time) *Lease {
+	q.waiters.drop(tok)
 	q.wait.observe(time.Since(start))
 	q.handovers.Add(1)
-	l := q.m.lease(rep, ident, req, false)
+	l := q.m.lease(rep, ident, req)
 	l.why = lb.ReasonQueued
 	return l
 }
 
 // giveUp takes the waiter out of the queue, or claims the slot it was
-// handed meanwhile.
+// handed meanwhile: under own.mu, so that reconcile never queues again a
+// waiter that is leaving.
 func (q *globalQueue) giveUp(ctx context.Context, ident *identity, req string, start time.Time, why giveUpReason) (*Lease, error) {
 	m := q.m
 	tok := token(ident, req)
+	m.own.mu.RLock()
+	floor := ident.acked.Load()
 	res := m.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return cancelQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid}, []string{tok})
+		return cancelQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid, ident.inst}, []string{tok})
 	})
-	q.waiters.drop(tok)
 	arr, err := res.ToArray()
-	if err == nil && len(arr) != 2 {
+	if err == nil && len(arr) != 3 {
 		err = errBadReply
 	}
 	code := int64(-1)
 	var rep string
 	if err == nil {
+		m.noteVersion(ident, floor, versionOf(arr, 2))
 		code, _ = arr[0].AsInt64()
 		rep, _ = arr[1].ToString()
+	}
+	var l *Lease
+	if code == 1 {
+		l = q.handedLocked(ident, req, tok, rep, start)
 	} else {
+		q.waiters.drop(tok)
+	}
+	m.own.mu.RUnlock()
+	if err != nil {
 		// Unknown whether it is still queued or was handed a slot: the
 		// lost-select release takes it out of the queue, or releases the
 		// slot, once Redis answers.
 		m.queueRelease(ident, "?"+req)
 	}
-	if code == 1 {
-		l := q.handed(ident, req, rep, start)
+	if l != nil {
 		if why != gaveUpCancelled {
 			return l, nil // dispatched just in time
 		}
@@ -428,15 +480,29 @@ func (q *globalQueue) execReap(ctx context.Context, id string) rueidis.RedisResu
 		[]string{id, strconv.Itoa(m.conf().MaxInflight), m.k.tag})
 }
 
-func (q *globalQueue) execSync(ctx context.Context, replicas []string) rueidis.RedisResult {
+func (q *globalQueue) execSync(ctx context.Context, ident *identity, replicas []string) rueidis.RedisResult {
 	m := q.m
 	args := append([]string{strconv.Itoa(m.conf().MaxInflight), m.k.tag}, replicas...)
-	return syncQueueScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, m.k.queue}, args)
+	return syncQueueScript.Exec(ctx, m.rc(), []string{m.k.load, m.k.gone, m.k.queue, ident.inst}, args)
 }
 
-func (q *globalQueue) release(l *Lease) { q.m.releaseNow(l.ident, l.req) }
+func (q *globalQueue) release(l *Lease) { q.m.releaseRecorded(l) }
 
 func (q *globalQueue) drain() {} // the queue keeps nothing beyond the member's pending releases
+
+func (q *globalQueue) quiesce(fn func()) { fn() } // nothing kept: see drain
+
+// execReconcile keeps the records of the requests still waiting here (a
+// hand-over on its way), queues again those Redis lost, and takes the
+// others of this instance out of the queue.
+func (q *globalQueue) execReconcile(ctx context.Context, ident *identity, floor int64, held []string) rueidis.RedisResult {
+	m := q.m
+	waiting := q.waiters.of(ident.id + ":")
+	args := append(m.reconcileArgs(ident, floor), strconv.Itoa(m.conf().MaxInflight), m.k.tag, strconv.Itoa(len(waiting)/2))
+	args = append(append(args, waiting...), held...)
+	return reconcileQueueScript.Exec(ctx, m.rc(),
+		[]string{m.k.load, m.k.gone, ident.alive, ident.inst, m.k.insts, m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid}, args)
+}
 
 // rotated resubscribes under the new identity.
 func (q *globalQueue) rotated() {

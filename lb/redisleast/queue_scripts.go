@@ -24,7 +24,11 @@ import "github.com/redis/rueidis"
 // A waiter is given any member except those its avoid entry names (the
 // replicas its instance had down, or that were not among its candidates):
 // the least loaded of the others, once one is under maxIn. The head waits
-// for such a slot (FIFO: nobody overtakes it).
+// for such a slot (FIFO: nobody overtakes it). A head whose avoid entry
+// names every member has no slot to wait for (its candidates left the
+// pool): it is refused at once — popped, barred by a tombstone under its
+// instance (so reconcile does not queue it again) and told by PUBLISH
+// "<request id> " (no replica) — and the next waiter goes on.
 const dispatchFn = `
 local function dispatch(tag, maxIn)
   local load, queue, waiters, assigned = tag .. ':load', tag .. ':queue', tag .. ':waiters', tag .. ':assigned'
@@ -43,7 +47,7 @@ local function dispatch(tag, maxIn)
       redis.call('LPOP', queue)
       redis.call('HDEL', avoidKey, head)
     else
-      local rep
+      local rep, refused
       local avoid = redis.call('HGET', avoidKey, head)
       if avoid then
         local skip = {}
@@ -52,17 +56,27 @@ local function dispatch(tag, maxIn)
         for i = 1, #free do
           if not skip[free[i]] then rep = free[i] break end
         end
+        if not rep then
+          refused = true
+          local all = redis.call('ZRANGE', load, 0, -1)
+          for i = 1, #all do
+            if not skip[all[i]] then refused = false break end
+          end
+        end
       else
         local top = redis.call('ZRANGE', load, 0, 0, 'WITHSCORES')
         if #top > 0 and tonumber(top[2]) < maxIn then rep = top[1] end
       end
-      if not rep then break end
+      if not rep and not refused then break end
       redis.call('LPOP', queue)
       redis.call('HDEL', waiters, head)
       redis.call('HDEL', avoidKey, head)
       local req = string.match(head, ':([^:]*)$')
       local ikey = tag .. ':inst:' .. inst
-      if redis.call('HEXISTS', ikey, req) == 0 then
+      if refused then
+        redis.call('HSET', ikey, req, '')
+        redis.call('PUBLISH', tag .. ':notify:' .. inst, req .. ' ')
+      elseif redis.call('HEXISTS', ikey, req) == 0 then
         redis.call('ZINCRBY', load, 1, rep)
         redis.call('HSET', ikey, req, rep)
         redis.call('SADD', tag .. ':insts', inst)
@@ -85,15 +99,17 @@ end
 // KEYS: load, alive:<id>, inst:<id>, insts, queue, waiters, assigned, avoid
 // ARGV: maxInflight (> 0), leaseTTL ms, request id, instance id, offset, tag,
 // avoid ("" or comma-separated members it must not be handed), candidates...
-// Reply: {1, replica} selected (directly or handed over at once);
-// {4, ""} queued: the replica comes by notification;
-// {0, ""} no candidate is a member; {3, ""} barred (as selectScript).
-var selectQueueScript = rueidis.NewLuaScript(dispatchFn + `
+// Reply: {1, replica, version} selected (directly or handed over at
+// once); {4, "", version} queued: the replica comes by notification;
+// {0, "", version} no candidate is a member; {3, "", version} barred (as
+// selectScript).
+var selectQueueScript = rueidis.NewLuaScript(dispatchFn + bumpFn + `
+local v = bump(KEYS[3])
 local prev = redis.call('HGET', KEYS[3], ARGV[3])
-if prev == '' then return {3, ''} end
-if prev then return {1, prev} end
+if prev == '' then return {3, '', v} end
+if prev then return {1, prev, v} end
 local tok = ARGV[4] .. ':' .. ARGV[3]
-if redis.call('HEXISTS', KEYS[6], tok) == 1 then return {4, ''} end
+if redis.call('HEXISTS', KEYS[6], tok) == 1 then return {4, '', v} end
 local maxIn = tonumber(ARGV[1])
 local n = #ARGV - 7
 local off = tonumber(ARGV[5])
@@ -106,7 +122,7 @@ for i = 0, n - 1 do
     if best == nil or s < bestScore then best, bestScore = c, s end
   end
 end
-if best == nil then return {0, ''} end
+if best == nil then return {0, '', v} end
 if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 end
@@ -114,16 +130,16 @@ redis.call('SADD', KEYS[4], ARGV[4])
 if bestScore < maxIn and redis.call('LLEN', KEYS[5]) == 0 then
   redis.call('ZINCRBY', KEYS[1], 1, best)
   redis.call('HSET', KEYS[3], ARGV[3], best)
-  return {1, best}
+  return {1, best, v}
 end
 redis.call('RPUSH', KEYS[5], tok)
 redis.call('HSET', KEYS[6], tok, ARGV[4])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[8], tok, ARGV[7]) end
 dispatch(ARGV[6], maxIn)
 local got = redis.call('HGET', KEYS[3], ARGV[3])
-if got and got ~= '' then return {1, got} end
-if redis.call('HEXISTS', KEYS[6], tok) == 1 then return {4, ''} end
-return {3, ''}
+if got and got ~= '' then return {1, got, v} end
+if redis.call('HEXISTS', KEYS[6], tok) == 1 then return {4, '', v} end
+return {3, '', v}
 `)
 
 // releaseQueueScript is releaseScript in queueing mode: it also forgets
@@ -132,10 +148,9 @@ return {3, ''}
 //
 // KEYS: load, gone, inst:<id>, queue, waiters, assigned, avoid
 // ARGV: maxInflight, tag, instance id, request ids...
-// Reply: how many records existed.
-var releaseQueueScript = rueidis.NewLuaScript(decr + dispatchFn + `
+// Reply: the instance's version.
+var releaseQueueScript = rueidis.NewLuaScript(decr + dispatchFn + bumpFn + `
 local me = ARGV[3]
-local n = 0
 for i = 4, #ARGV do
   local id, lost = ARGV[i], false
   if string.sub(id, 1, 1) == '?' then id, lost = string.sub(id, 2), true end
@@ -149,32 +164,33 @@ for i = 4, #ARGV do
   if rep and rep ~= '' then
     redis.call('HDEL', KEYS[3], id)
     decr(KEYS[1], KEYS[2], rep)
-    n = n + 1
   elseif lost and not rep then
     redis.call('HSET', KEYS[3], id, '')
   end
 end
 dispatch(ARGV[2], tonumber(ARGV[1]))
-return n
+return bump(KEYS[3])
 `)
 
 // cancelQueueScript takes a waiter out of the queue (its client gave up,
 // or its QueueTimeout passed).
 //
-// KEYS: queue, waiters, assigned, avoid
+// KEYS: queue, waiters, assigned, avoid, inst:<id> (the waiter's)
 // ARGV: token
-// Reply: {0, ""} it was still queued and is removed; {1, replica} it was
-// handed a slot meanwhile (the caller owns that lease); {2, ""} neither
-// (dropped by dispatch: its instance looked dead, or it was barred).
-var cancelQueueScript = rueidis.NewLuaScript(`
+// Reply: {0, "", version} it was still queued and is removed;
+// {1, replica, version} it was handed a slot meanwhile (the caller owns
+// that lease); {2, "", version} neither (dropped by dispatch: its instance
+// looked dead, or it was barred).
+var cancelQueueScript = rueidis.NewLuaScript(bumpFn + `
+local v = bump(KEYS[5])
 if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[1], 1, ARGV[1])
   redis.call('HDEL', KEYS[4], ARGV[1])
-  return {0, ''}
+  return {0, '', v}
 end
 local a = redis.call('HGET', KEYS[3], ARGV[1])
-if a then return {1, a} end
-return {2, ''}
+if a then return {1, a, v} end
+return {2, '', v}
 `)
 
 // reapQueueScript is reapScript in queueing mode: it also forgets the dead
@@ -190,7 +206,7 @@ local kv = redis.call('HGETALL', KEYS[4])
 local n = 0
 for i = 1, #kv, 2 do
   redis.call('HDEL', KEYS[6], ARGV[1] .. ':' .. kv[i])
-  if kv[i] ~= '#' and kv[i + 1] ~= '' then
+  if kv[i] ~= '#' and kv[i] ~= '!' and kv[i + 1] ~= '' then
     decr(KEYS[1], KEYS[2], kv[i + 1])
     n = n + 1
   end
@@ -201,18 +217,60 @@ dispatch(ARGV[3], tonumber(ARGV[2]))
 return n
 `)
 
+// reconcileQueueScript is reconcileScript in queueing mode: the records
+// of the instance's waiting requests are kept (a hand-over on its way),
+// those of its waiters Redis lost (not queued, not handed a slot, not
+// barred) are queued again at the tail, its waiters it no longer waits for
+// leave the queue, the dropped records' assignments go, and the freed
+// slots are dispatched.
+//
+// KEYS: load, gone, alive:<id>, inst:<id>, insts, queue, waiters, assigned, avoid
+// ARGV: leaseTTL ms, instance id, version floor, maxInflight, tag, n,
+// n (waiting request id, avoid list) pairs, (request id, replica)...
+// Reply: {records and waiters dropped, records and waiters added, the
+// instance's version}.
+var reconcileQueueScript = rueidis.NewLuaScript(decr + dispatchFn + reconcileFn + `
+local me, nw = ARGV[2], tonumber(ARGV[6])
+local waiting = {}
+for i = 7, 6 + 2 * nw, 2 do waiting[ARGV[i]] = true end
+local dropped, added = reconcile(KEYS[1], KEYS[2], KEYS[4], ARGV, 7 + 2 * nw, waiting)
+for i = 7, 6 + 2 * nw, 2 do
+  local tok = me .. ':' .. ARGV[i]
+  if redis.call('HEXISTS', KEYS[7], tok) == 0 and redis.call('HEXISTS', KEYS[4], ARGV[i]) == 0 then
+    redis.call('RPUSH', KEYS[6], tok)
+    redis.call('HSET', KEYS[7], tok, me)
+    if ARGV[i + 1] ~= '' then redis.call('HSET', KEYS[9], tok, ARGV[i + 1]) end
+    added = added + 1
+  end
+end
+for i = 1, #dropped do redis.call('HDEL', KEYS[8], me .. ':' .. dropped[i]) end
+local left = 0
+local w = redis.call('HGETALL', KEYS[7])
+for i = 1, #w, 2 do
+  if w[i + 1] == me and not waiting[string.match(w[i], ':([^:]*)$')] then
+    redis.call('HDEL', KEYS[7], w[i])
+    redis.call('LREM', KEYS[6], 1, w[i])
+    redis.call('HDEL', KEYS[9], w[i])
+    left = left + 1
+  end
+end
+local v = settle(KEYS[3], KEYS[4], KEYS[5], ARGV[1], me, ARGV[3])
+dispatch(ARGV[5], tonumber(ARGV[4]))
+return {#dropped + left, added, v}
+`)
+
 // syncQueueScript is syncScript in queueing mode: new members' free slots
 // go to the waiters at once.
 //
-// KEYS: load, gone, queue
+// KEYS: load, gone, queue, inst:<id> (the syncing instance's)
 // ARGV: maxInflight, tag, replicas...
-// Reply: the number of members.
-var syncQueueScript = rueidis.NewLuaScript(syncFn + dispatchFn + `
+// Reply: the instance's version (as syncScript).
+var syncQueueScript = rueidis.NewLuaScript(syncFn + dispatchFn + bumpFn + `
 local reps = {}
 for i = 3, #ARGV do reps[#reps + 1] = ARGV[i] end
-local n = sync(KEYS[1], KEYS[2], reps)
+sync(KEYS[1], KEYS[2], reps)
 dispatch(ARGV[2], tonumber(ARGV[1]))
-return n
+return bump(KEYS[4])
 `)
 
 // kickQueueScript dispatches whatever is free (a safety net run by the

@@ -655,3 +655,48 @@ func testQueueMetrics(t *testing.T, tg redistest.Target) {
 
 // queueOf is the global queue of a queueing store.
 func queueOf(s *Store) *globalQueue { return s.mode.(*globalQueue) }
+
+// A waiter is never handed a member its avoid entry names (down at its
+// instance, or not among its candidates). When no member it may be given
+// is left at all (here its only candidate left the pool), it could only
+// wait at the head of the queue until its own queue_timeout, and every
+// waiter behind it, of every instance, with it. It is refused at once
+// (errors.Is lb.ErrAllDown, so a retry tries again without its avoid
+// list) and the next waiter gets the slot.
+func TestQueueHeadNoMemberCanServeIsRefused(t *testing.T) {
+	redistest.Each(t, testQueueHeadNoMemberCanServeIsRefused)
+}
+
+func testQueueHeadNoMemberCanServeIsRefused(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	st := queueStores(t, queueConfFor(t, tg), "x", "y")
+	x, y := st[0], st[1]
+	ctx := context.Background()
+	for _, s := range st {
+		if err := s.Sync(ctx, []string{"a", "b"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ha, hb := sel(t, x, "a"), sel(t, x, "b")
+	out := make(chan got, 2)
+	enqueue(t, ctx, c, y, "y", out, "b") // may only have b
+	enqueue(t, ctx, c, x, "x", out, "a", "b")
+	if err := x.Sync(ctx, []string{"a"}); err != nil { // b leaves the pool
+		t.Fatal(err)
+	}
+	ha.Release(ok)
+	res := map[string]got{}
+	for range 2 {
+		g := <-out
+		res[g.name] = g
+	}
+	if g := res["y"]; !errors.Is(g.err, lb.ErrAllDown) {
+		t.Fatalf("the waiter no member can serve got %v, want a refusal (lb.ErrAllDown) at once", g.err)
+	}
+	if g := res["x"]; g.err != nil || g.l.Addr != "a" {
+		t.Fatalf("the waiter behind it got %v %v, want a", g.l, g.err)
+	}
+	res["x"].l.Release(ok)
+	hb.Release(ok)
+	waitFor(t, "every record and waiter to go", func() bool { return drained(t, x, c) && queueEmpty(t, x, c) })
+}

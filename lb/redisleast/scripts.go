@@ -23,21 +23,34 @@ local function decr(load, gone, rep)
 end
 `
 
+// bumpFn raises an instance's version (field "!" of its hash) and
+// returns it: every script that writes the instance's records, or that
+// it uses to renew, sync or leave the queue, runs it, so the version Redis
+// answers never goes back unless Redis lost writes (see reconcile.go).
+const bumpFn = `
+local function bump(inst)
+  local v = (tonumber(redis.call('HGET', inst, '!')) or 0) + 1
+  redis.call('HSET', inst, '!', v)
+  return v
+end
+`
+
 // selectScript picks the least-loaded candidate that is a member, scanning
 // from a caller-chosen offset so ties go to a random one, increments it and
 // records the request under the instance.
 //
 // KEYS: load, alive:<id>, inst:<id>, insts
 // ARGV: maxInflight (0 = none), leaseTTL ms, request id, instance id, offset, candidates...
-// Reply: {1, replica} selected; {0, ""} no candidate is a member;
-// {2, replica} saturated (least-loaded candidate is at maxInflight).
-// Idempotent: a request id already recorded returns its replica unchanged;
-// one the release script marked as never-to-run (empty value, see below)
-// returns {3, ""} and changes nothing.
-var selectScript = rueidis.NewLuaScript(`
+// Reply: {1, replica, version} selected; {0, "", version} no candidate
+// is a member; {2, replica, version} saturated (least-loaded candidate is
+// at maxInflight). Idempotent: a request id already recorded returns its
+// replica unchanged; one the release script marked as never-to-run (empty
+// value, see below) returns {3, "", version} and changes nothing else.
+var selectScript = rueidis.NewLuaScript(bumpFn + `
+local v = bump(KEYS[3])
 local prev = redis.call('HGET', KEYS[3], ARGV[3])
-if prev == '' then return {3, ''} end
-if prev then return {1, prev} end
+if prev == '' then return {3, '', v} end
+if prev then return {1, prev, v} end
 local maxIn = tonumber(ARGV[1])
 local n = #ARGV - 5
 local off = tonumber(ARGV[5])
@@ -50,15 +63,15 @@ for i = 0, n - 1 do
     if best == nil or s < bestScore then best, bestScore = c, s end
   end
 end
-if best == nil then return {0, ''} end
-if maxIn > 0 and bestScore >= maxIn then return {2, best} end
+if best == nil then return {0, '', v} end
+if maxIn > 0 and bestScore >= maxIn then return {2, best, v} end
 redis.call('ZINCRBY', KEYS[1], 1, best)
 redis.call('HSET', KEYS[3], ARGV[3], best)
 if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 end
 redis.call('SADD', KEYS[4], ARGV[4])
-return {1, best}
+return {1, best, v}
 `)
 
 // releaseScript ends requests: for each id still recorded, drop the record
@@ -75,9 +88,8 @@ return {1, best}
 //
 // KEYS: load, gone, inst:<id>
 // ARGV: request ids...
-// Reply: how many records existed.
-var releaseScript = rueidis.NewLuaScript(decr + `
-local n = 0
+// Reply: the instance's version.
+var releaseScript = rueidis.NewLuaScript(decr + bumpFn + `
 for i = 1, #ARGV do
   local id, lost = ARGV[i], false
   if string.sub(id, 1, 1) == '?' then id, lost = string.sub(id, 2), true end
@@ -85,12 +97,11 @@ for i = 1, #ARGV do
   if rep and rep ~= '' then
     redis.call('HDEL', KEYS[3], id)
     decr(KEYS[1], KEYS[2], rep)
-    n = n + 1
   elseif lost and not rep then
     redis.call('HSET', KEYS[3], id, '')
   end
 end
-return n
+return bump(KEYS[3])
 `)
 
 // dropTombstonesScript deletes the tombstones among the given request ids
@@ -113,7 +124,8 @@ return n
 
 // reapScript reclaims a dead instance: if its liveness key has expired,
 // every request it recorded is decremented and its records are dropped
-// (the field "#" is its last batch number, not a request: see batchScript).
+// (the field "#" is its last batch number and "!" its version, not
+// requests: see batchScript, bumpFn).
 // Safe to run concurrently from any instance: the first run empties the
 // hash, the others find nothing.
 //
@@ -125,7 +137,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
 local kv = redis.call('HGETALL', KEYS[4])
 local n = 0
 for i = 1, #kv, 2 do
-  if kv[i] ~= '#' and kv[i + 1] ~= '' then
+  if kv[i] ~= '#' and kv[i] ~= '!' and kv[i + 1] ~= '' then
     decr(KEYS[1], KEYS[2], kv[i + 1])
     n = n + 1
   end
@@ -135,16 +147,93 @@ redis.call('SREM', KEYS[5], ARGV[1])
 return n
 `)
 
+// renewScript renews an instance's liveness key and names it among the
+// instances (so its records are reaped if it dies).
+//
+// KEYS: alive:<id>, inst:<id>, insts
+// ARGV: leaseTTL ms, instance id
+// Reply: the instance's version.
+var renewScript = rueidis.NewLuaScript(bumpFn + `
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[2])
+return bump(KEYS[2])
+`)
+
+// reconcileFn rewrites an instance's records from the leases it holds
+// (see reconcile.go): a record without a lease is dropped and its replica
+// decremented, unless keep names it; a lease without a record, or whose
+// record names another replica, is recorded (again) on its replica, where
+// a pick would be: load, else gone, else not at all.
+// argv[from...] are (request id, replica) pairs. Returns the ids dropped
+// and how many it recorded.
+const reconcileFn = `
+local function reconcile(load, gone, inst, argv, from, keep)
+  local held = {}
+  for i = from, #argv, 2 do held[argv[i]] = argv[i + 1] end
+  local dropped = {}
+  local kv = redis.call('HGETALL', inst)
+  for i = 1, #kv, 2 do
+    local id, rep = kv[i], kv[i + 1]
+    if id ~= '#' and id ~= '!' and rep ~= '' then
+      local h = held[id]
+      if h == rep then
+        held[id] = false
+      elseif h or not keep[id] then
+        redis.call('HDEL', inst, id)
+        decr(load, gone, rep)
+        if not h then dropped[#dropped + 1] = id end
+      end
+    end
+  end
+  local added = 0
+  for i = from, #argv, 2 do
+    local id, rep = argv[i], argv[i + 1]
+    if held[id] then
+      local where = nil
+      if redis.call('ZSCORE', load, rep) then where = load
+      elseif redis.call('ZSCORE', gone, rep) then where = gone end
+      if where then
+        redis.call('ZINCRBY', where, 1, rep)
+        redis.call('HSET', inst, id, rep)
+        added = added + 1
+      end
+    end
+  end
+  return dropped, added
+end
+
+-- settle raises the version above floor, renews and names the instance.
+local function settle(alive, inst, insts, ttl, id, floor)
+  local v = math.max(tonumber(redis.call('HGET', inst, '!')) or 0, tonumber(floor)) + 1
+  redis.call('HSET', inst, '!', v)
+  redis.call('SET', alive, '1', 'PX', ttl)
+  redis.call('SADD', insts, id)
+  return v
+end
+`
+
+// reconcileScript rewrites an instance's records from the leases it
+// holds after Redis lost writes (see reconcile.go, reconcileFn).
+//
+// KEYS: load, gone, alive:<id>, inst:<id>, insts
+// ARGV: leaseTTL ms, instance id, version floor, (request id, replica)...
+// Reply: {records dropped, records added, the instance's version}.
+var reconcileScript = rueidis.NewLuaScript(decr + reconcileFn + `
+local dropped, added = reconcile(KEYS[1], KEYS[2], KEYS[4], ARGV, 4, {})
+return {#dropped, added, settle(KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3])}
+`)
+
 // syncScript makes ARGV the member set. Staying members keep their counts;
 // new ones join at 0, or with the count they still had in gone if they were
 // removed while busy; removed busy ones move to gone, so the releases of
 // their last requests stay exact.
 //
-// KEYS: load, gone
+// KEYS: load, gone, inst:<id> (the syncing instance's)
 // ARGV: replicas...
-// Reply: the number of members.
-var syncScript = rueidis.NewLuaScript(syncFn + `
-return sync(KEYS[1], KEYS[2], ARGV)
+// Reply: the instance's version (a set Redis lost is replayed).
+var syncScript = rueidis.NewLuaScript(syncFn + bumpFn + `
+sync(KEYS[1], KEYS[2], ARGV)
+return bump(KEYS[3])
 `)
 
 // syncFn is the body of syncScript, shared with syncQueueScript.
@@ -202,8 +291,8 @@ end
 // ARGV: leaseTTL ms, instance id, batch number, offset, n, n candidates, events...
 // Reply: {1, exact pick's replica ("" none: no candidate is a member,
 // or no exact pick), load as a flat member/score list, the pick counter,
-// the picks this call recorded}.
-var batchScript = rueidis.NewLuaScript(decr + `
+// the picks this call recorded, the instance's version}.
+var batchScript = rueidis.NewLuaScript(decr + bumpFn + `
 local load, gone, inst = KEYS[1], KEYS[2], KEYS[4]
 local seq = tonumber(ARGV[3])
 local off = tonumber(ARGV[4])
@@ -256,5 +345,5 @@ else
     if ARGV[i] == '*' then picked = redis.call('HGET', inst, ARGV[i + 1]) or '' end
   end
 end
-return {1, picked, redis.call('ZRANGE', load, 0, -1, 'WITHSCORES'), redis.call('ZSCORE', KEYS[6], 'n') or '0', recorded}
+return {1, picked, redis.call('ZRANGE', load, 0, -1, 'WITHSCORES'), redis.call('ZSCORE', KEYS[6], 'n') or '0', recorded, bump(inst)}
 `)

@@ -32,6 +32,8 @@ type Lease struct {
 	batched  bool           // recorded through the batcher (least-request mode)
 	why      string         // the pick's reason when not an exact pick (see reason)
 	released atomic.Bool
+	// prev, next link it into the member's held leases (ownRecords).
+	prev, next *Lease
 }
 
 // Select picks the least-loaded of candidates (the healthy replicas),
@@ -100,13 +102,14 @@ func (m *member) scriptPick(ctx context.Context, candidates []string,
 	resynced, retried := false, false
 	for {
 		ident := m.ident.Load()
+		floor := ident.acked.Load()
 		req := strconv.FormatUint(m.seq.Add(1), 36)
 		c := m.conf()
 		args := make([]string, 0, 7+len(candidates))
 		args = append(args, strconv.Itoa(c.MaxInflight), strconv.FormatInt(c.LeaseTTL.Milliseconds(), 10),
 			req, ident.id, strconv.Itoa(rand.IntN(len(candidates))))
 		arr, err := run(deadline, ident, req, args).ToArray()
-		if err == nil && len(arr) != 2 {
+		if err == nil && len(arr) != 3 {
 			err = errBadReply
 		}
 		if err != nil {
@@ -125,6 +128,7 @@ func (m *member) scriptPick(ctx context.Context, candidates []string,
 			}
 			return picked{code: pickNoAnswer}, nil
 		}
+		m.noteVersion(ident, floor, versionOf(arr, 2))
 		code, _ := arr[0].AsInt64()
 		addr, _ := arr[1].ToString()
 		if code != pickNone {
@@ -141,7 +145,7 @@ func (m *member) scriptPick(ctx context.Context, candidates []string,
 func (m *member) leaseFor(p picked, candidates []string) (*Lease, error) {
 	switch p.code {
 	case pickLeased:
-		return m.lease(p.addr, p.ident, p.req, false), nil
+		return m.lease(p.addr, p.ident, p.req), nil
 	case pickSaturated:
 		m.c.shed.Add(1)
 		return nil, ErrSaturated
@@ -155,12 +159,20 @@ func (e replyError) Error() string { return string(e) }
 
 const errBadReply = replyError("redis select: unexpected reply shape")
 
-// lease hands out a lease on addr recorded (or to be recorded) under
-// ident as req.
-func (m *member) lease(addr string, ident *identity, req string, batched bool) *Lease {
-	m.local.get(addr).Add(1)
+// lease hands out a lease on addr recorded under ident as req by one
+// script (own.mu read-held).
+func (m *member) lease(addr string, ident *identity, req string) *Lease {
+	l := &Lease{Addr: addr, m: m, ident: ident, req: req}
+	m.own.hold(l)
+	return m.handOut(l)
+}
+
+// handOut counts l, held already, as handed out.
+func (m *member) handOut(l *Lease) *Lease {
+	m.local.get(l.Addr).Add(1)
 	m.c.selections.Add(1)
-	return &Lease{Addr: addr, m: m, ident: ident, req: req, batched: batched, start: time.Now(), hl: m.health.Acquire(addr)}
+	l.start, l.hl = time.Now(), m.health.Acquire(l.Addr)
+	return l
 }
 
 // fallback picks from this instance's own counts; MaxInflight applies to
@@ -213,8 +225,12 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	}
 	m.local.get(l.Addr).Add(-1)
 	m.c.releases.Add(1)
-	if l.ident == nil || m.closed.Load() {
-		return true // not in Redis, or Close already handed it to the reapers
+	if l.ident == nil {
+		return true // not in Redis
+	}
+	if m.closed.Load() {
+		m.own.drop(l) // Close handed it to the reapers
+		return true
 	}
 	m.rec.release(l)
 	return true

@@ -55,12 +55,7 @@ func New(ctx context.Context, cfg Config, pool string) (*Store, error) {
 		return nil, err
 	}
 	m := newMember(cfg, pool)
-	s := &Store{member: m}
-	if cfg.queueing() { // the one place a mode is chosen
-		s.mode = newGlobalQueue(m)
-	} else {
-		s.mode = newLeastRequest(m)
-	}
+	s := &Store{member: m, mode: newMode(cfg.modeName(), m)}
 	m.rec = s.mode
 	if err := m.open(ctx, opt); err != nil {
 		return nil, err

@@ -20,6 +20,14 @@ import (
 // filling). It then picks at random among the replicas at or below that
 // level. With no other instance picking, that is the least loaded, as an
 // exact pick.
+//
+// A candidate the view does not count (not a member in Redis at the last
+// reply: instances' backend sets diverge, and another one synced last)
+// would read 0 for ever — its own picks leave delta when their batch is
+// applied, unrecorded — and take most picks, where an exact pick, which
+// picks among members only, never takes it. So it is left out, unless the
+// view counts none of the candidates (no reply yet, or none is a member:
+// then there is nothing better to go by).
 
 // foreignWeight smooths the other instances' pick rate (per reply).
 const foreignWeight = 0.3
@@ -41,15 +49,23 @@ func (b *batcher) observePicksLocked(counter float64, applied int64, now time.Ti
 func (b *batcher) viewPickLocked(cands []string, off int, now time.Time) string {
 	unseen := b.foreignRate * now.Sub(b.viewAt).Seconds()
 	if unseen < 0.05 { // nobody else picks: the least loaded, ties at random
-		best, bestN := "", int64(0)
+		best, bestN, counted := "", int64(0), false
 		for i := range cands {
 			a := cands[(i+off)%len(cands)]
-			if n := b.view[a] + b.delta[a]; best == "" || n < bestN {
+			v, ok := b.view[a]
+			if counted && !ok {
+				continue // an uncounted one, once a counted one is found
+			}
+			if ok && !counted {
+				counted, best = true, "" // the first counted one: forget the others
+			}
+			if n := v + b.delta[a]; best == "" || n < bestN {
 				best, bestN = a, n
 			}
 		}
 		return best
 	}
+	cands = b.countedLocked(cands)
 	scores := make([]float64, len(cands))
 	for i, a := range cands {
 		scores[i] = float64(b.view[a] + b.delta[a])
@@ -71,6 +87,27 @@ func (b *batcher) viewPickLocked(cands []string, off int, now time.Time) string 
 		}
 	}
 	return cands[0] // unreachable: k >= 1 (the least is always at or below the level)
+}
+
+// countedLocked is cands less those the view does not count, or cands
+// itself when the view counts all of them or none.
+func (b *batcher) countedLocked(cands []string) []string {
+	n := 0
+	for _, a := range cands {
+		if _, ok := b.view[a]; ok {
+			n++
+		}
+	}
+	if n == len(cands) || n == 0 {
+		return cands
+	}
+	out := make([]string, 0, n)
+	for _, a := range cands {
+		if _, ok := b.view[a]; ok {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // waterLevel is the level that units poured onto the lowest of scores
