@@ -416,10 +416,11 @@ func redisCounters(ctx context.Context, addr string) (int, []string) {
 			// one is the tombstone of a select that timed out (it keeps a
 			// late execution of that select from taking a slot) and holds
 			// nothing.
-			// Field "#" is the instance's last batch number, not a request.
+			// Fields "#" (the instance's last batch number) and "!" (its
+			// version, raised when it reconciles) are not requests.
 			kv, _ := c.Do(ctx, c.B().Hgetall().Key(k).Build()).AsStrMap()
 			for f, v := range kv {
-				if f != "#" && v != "" {
+				if f != "#" && f != "!" && v != "" {
 					n++
 				}
 			}
