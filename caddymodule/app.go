@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
 
@@ -25,6 +26,7 @@ type App struct {
 	mu      *sync.Mutex
 	pending []pendingSettings
 	log     *zap.Logger
+	ctx     caddy.Context
 }
 
 // pendingSettings is one module instance's settings for one shared state,
@@ -47,7 +49,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 
 // Provision implements caddy.Provisioner.
 func (a *App) Provision(ctx caddy.Context) error {
-	a.log = ctx.Logger()
+	a.log, a.ctx = ctx.Logger(), ctx
 	return nil
 }
 
@@ -96,6 +98,11 @@ func (a *App) Stop() error {
 }
 
 func (a *App) checkAll() error {
+	if http, err := a.ctx.AppIfConfigured("http"); err == nil {
+		if err := checkPoolUpstreams(http.(*caddyhttp.App)); err != nil {
+			return err
+		}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, p := range a.pending {

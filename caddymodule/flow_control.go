@@ -231,6 +231,8 @@ func (h *FlowControl) Cleanup() error { return h.claims.release() }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	h.state.requests.enter()
+	defer h.state.requests.leave()
 	req := flow.Request{}
 	if h.isTrusted(r) {
 		var err error
@@ -256,9 +258,22 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		}
 		req.Tokens = ri.estimatedTokens()
 	}
+	// Only validated values reach the variables: an untrusted client's
+	// headers were removed above, so it shows the shared flow ("") and
+	// the default band.
+	recordFlow(r, req.FlowID, h.state.config().BandName(req.Priority))
+	queued := time.Now()
 	ticket, err := h.state.ctl().Enqueue(r.Context(), req)
+	addQueueWait(r, time.Since(queued))
 	if err != nil {
-		if rf, ok := refusalFor(err, time.Second); ok {
+		rf, ok := refusalFor(err, time.Second)
+		reason := reasonCancelled
+		if ok {
+			reason = refusedReason(rf.Type)
+		}
+		recordDecision(r, "", reason, 0)
+		logDecision(h.log, r, h.name, err)
+		if ok {
 			caddyhttp.SetVar(r.Context(), refusedVar, rf.Type)
 			rf.write(w)
 		}

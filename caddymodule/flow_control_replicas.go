@@ -26,7 +26,7 @@ func (h *FlowControl) findReplicas() error {
 	var mine *reverseproxy.Handler
 	var same []*reverseproxy.Handler // those after the other blocks on this pool
 	found := false
-	forEachChain(app.(*caddyhttp.App), func(chain []caddyhttp.MiddlewareHandler) {
+	forEachChain(app.(*caddyhttp.App), func(chain []caddyhttp.MiddlewareHandler, _ []string) {
 		for i, mh := range chain {
 			fc, ok := mh.(*FlowControl)
 			if !ok || fc.name != h.name || fc.Replicas > 0 {
@@ -99,36 +99,6 @@ func moduleName(v any) string {
 		return string(m.CaddyModule().ID)
 	}
 	return fmt.Sprintf("%T", v)
-}
-
-// forEachChain calls fn with each server's handlers in the order a request
-// meets them (subroutes flattened in place), and the same for its error
-// routes and named routes.
-func forEachChain(app *caddyhttp.App, fn func([]caddyhttp.MiddlewareHandler)) {
-	for _, srv := range app.Servers {
-		lists := []caddyhttp.RouteList{srv.Routes}
-		if srv.Errors != nil {
-			lists = append(lists, srv.Errors.Routes)
-		}
-		for _, r := range srv.NamedRoutes {
-			lists = append(lists, caddyhttp.RouteList{*r})
-		}
-		for _, l := range lists {
-			fn(flatten(l, nil))
-		}
-	}
-}
-
-func flatten(routes caddyhttp.RouteList, out []caddyhttp.MiddlewareHandler) []caddyhttp.MiddlewareHandler {
-	for _, rt := range routes {
-		for _, mh := range rt.Handlers {
-			out = append(out, mh)
-			if sr, ok := mh.(*caddyhttp.Subroute); ok {
-				out = flatten(sr.Routes, out)
-			}
-		}
-	}
-	return out
 }
 
 // nextProxy is the first reverse_proxy in chain, nil if none.

@@ -37,6 +37,9 @@ type flowState struct {
 	gate *redisgate.Gate
 	life lifecycle
 	name string
+	// requests counts the requests in the handler (queued or admitted):
+	// what the state must serve before it is destroyed (state_drain.go).
+	requests requestGauge
 }
 
 func newFlowState(name string, cfg flow.Config, mc modelmetrics.Config, gc *redisgate.Config) (*flowState, error) {
@@ -178,15 +181,19 @@ func (st *flowState) configure(cfg flow.Config, mc modelmetrics.Config) error {
 	return st.c.Reconfigure(cfg, st.detector(cfg))
 }
 
-// Destruct implements caddy.Destructor: queued requests get 500 shutdown.
+// Destruct implements caddy.Destructor: once no config uses the state,
+// it is destroyed when its requests have ended (state_drain.go); requests
+// still queued after drainLimit get 500 shutdown.
 func (st *flowState) Destruct() error {
-	st.life.end()
-	if c := st.ctl(); c != nil {
-		c.Close()
-	}
-	if st.gate != nil {
-		st.gate.Close()
-	}
+	destroyWhenIdle(stateKey{module: "flow_control", pool: st.name}, st.requests.idle, func() {
+		st.life.end()
+		if c := st.ctl(); c != nil {
+			c.Close()
+		}
+		if st.gate != nil {
+			st.gate.Close()
+		}
+	})
 	return nil
 }
 

@@ -20,6 +20,10 @@ type policyState struct {
 
 	static staticSync
 	life   lifecycle
+	// requests counts the Selects running on the state (queued ones
+	// included): with its in-flight leases, what it must serve before it
+	// is destroyed (state_drain.go).
+	requests requestGauge
 }
 
 // policyParts are what a policy's adapter gives its shared state besides
@@ -83,11 +87,14 @@ func (st *policyState) Health() stateHealth {
 	return inFlightHealth(st.picker.InFlight())
 }
 
-// Destruct implements caddy.Destructor.
+// Destruct implements caddy.Destructor: once no config uses the state,
+// it is destroyed when its requests have ended (state_drain.go).
 func (st *policyState) Destruct() error {
-	st.life.end()
-	if st.closer != nil {
-		st.closer()
-	}
+	destroyWhenIdle(st.key, func() bool { return st.requests.idle() && totalInFlight(st.picker.InFlight()) == 0 }, func() {
+		st.life.end()
+		if st.closer != nil {
+			st.closer()
+		}
+	})
 	return nil
 }

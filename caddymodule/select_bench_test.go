@@ -61,6 +61,15 @@ func BenchmarkSelect(b *testing.B) {
 		if la, ok := pc.p.(*LoadAware); ok {
 			quietScores(la.state.picker.(*loadaware.Picker))
 		}
+		// Likewise the line per routing decision.
+		switch p := pc.p.(type) {
+		case *QueuedLeastLatency:
+			p.log = atInfo(p.log)
+		case *CacheAware:
+			p.log = atInfo(p.log)
+		case *LoadAware:
+			p.log = atInfo(p.log)
+		}
 		b.Run(pc.name, func(b *testing.B) {
 			w := &benchWriter{h: http.Header{}}
 			b.ReportAllocs()
@@ -82,6 +91,9 @@ func BenchmarkSelect(b *testing.B) {
 		}
 	}
 }
+
+// atInfo is log at Caddy's default level.
+func atInfo(log *zap.Logger) *zap.Logger { return log.WithOptions(zap.IncreaseLevel(zap.InfoLevel)) }
 
 // quietScores makes the score log what it is at info level.
 func quietScores(pk *loadaware.Picker) {

@@ -104,10 +104,14 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		if lease != nil && !begun {
 			lease.Release(lb.Outcome{Kind: lb.Cancelled})
 		}
-		a.refuse(r, w, refusal{http.StatusInternalServerError, "internal", "internal error in the load-balancing policy", 0})
+		rf := refusal{http.StatusInternalServerError, "internal", "internal error in the load-balancing policy", 0}
+		recordDecision(r, "", refusedReason(rf.Type), attemptNumber(a))
+		a.refuse(r, w, rf)
 		up = nil
 	}()
 	st := s.state
+	st.requests.enter()
+	defer st.requests.leave()
 	if !s.pool.Managed() {
 		st.syncStatic(pool)
 	}
@@ -117,16 +121,23 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	// cache-aware policy would otherwise send it back where its prompt
 	// was recorded), unless no other is left.
 	req.Avoid = a.failed
+	req.Reason = ""
+	picking := time.Now()
 	lease, err := st.picker.Pick(a.base, req)
 	if errors.Is(err, lb.ErrAllDown) && len(req.Avoid) > 0 {
 		req.Avoid = nil
 		lease, err = st.picker.Pick(a.base, req)
 	}
+	addQueueWait(r, time.Since(picking))
 	if err != nil {
-		if rf, ok := refusalFor(err, retryAfter(st.picker)); ok {
-			if c := s.log.Check(zap.DebugLevel, "request refused"); c != nil {
-				c.Write(zap.String("pool", s.pool.Name()), zap.String("reason", rf.Type), zap.Error(err))
-			}
+		rf, ok := refusalFor(err, retryAfter(st.picker))
+		reason := reasonCancelled
+		if ok {
+			reason = refusedReason(rf.Type)
+		}
+		recordDecision(r, "", reason, req.Attempt+1)
+		logDecision(s.log, r, s.pool.Name(), err)
+		if ok {
 			a.refuse(r, w, rf)
 		}
 		return nil
@@ -136,12 +147,24 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	}
 	begun = true
 	if !a.begin(lease, r, st.firstByte.limit(lease.Replica(), s.firstByte), &st.firstByte) {
+		recordDecision(r, "", reasonCancelled, req.Attempt+1) // the client left: the lease went back
 		return nil
 	}
+	recordDecision(r, lease.Replica(), req.Reason, req.Attempt+1)
+	logDecision(s.log, r, s.pool.Name(), nil)
 	if s.afterPick != nil && w != nil {
 		s.afterPick(w, lease)
 	}
 	return upstreamFor(pool, lease.Replica())
+}
+
+// attemptNumber is the attempt Select is serving (1: the first), for the
+// decision's record.
+func attemptNumber(a *attempt) int {
+	if a.req == nil {
+		return 1
+	}
+	return a.req.Attempt + 1
 }
 
 // request is what the policy knows of r, built at the first attempt and

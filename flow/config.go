@@ -263,6 +263,10 @@ func BandQueueLimit(b BandConfig, capacity int64) int64 {
 	return max(DefaultBandQueueFactor*capacity, DefaultBandMinRequests)
 }
 
+// BandName is the name of the band requests of priority p go to
+// (configured, or "priority-<p>").
+func (c Config) BandName(p int) string { return c.band(p).withDefaults(0).Name }
+
 // band returns the resolved config of priority p: the configured band, or
 // a default one.
 func (c Config) band(p int) BandConfig {

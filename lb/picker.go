@@ -81,6 +81,9 @@ type Request struct {
 	// Memo is the policy's own per-request state, kept across retries of
 	// the same request (e.g. a fallback order).
 	Memo any
+	// Reason is set by a successful Pick: why it chose the replica (one
+	// of the Reason constants, reason.go), for logs and headers.
+	Reason string
 }
 
 // Excluded reports whether addr may not be picked for this request: it

@@ -125,9 +125,24 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 			}
 		}
 		req.Memo = d
+		req.Reason = p.reason(d.Reason, text)
 		return l, nil
 	}
 	return nil, lb.ErrNoBackends
+}
+
+// reason names the rule that chose (lb.Request.Reason). A request
+// without a prompt is routed by load alone, whatever the miss policy.
+func (p *Picker) reason(r Reason, text string) string {
+	switch {
+	case r == CacheHit:
+		return lb.ReasonPrefixMatch
+	case r == Imbalance:
+		return lb.ReasonImbalanced
+	case text != "" && p.router.Config().MissPolicy == MissSmallestTree:
+		return lb.ReasonSmallestTree
+	}
+	return lb.ReasonLeastLoad
 }
 
 // Config is the configuration the router runs with now.

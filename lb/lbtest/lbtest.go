@@ -6,7 +6,7 @@
 // counts exactly the leases not yet released (retries, cancellation,
 // removal, a reload and churn included); req.Unavailable is never picked;
 // concurrent SetReplicas calls leave a consistent picker; a changed
-// setting is applied in place.
+// setting is applied in place; every pick says why (lb.Request.Reason).
 //
 // Every Pick runs under a context that ends after a few seconds, so a
 // picker that blocks forever fails instead of hanging the test; a
@@ -129,12 +129,16 @@ func checked(l lb.Lease, err error) (lb.Lease, error) {
 // among comes back.
 func mustPick(t *testing.T, p lb.Picker, req *lb.Request, among []string) lb.Lease {
 	t.Helper()
+	req.Reason = "" // a retry must say why again, not keep the first answer
 	l, err := pick(p, req)
 	if err != nil {
 		t.Fatalf("Pick (attempt %d, unavailable %v): %v", req.Attempt, req.Unavailable, err)
 	}
 	if !slices.Contains(among, l.Replica()) {
 		t.Fatalf("Pick chose %q, want one of %v", l.Replica(), among)
+	}
+	if req.Reason == "" {
+		t.Fatalf("Pick chose %q without saying why (lb.Request.Reason is empty)", l.Replica())
 	}
 	return l
 }

@@ -68,6 +68,9 @@ func (p *leastPicker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, erro
 		return nil, lb.ErrAllDown
 	}
 	p.inFlight[best]++
+	if p.bug != "says-no-reason" {
+		req.Reason = lb.ReasonLeastLoad
+	}
 	return &leastLease{p: p, addr: best}, nil
 }
 
@@ -124,7 +127,7 @@ func TestSuiteCatchesFaults(t *testing.T) {
 	if os.Getenv("LBTEST_FAULT") != "" {
 		t.Skip("inside a fault run")
 	}
-	for _, fault := range []string{"keeps-removed", "ignores-unavailable", "releases-twice", "leaks-cancelled"} {
+	for _, fault := range []string{"keeps-removed", "ignores-unavailable", "releases-twice", "leaks-cancelled", "says-no-reason"} {
 		t.Run(fault, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestReferencePickerConforms$", "-test.count=1")
 			cmd.Env = append(os.Environ(), "LBTEST_FAULT="+fault)

@@ -242,6 +242,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 			fb.order = fb.order[1:]
 			if p.usable(addr, req) {
 				if l := p.tracker.AcquireCost(addr, req.Tokens); l != nil {
+					req.Reason = lb.ReasonFallback
 					return p.lease(l), nil
 				}
 			}
@@ -318,6 +319,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 				p.prefixes.Insert(req.Model, req.Text, addr)
 			}
 		}
+		req.Reason = lb.ReasonScore
 		return p.lease(l), nil
 	}
 	return nil, lb.ErrNoBackends

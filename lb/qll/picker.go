@@ -22,7 +22,8 @@ func (s *State) SetReplicas(addrs []string) { s.SetBackends(addrs) }
 // limit) are busy, not down: requests wait for them, and each of our
 // requests on one that ends frees a slot under the limit. Replicas down after failures
 // (Sluice's passive health) also keep their waiters, since their down
-// time ends on its own.
+// time ends on its own. req.Reason: queued if the lease came through the
+// queue, else least_latency.
 func (s *State) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	var unavailable, full []string
 	if req != nil {
@@ -31,6 +32,12 @@ func (s *State) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	l, err := s.acquire(ctx, unavailable, full)
 	if err != nil {
 		return nil, err
+	}
+	if req != nil {
+		req.Reason = lb.ReasonLeastLatency
+		if l.Waited > 0 {
+			req.Reason = lb.ReasonQueued
+		}
 	}
 	return l, nil
 }

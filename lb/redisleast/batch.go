@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/lb"
 )
 
 // batcher carries the least-request mode's picks and releases (no
@@ -277,6 +279,7 @@ func (b *batcher) pick(ctx context.Context, cfg *Config, candidates []string, re
 				l.Fallback = true
 			} else {
 				s.c.viewPicks.Add(1)
+				l.why = lb.ReasonViewPick
 			}
 			return l, nil
 		}

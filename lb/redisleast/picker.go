@@ -35,7 +35,8 @@ func (s *Store) SyncErr() error {
 // Pick implements lb.Picker: Select over the replicas of the last
 // SetReplicas (or Sync) less req.Unavailable and req.Avoid. None at all:
 // lb.ErrNoBackends; none left after those: lb.ErrAllDown; a closed
-// store: lb.ErrShutdown.
+// store: lb.ErrShutdown. req.Reason: global_least, view_pick, queued or
+// local_fallback.
 func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if s.closed.Load() {
 		return nil, lb.ErrShutdown
@@ -60,7 +61,19 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if err != nil {
 		return nil, err
 	}
+	req.Reason = l.reason()
 	return l, nil
+}
+
+// reason is why the lease's replica was picked (lb.Request.Reason).
+func (l *Lease) reason() string {
+	switch {
+	case l.Fallback:
+		return lb.ReasonLocalFallback
+	case l.why != "":
+		return l.why
+	}
+	return lb.ReasonGlobalLeast
 }
 
 // InFlight implements lb.Picker: this instance's own leases not yet

@@ -263,7 +263,9 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 func (q *globalQueue) handed(ident *identity, req, rep string, start time.Time) *Lease {
 	q.wait.observe(time.Since(start))
 	q.handovers.Add(1)
-	return q.m.lease(rep, ident, req, false)
+	l := q.m.lease(rep, ident, req, false)
+	l.why = lb.ReasonQueued
+	return l
 }
 
 // giveUp takes the waiter out of the queue, or claims the slot it was

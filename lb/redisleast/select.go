@@ -30,6 +30,7 @@ type Lease struct {
 	start    time.Time
 	hl       *tracker.Lease // passive health; nil for a replica the tracker does not know
 	batched  bool           // recorded through the batcher (least-request mode)
+	why      string         // the pick's reason when not an exact pick (see reason)
 	released atomic.Bool
 }
 

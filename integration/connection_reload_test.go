@@ -1,0 +1,148 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/caddymodule"
+	"github.com/sluice-router/sluice/lb/redisconn"
+	"github.com/sluice-router/sluice/lb/redistest"
+)
+
+// A reload that changes a Redis connection setting (here dial_timeout, as
+// a password rotation would) gives the pool a new store; the replaced one
+// keeps the requests it holds until they end. So a request queued in it
+// is served (it used to get 500 shutdown), its in-flight request keeps its
+// count in Redis (it used to be reaped at once, so max_inflight 1 let a
+// second request onto the one-at-a-time replica), and once they have
+// ended the replaced store is closed (its instance leaves Redis).
+func TestConnectionReloadUnderLoadDrainsTheReplacedStore(t *testing.T) {
+	addr := testRedis(t)
+	prefix := fmt.Sprintf("itest-reload-%d", time.Now().UnixNano()%1e9)
+	config := func(dialTimeout string) string {
+		return globals + fmt.Sprintf(`
+:9190 {
+	custom_router reload-conn
+	reverse_proxy 127.0.0.1:9191 {
+		lb_policy global_redis_least {
+			pool reload-conn
+			redis %s
+			key_prefix %s
+			dial_timeout %s
+			max_inflight 1
+			queue_timeout 60s
+		}
+	}
+}
+:9191 {
+	bind 127.0.0.1
+	inference_sim {
+		name reload-conn-sim
+		concurrency 1
+		latency fixed 3s
+	}
+}
+`, addr, prefix, dialTimeout)
+	}
+	startCaddy(t, config("5s"))
+	url := "http://127.0.0.1:9190"
+	rc := redistest.Client(t, redisconn.Config{Addrs: []string{addr}})
+	tag := redisconn.KeyTag(prefix, "reload-conn")
+	llen := func() int64 {
+		n, _ := rc.Do(context.Background(), rc.B().Llen().Key(tag+":queue").Build()).AsInt64()
+		return n
+	}
+	replica := caddymodule.InferenceSimReplica("reload-conn-sim")
+
+	async := func() <-chan outcome {
+		out := make(chan outcome, 1)
+		go func() { out <- complete(url) }()
+		return out
+	}
+	first := async()
+	eventually(t, "the first request to reach the replica", func() bool { return replica.Stats().Running == 1 })
+	queued := async()
+	eventually(t, "the second request to queue", func() bool { return llen() == 1 })
+
+	reload(t, config("6s"))
+	// Sent while the first still runs (3 s): max_inflight 1 holds it at
+	// the edge, behind the queued one, as long as the first keeps its
+	// count in Redis. (Counted in Redis, not at the simulated replica: the
+	// reload gave it a new instance too.)
+	third := async()
+	eventually(t, "the third request to queue behind the second", func() bool { return llen() == 2 })
+
+	for i, ch := range []<-chan outcome{first, queued, third} {
+		if o := <-ch; o.err != nil || o.status != 200 {
+			t.Errorf("request %d across the reload: %+v", i+1, o)
+		}
+	}
+	eventually(t, "the replaced store to close once its requests ended", func() bool {
+		keys, _ := rc.Do(context.Background(), rc.B().Keys().Pattern(tag+":alive:*").Build()).AsStrSlice()
+		return len(keys) == 1
+	})
+	eventually(t, "nothing in flight or queued in Redis", func() bool {
+		n, _ := rc.Do(context.Background(), rc.B().Zscore().Key(tag+":load").Member("127.0.0.1:9191").Build()).AsFloat64()
+		return n == 0 && llen() == 0
+	})
+}
+
+// The same for flow_control sharing its capacity through Redis: the
+// replaced state keeps its queued request and dispatches it (it used to
+// get 500 shutdown, its share given back while its request still ran, so
+// the new state admitted a second request onto the one-slot pool).
+func TestFlowConnectionReloadUnderLoadDrainsTheReplacedState(t *testing.T) {
+	addr := testRedis(t)
+	prefix := fmt.Sprintf("itest-flow-reload-%d", time.Now().UnixNano()%1e9)
+	config := func(dialTimeout string) string {
+		return globals + fmt.Sprintf(`
+:9194 {
+	flow_control fdrain {
+		redis %s
+		key_prefix %s
+		dial_timeout %s
+		max_concurrency 1
+	}
+	reverse_proxy 127.0.0.1:9195
+}
+:9195 {
+	bind 127.0.0.1
+	inference_sim {
+		name flow-reload-sim
+		concurrency 1
+		latency fixed 3s
+	}
+}
+`, addr, prefix, dialTimeout)
+	}
+	startCaddy(t, config("5s"))
+	url := "http://127.0.0.1:9194"
+	replica := caddymodule.InferenceSimReplica("flow-reload-sim")
+	queuedNow := func() float64 { return flowGauge(t, "inference_extension_flow_control_queue_size", "fdrain") }
+	async := func() <-chan outcome {
+		out := make(chan outcome, 1)
+		go func() { out <- complete(url) }()
+		return out
+	}
+	first := async()
+	eventually(t, "the first request to reach the replica", func() bool { return replica.Stats().Running == 1 })
+	queued := async()
+	eventually(t, "the second request to queue", func() bool { return queuedNow() == 1 })
+
+	reload(t, config("6s"))
+	// The new state shows only its own queue: the third request waits
+	// there while the replaced state's requests hold the pool's one slot.
+	third := async()
+	eventually(t, "the third request to queue in the new state", func() bool { return queuedNow() == 1 })
+
+	for i, ch := range []<-chan outcome{first, queued, third} {
+		if o := <-ch; o.err != nil || o.status != 200 {
+			t.Errorf("request %d across the reload: %+v", i+1, o)
+		}
+	}
+	eventually(t, "the pool's share in Redis to be given back", func() bool {
+		return flowGauge(t, "sluice_flow_control_global_pool_held", "fdrain") == 0
+	})
+}
