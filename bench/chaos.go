@@ -171,20 +171,28 @@ func chaos(r *runner) {
 					return nil
 				}})
 			}
-			// Hot reloads every 2.5 s, good and refused in turn.
+			// Hot reloads every 2.5 s, good and refused in turn; every other
+			// refused one adds a second site that gives the pool other
+			// upstreams (two sites on one pool).
 			for i, at := 0, 2500*time.Millisecond; at < d; i, at = i+1, at+2500*time.Millisecond {
-				bad := i%2 == 1
+				bad, twoSites := i%2 == 1, i%4 == 1
 				acts = append(acts, action{at: at, do: func(ctx context.Context) error {
 					if !bad {
 						variant++
 					}
 					for k, a := range admins {
-						status, msg, err := loadCaddyfile(ctx, a, caddyfile(ports[k], strings.TrimPrefix(a, "http://"), siteFor(variant, bad)))
+						cfg := caddyfile(ports[k], strings.TrimPrefix(a, "http://"), siteFor(variant, bad && !twoSites))
+						what := cs.bad
+						if twoSites {
+							cfg += secondSiteOnPool(pool)
+							what = "a second site on the pool"
+						}
+						status, msg, err := loadCaddyfile(ctx, a, cfg)
 						switch {
 						case err != nil:
 							return err
 						case bad && status == 200:
-							return fmt.Errorf("a config with %q was accepted", cs.bad)
+							return fmt.Errorf("a config with %s was accepted", what)
 						case !bad && status != 200:
 							return fmt.Errorf("a good reload was refused: %d %s", status, msg)
 						}
@@ -292,6 +300,21 @@ func policyOptions(p, redis string, v int) string {
 	default:
 		return fmt.Sprintf("\t\tredis %s\n\t\tkey_prefix chaos-least\n\t\tdial_timeout %s\n\t\tmax_inflight %d\n\t\tlease_ttl 1s\n\t\tbreaker_backoff 200ms\n", redis, dialTimeout(v), 40+v%2)
 	}
+}
+
+// secondSiteOnPool is a site whose reverse_proxy gives pool static
+// upstreams of its own: with the chaos site's backend set, two lists for
+// one pool, which Caddy must refuse to load.
+func secondSiteOnPool(pool string) string {
+	return fmt.Sprintf(`
+http://127.0.0.2:1 {
+	reverse_proxy 127.0.0.1:1 127.0.0.1:2 {
+		lb_policy queued_least_latency {
+			pool %s
+		}
+	}
+}
+`, pool)
 }
 
 // dialTimeout is a Redis connection setting that changes on every other
