@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,7 +26,12 @@ import (
 // Every Sluice policy under faults at once: 10% of the clients give up
 // mid-queue or mid-stream, replicas are killed and restarted, the backend
 // set churns every second, hot reloads land every few seconds (good ones
-// and refused ones), Redis is frozen and killed. After the drain, every
+// and refused ones; every other good reload of a Redis-backed system
+// changes a connection setting, which builds new shared state), Redis is
+// frozen, killed and restarted empty, then restarted from a snapshot
+// taken a tenth of the run earlier (the records go back in time, as after
+// a restore or a failover to a replica that lagged), and the instances
+// of a pool are given different backend sets. After the drain, every
 // counter Sluice keeps (in-flight, queues, Redis sorted sets, queue,
 // waiters, records; flow-control in flight and queued) must be back to 0,
 // every request not given up must have had an answer, and no proxy may
@@ -83,7 +89,7 @@ func chaos(r *runner) {
 			}, bad: "max_concurrency -4"},
 		{name: "sluice_flow_control_redis_x2", desc: "flow_control sharing the pool's capacity through Redis, 2 instances, in front of queued_least_latency", instances: 2, redis: true,
 			block: func(pool, redis string, v int) string {
-				return fmt.Sprintf("custom_router %s\nflow_control %s {\n\ttrusted_sources 127.0.0.0/8\n\tmax_concurrency %d\n\tdefault_ttl 2s\n\tredis %s\n\tkey_prefix chaos-flow\n\tlease_ttl 1s\n\tband 0 {\n\t\tmax_requests 200\n\t}\n\t# chaos-bad-flow\n}\n", pool, pool, 3+v, redis) +
+				return fmt.Sprintf("custom_router %s\nflow_control %s {\n\ttrusted_sources 127.0.0.0/8\n\tmax_concurrency %d\n\tdefault_ttl 2s\n\tredis %s\n\tkey_prefix chaos-flow\n\tdial_timeout %s\n\tlease_ttl 1s\n\tband 0 {\n\t\tmax_requests 200\n\t}\n\t# chaos-bad-flow\n}\n", pool, pool, 3+v, redis, dialTimeout(v)) +
 					strings.Replace(policy("queued_least_latency")(pool, redis, v), "# chaos-bad", "", 1)
 			}, bad: "fallback_share 2"},
 	}
@@ -145,17 +151,19 @@ func chaos(r *runner) {
 			}
 			var acts []action
 			addrOf := addrs(f)
-			// Set-backends churn every second: 3 of the 4 replicas, rotating.
+			// Set-backends churn every second: 3 of the 4 replicas, rotating,
+			// and a different 3 at each instance of the pool (instances
+			// disagree for as long as a set-backends takes to reach them all).
 			for i, at := 0, time.Second; at < d; i, at = i+1, at+time.Second {
 				i := i
 				acts = append(acts, action{at: at, do: func(ctx context.Context) error {
-					set := make([]string, 0, chaosReplicas-1)
-					for j := range chaosReplicas {
-						if j != i%chaosReplicas {
-							set = append(set, f[j].URL())
+					for k, u := range sites {
+						set := make([]string, 0, chaosReplicas-1)
+						for j := range chaosReplicas {
+							if j != (i+k)%chaosReplicas {
+								set = append(set, f[j].URL())
+							}
 						}
-					}
-					for _, u := range sites {
 						if err := setBackendsAt(ctx, u, set); err != nil {
 							return err
 						}
@@ -163,20 +171,28 @@ func chaos(r *runner) {
 					return nil
 				}})
 			}
-			// Hot reloads every 2.5 s, good and refused in turn.
+			// Hot reloads every 2.5 s, good and refused in turn; every other
+			// refused one adds a second site that gives the pool other
+			// upstreams (two sites on one pool).
 			for i, at := 0, 2500*time.Millisecond; at < d; i, at = i+1, at+2500*time.Millisecond {
-				bad := i%2 == 1
+				bad, twoSites := i%2 == 1, i%4 == 1
 				acts = append(acts, action{at: at, do: func(ctx context.Context) error {
 					if !bad {
 						variant++
 					}
 					for k, a := range admins {
-						status, msg, err := loadCaddyfile(ctx, a, caddyfile(ports[k], strings.TrimPrefix(a, "http://"), siteFor(variant, bad)))
+						cfg := caddyfile(ports[k], strings.TrimPrefix(a, "http://"), siteFor(variant, bad && !twoSites))
+						what := cs.bad
+						if twoSites {
+							cfg += secondSiteOnPool(pool)
+							what = "a second site on the pool"
+						}
+						status, msg, err := loadCaddyfile(ctx, a, cfg)
 						switch {
 						case err != nil:
 							return err
 						case bad && status == 200:
-							return fmt.Errorf("a config with %q was accepted", cs.bad)
+							return fmt.Errorf("a config with %s was accepted", what)
 						case !bad && status != 200:
 							return fmt.Errorf("a good reload was refused: %d %s", status, msg)
 						}
@@ -200,7 +216,9 @@ func chaos(r *runner) {
 				acts = append(acts,
 					action{at: d * 3 / 10, do: func(context.Context) error { return r.signalRedis(syscall.SIGSTOP) }},
 					action{at: d*3/10 + 1500*time.Millisecond, do: func(context.Context) error { return r.signalRedis(syscall.SIGCONT) }},
-					action{at: d * 6 / 10, do: func(context.Context) error { return r.restartRedis() }})
+					action{at: d * 6 / 10, do: func(context.Context) error { return r.restartRedis(false) }},
+					action{at: d * 7 / 10, do: func(ctx context.Context) error { return r.snapshotRedis(ctx) }},
+					action{at: d * 8 / 10, do: func(context.Context) error { return r.restartRedis(true) }})
 			}
 			return workload{arrivals: arrivals, actions: acts,
 				class: func(n int) string {
@@ -276,13 +294,33 @@ func policyOptions(p, redis string, v int) string {
 	case strings.HasSuffix(p, "batched"):
 		// ~125 req/s per instance against 20-21 calls a second: most picks
 		// come from the view and go to Redis in batches.
-		return fmt.Sprintf("\t\tredis %s\n\t\tkey_prefix chaos-batched\n\t\tcall_rate %d\n\t\tlease_ttl 1s\n\t\tbreaker_backoff 200ms\n", redis, 20+v%2)
+		return fmt.Sprintf("\t\tredis %s\n\t\tkey_prefix chaos-batched\n\t\tdial_timeout %s\n\t\tcall_rate %d\n\t\tlease_ttl 1s\n\t\tbreaker_backoff 200ms\n", redis, dialTimeout(v), 20+v%2)
 	case strings.HasSuffix(p, "queue"):
-		return fmt.Sprintf("\t\tredis %s\n\t\tkey_prefix chaos-queue\n\t\tmax_inflight %d\n\t\tqueue_timeout 10s\n\t\tlease_ttl 1s\n\t\tbreaker_backoff 200ms\n", redis, 4+v%2)
+		return fmt.Sprintf("\t\tredis %s\n\t\tkey_prefix chaos-queue\n\t\tdial_timeout %s\n\t\tmax_inflight %d\n\t\tqueue_timeout 10s\n\t\tlease_ttl 1s\n\t\tbreaker_backoff 200ms\n", redis, dialTimeout(v), 4+v%2)
 	default:
-		return fmt.Sprintf("\t\tredis %s\n\t\tkey_prefix chaos-least\n\t\tmax_inflight %d\n\t\tlease_ttl 1s\n\t\tbreaker_backoff 200ms\n", redis, 40+v%2)
+		return fmt.Sprintf("\t\tredis %s\n\t\tkey_prefix chaos-least\n\t\tdial_timeout %s\n\t\tmax_inflight %d\n\t\tlease_ttl 1s\n\t\tbreaker_backoff 200ms\n", redis, dialTimeout(v), 40+v%2)
 	}
 }
+
+// secondSiteOnPool is a site whose reverse_proxy gives pool static
+// upstreams of its own: with the chaos site's backend set, two lists for
+// one pool, which Caddy must refuse to load.
+func secondSiteOnPool(pool string) string {
+	return fmt.Sprintf(`
+http://127.0.0.2:1 {
+	reverse_proxy 127.0.0.1:1 127.0.0.1:2 {
+		lb_policy queued_least_latency {
+			pool %s
+		}
+	}
+}
+`, pool)
+}
+
+// dialTimeout is a Redis connection setting that changes on every other
+// good reload (variant): such a reload replaces the pool's shared state
+// with one on a new connection while requests run.
+func dialTimeout(v int) string { return fmt.Sprintf("%ds", 1+(v/2)%2) }
 
 func setBackendsAt(ctx context.Context, site string, backends []string) error {
 	b, _ := json.Marshal(map[string][]string{"backends": backends})
@@ -382,8 +420,8 @@ func redisCounters(ctx context.Context, addr string) (int, []string) {
 	total := 0
 	var notes []string
 	for _, k := range keys {
-		if strings.HasSuffix(k, ":picks") {
-			continue // global_redis_least's pick counter: monotonic, not a count in flight
+		if strings.HasSuffix(k, ":picks") || strings.HasSuffix(k, ":flow:meta") {
+			continue // global_redis_least's pick counter, the flow gate's record identity: not counts in flight
 		}
 		typ, _ := c.Do(ctx, c.B().Type().Key(k).Build()).ToString()
 		n := 0
@@ -401,10 +439,11 @@ func redisCounters(ctx context.Context, addr string) (int, []string) {
 			// one is the tombstone of a select that timed out (it keeps a
 			// late execution of that select from taking a slot) and holds
 			// nothing.
-			// Field "#" is the instance's last batch number, not a request.
+			// Fields "#" (the instance's last batch number) and "!" (its
+			// version, raised when it reconciles) are not requests.
 			kv, _ := c.Do(ctx, c.B().Hgetall().Key(k).Build()).AsStrMap()
 			for f, v := range kv {
-				if f != "#" && v != "" {
+				if f != "#" && f != "!" && v != "" {
 					n++
 				}
 			}
@@ -508,8 +547,9 @@ func (r *runner) signalRedis(sig syscall.Signal) error {
 	return p.cmd.Process.Signal(sig)
 }
 
-// restartRedis kills Redis and starts it again, empty, on the same port.
-func (r *runner) restartRedis() error {
+// restartRedis kills Redis and starts it again on the same port: empty,
+// or from the snapshot snapshotRedis took (older records).
+func (r *runner) restartRedis(fromSnapshot bool) error {
 	p := r.redisProc()
 	if p == nil {
 		return errors.New("no redis-server running")
@@ -517,11 +557,28 @@ func (r *runner) restartRedis() error {
 	if _, err := p.stop(time.Second); err != nil {
 		return err
 	}
+	if !fromSnapshot {
+		// redis-server loads dump.rdb from its --dir when there is one.
+		if err := os.Remove(filepath.Join(r.tmp, "redis", "dump.rdb")); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+	}
 	np, err := r.infra.start("redis-server", nil, p.cmd.Path, p.cmd.Args[1:]...)
 	if err != nil {
 		return err
 	}
 	return waitListening(r.ctx, np, r.redis, 10*time.Second)
+}
+
+// snapshotRedis has Redis write its records to dump.rdb now (SAVE), for
+// a later restartRedis(true).
+func (r *runner) snapshotRedis(ctx context.Context) error {
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.redis}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.Do(ctx, c.B().Save().Build()).Error()
 }
 
 func skipped(msg string) error { return fmt.Errorf("%w: %s", errSkipped, msg) }
