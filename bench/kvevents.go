@@ -403,6 +403,19 @@ func kvEvents(r *runner) {
 					})
 				}),
 		}
+		if ci == len(k.caches)-1 {
+			// Diagnostic, on the smaller cache only: the exact index with a
+			// low cache_threshold, so a replica still holding only the head
+			// of a prefix (the engine evicted a block further in) keeps it
+			// instead of the prefix going to the least loaded replica.
+			systems = append(systems, mk("sluice_cache_aware_kv_events_thr005",
+				"diagnostic: Sluice cache_aware with kv_events (exact) and cache_threshold 0.05 (default 0.5)", 1,
+				func(f kvFleet) ([]string, error) {
+					return r.caddyProxies("sluice-kv-thr", 1, func(int) string {
+						return custom(f, pool, fmt.Sprintf("lb_policy cache_aware {\n\tpool %s\n\tcache_threshold 0.05\n\tkv_events %s\n\tkv_events_tokenizer llmd_sim\n}", pool, f.zmq))
+					})
+				}))
+		}
 		for _, s := range systems {
 			r.system(s)
 		}
