@@ -107,6 +107,7 @@ var scenarios = []scenario{
 	multiFlowScenario,
 	realEngineScenario,
 	engineCalibrationScenario,
+	kvEventsScenario,
 	{
 		name:  "heavy-short-mix",
 		title: "Heimdall heavy + short mix: 2 heavy seeds, then a burst every ~10 ms with a heavy request every 50, 4 batching replicas",

@@ -31,7 +31,7 @@ func main() {
 	reps := fs.Int("reps", 1, "run every system this many times, interleaved, and report mean ± sd")
 	only := fs.String("only", "", "run only the systems whose name contains one of these comma-separated substrings")
 	noInstall := fs.Bool("no-install", false, "do not apt-get install missing haproxy / redis-server")
-	limit := fs.Duration("timeout", 0, "abort the scenario after this long (default 5m, 90s with -quick; chaos: 20m; real-engine: 15m on the sim, 3h on real engines)")
+	limit := fs.Duration("timeout", 0, "abort the scenario after this long (default 5m, 90s with -quick; chaos: 20m; real-engine: 15m on the sim, 3h on real engines; kv-events: 15m, 4m with -quick)")
 	// real-engine and engine-calibration
 	var eng bench.EngineOptions
 	engine := fs.String("engine", "", "real-engine: replicas from \"sim\" (default, in process) or \"transformers\" (bench/realengine/server.py, needs PyTorch)")
@@ -113,6 +113,14 @@ func main() {
 			// Eight systems of 10,000 requests each, with Redis outages:
 			// 321 s on a 2-core machine (bench/results/chaos.md).
 			d = 20 * time.Minute
+		}
+		if scenario == "kv-events" {
+			// Ten systems, each with four llm-d-inference-sim engines: 40 s
+			// of arrivals + start and drain each (4 s with -quick).
+			d = 15 * time.Minute
+			if *quick {
+				d = 4 * time.Minute
+			}
 		}
 		if !*quick && (scenario == "real-engine" || scenario == "engine-calibration") {
 			// Real engines run in real time: 25 s + the drain per system and rate.

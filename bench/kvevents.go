@@ -1,0 +1,484 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-router/sluice/sim"
+)
+
+// ---- kv-events -----------------------------------------------------------
+
+// The kv-events scenario (issue 23, part 6): R real llm-d-inference-sim
+// engines with small KV caches publish what they store and evict to the
+// kv_events address of a Sluice cache_aware; the same shared-prefix
+// workload goes through the exact index, the approximate tree, Caddy
+// least_conn, a prefix-hash oracle and 4 Sluice instances sharing the tree
+// through Redis, at two cache sizes. Hit rate is the engines' own
+// (vllm:prefix_cache_hits ÷ vllm:prefix_cache_queries, prompt tokens).
+
+// kvBench is the scenario's shape.
+type kvBench struct {
+	replicas     int
+	prefixes     int   // P shared prefixes
+	prefixWords  int   // W words (= tokens with the sim's dummy tokenizer) per prefix
+	uniqueWords  int   // U words of its own per request
+	maxTokens    int   // output tokens per request (ignore_eos)
+	blockSize    int   // tokens per KV block
+	caches       []int // KV cache sizes in blocks, one pass each
+	rate         float64
+	arrivals     time.Duration
+	maxNumSeqs   int
+	prefillToken time.Duration // per uncached prompt token
+	interToken   time.Duration
+	seed         uint64
+}
+
+func kvBenchShape(quick bool) kvBench {
+	k := kvBench{replicas: 4, prefixes: 16, prefixWords: 512, uniqueWords: 32, maxTokens: 8, blockSize: 16,
+		rate: 12, arrivals: 40 * time.Second, maxNumSeqs: 4, prefillToken: 500 * time.Microsecond,
+		interToken: 10 * time.Millisecond, seed: 23}
+	// The prompt set: P × W/16 = 512 blocks of shared prefixes. A cache
+	// of 256 blocks holds half of it, 128 a quarter; both hold the blocks
+	// of max-num-seqs running requests (4 × 34), which the sim requires.
+	set := k.prefixes * k.prefixWords / k.blockSize
+	k.caches = []int{set / 2, set / 4 * 9 / 8} // 256, 144
+	if quick {
+		k.arrivals = 4 * time.Second
+	}
+	return k
+}
+
+var kvEventsScenario = scenario{
+	name: "kv-events",
+	title: "Exact prefix index from engine KV events: 4 llm-d-inference-sim engines with small KV caches, " +
+		"16 shared prefixes, exact vs approximate vs least_conn vs oracle",
+	about: "R = 4 llm-d-inference-sim v0.10.2 engines (--enable-kvcache, --block-size 16, --force-dummy-tokenizer: one " +
+		"token per word) whose KV cache holds only part of the prompt set; each publishes its KV events (ZMQ, one event " +
+		"per batch: --event-batch-size 1, as vLLM publishes every step) to the kv_events address of the system under " +
+		"test, where there is one. Workload: P shared prefixes of W words + U words of its own per request (every block " +
+		"full), streamed /v1/completions with max_tokens M and ignore_eos, Poisson arrivals, the same bodies and " +
+		"times for every system; the engines' time model: --prefill-time-per-token per UNCACHED prompt token " +
+		"(v0.10.2 subtracts the cached tokens), --inter-token-latency per output token, --max-num-seqs running at " +
+		"once. Fresh engines (empty caches) for every system. hit rate = Δ vllm:prefix_cache_hits ÷ Δ " +
+		"vllm:prefix_cache_queries over the engines (prompt tokens served from their own cache; the ceiling is " +
+		"W ÷ (W + U) less the first request of every prefix); vs oracle = ÷ the oracle's hit rate at the same cache " +
+		"size; ttft = time to the first streamed token; p50/p90/p99 = end to end; per replica = each engine's Δ " +
+		"vllm:request_success_total. The oracle is Caddy's header policy on X-Prefix-Id (hashes the prefix id, " +
+		"which only it reads). Exact with several Sluice instances is not built yet (one kv_events listener per " +
+		"pool): the x4 row shares the approximate tree through Redis.",
+	extras: []extraCol{{"cache_blocks", "cache", "%.0f blk"}, {"hit_rate", "hit rate", "%.3f"}, {"vs_oracle", "vs oracle", "%.3f"},
+		{"ttft_p50_s", "ttft p50", "%.3f s"}, {"ttft_p90_s", "ttft p90", "%.3f s"}, {"ttft_p99_s", "ttft p99", "%.3f s"},
+		{"exact_replicas", "exact replicas", "%.0f"}},
+	run: kvEvents,
+}
+
+// LLMDSimBinary returns the llm-d-inference-sim binary: $SLUICE_LLMD_SIM,
+// else the one scripts/llmd-sim.sh builds (once, cached) and names. The
+// error says why there is none.
+func LLMDSimBinary(ctx context.Context) (string, error) {
+	if bin := os.Getenv("SLUICE_LLMD_SIM"); bin != "" {
+		if st, err := os.Stat(bin); err != nil || st.IsDir() {
+			return "", fmt.Errorf("SLUICE_LLMD_SIM=%s is not a file (build it: export SLUICE_LLMD_SIM=\"$(bash scripts/llmd-sim.sh)\")", bin)
+		}
+		return bin, nil
+	}
+	cands := []string{filepath.Join("scripts", "llmd-sim.sh"), filepath.Join("..", "scripts", "llmd-sim.sh")}
+	if _, file, _, ok := runtime.Caller(0); ok {
+		cands = append(cands, filepath.Join(filepath.Dir(file), "..", "scripts", "llmd-sim.sh"))
+	}
+	script := ""
+	for _, c := range cands {
+		if st, err := os.Stat(c); err == nil && !st.IsDir() {
+			script = c
+			break
+		}
+	}
+	if script == "" {
+		return "", errors.New("llm-d-inference-sim not found: SLUICE_LLMD_SIM is not set and scripts/llmd-sim.sh is not here (run from the repository root)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", script)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("llm-d-inference-sim could not be built (bash %s): %v %s", script, err, lastLine(stderr.String()))
+	}
+	bin := strings.TrimSpace(string(out))
+	if st, err := os.Stat(bin); err != nil || st.IsDir() {
+		return "", fmt.Errorf("bash %s named %q, not a file", script, bin)
+	}
+	return bin, nil
+}
+
+// kvPrompts returns the P shared prefixes: W words each, every word
+// followed by one space (one dummy token per word).
+func kvPrompts(k kvBench) []string {
+	words := engineWords()
+	out := make([]string, k.prefixes)
+	for p := range out {
+		rng := rand.New(rand.NewPCG(k.seed, uint64(p)+1))
+		var b strings.Builder
+		for range k.prefixWords {
+			b.WriteString(words[rng.IntN(len(words))] + " ")
+		}
+		out[p] = b.String()
+	}
+	return out
+}
+
+// kvBodies returns n request bodies: a prefix drawn uniformly and U words
+// of its own.
+func kvBodies(k kvBench, prefixes []string, n int) []engineBody {
+	words := engineWords()
+	rng := rand.New(rand.NewPCG(k.seed, 0x6b76))
+	out := make([]engineBody, n)
+	for i := range out {
+		id := rng.IntN(len(prefixes))
+		var b strings.Builder
+		b.WriteString(prefixes[id])
+		for j := range k.uniqueWords {
+			if j > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(words[rng.IntN(len(words))])
+		}
+		j, _ := json.Marshal(map[string]any{"model": "m", "prompt": b.String(), "max_tokens": k.maxTokens,
+			"stream": true, "ignore_eos": true, "temperature": 0})
+		out[i] = engineBody{id, string(j)}
+	}
+	return out
+}
+
+// kvFleet is one system's engines: their ports and the ZMQ address they
+// publish to.
+type kvFleet struct {
+	ports []int
+	zmq   string
+}
+
+func (f kvFleet) urls() []string {
+	out := make([]string, len(f.ports))
+	for i, p := range f.ports {
+		out[i] = fmt.Sprintf("http://127.0.0.1:%d", p)
+	}
+	return out
+}
+
+func (f kvFleet) addrs() []string {
+	out := make([]string, len(f.ports))
+	for i, p := range f.ports {
+		out[i] = fmt.Sprintf("127.0.0.1:%d", p)
+	}
+	return out
+}
+
+func newKVFleet(n int) (kvFleet, error) {
+	ports, err := freePorts(n + 1)
+	if err != nil {
+		return kvFleet{}, err
+	}
+	return kvFleet{ports: ports[:n], zmq: fmt.Sprintf("tcp://127.0.0.1:%d", ports[n])}, nil
+}
+
+// startLLMDSims starts the fleet's engines (system processes: stopped by
+// PID when the system ends) and waits until each answers /health.
+func (r *runner) startLLMDSims(bin string, k kvBench, f kvFleet, cacheBlocks int) error {
+	var started []*proc
+	for i, port := range f.ports {
+		pod := fmt.Sprintf("127.0.0.1:%d", port)
+		args := []string{"--model", "m", "--port", strconv.Itoa(port), "--mode", "random", "--seed", strconv.Itoa(i + 1),
+			"--enable-kvcache", "--kv-cache-size", strconv.Itoa(cacheBlocks), "--block-size", strconv.Itoa(k.blockSize),
+			"--event-batch-size", "1", "--zmq-endpoint", f.zmq, "--force-dummy-tokenizer",
+			"--prefill-time-per-token", k.prefillToken.String(), "--inter-token-latency", k.interToken.String(),
+			"--max-num-seqs", strconv.Itoa(k.maxNumSeqs), "--max-model-len", "4096"}
+		p, err := r.procs.start(fmt.Sprintf("llmd-sim-%d", port), []string{"POD_IP=" + pod}, bin, args...)
+		if err != nil {
+			return err
+		}
+		started = append(started, p)
+	}
+	for i, p := range started {
+		if err := waitHealthy(r.ctx, p, f.urls()[i], 30*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kvHealthOf reads the kv_events part of a proxy's /_custom_router/health
+// (nil without one).
+func kvHealthOf(ctx context.Context, proxy string) (*kvHealthReport, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, proxy+"/_custom_router/health", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var h struct {
+		Settings map[string]map[string]json.RawMessage `json:"settings"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&h); err != nil {
+		return nil, err
+	}
+	raw := h.Settings["cache_aware"]["kv_events"]
+	if raw == nil {
+		return nil, nil
+	}
+	var kv kvHealthReport
+	if err := json.Unmarshal(raw, &kv); err != nil {
+		return nil, err
+	}
+	return &kv, nil
+}
+
+// kvHealthReport is what the harness reads of the kv_events health.
+type kvHealthReport struct {
+	Replicas map[string]struct {
+		Mode   string `json:"mode"`
+		Blocks int    `json:"blocks"`
+	} `json:"replicas"`
+	Totals map[string]uint64 `json:"totals"`
+	Drops  map[string]uint64 `json:"drops"`
+}
+
+func (h *kvHealthReport) note() string {
+	var reps []string
+	for _, name := range sortedKeys(h.Replicas) {
+		rp := h.Replicas[name]
+		reps = append(reps, fmt.Sprintf("%s %s %d blocks", name, rp.Mode, rp.Blocks))
+	}
+	var tot []string
+	for _, k := range []string{"batches", "events", "gaps", "restarts", "cleared", "removed_unknown", "capacity_evicted"} {
+		tot = append(tot, fmt.Sprintf("%s %d", k, h.Totals[k]))
+	}
+	drops := "none"
+	if len(h.Drops) > 0 {
+		var d []string
+		for _, k := range sortedKeys(h.Drops) {
+			d = append(d, fmt.Sprintf("%s %d", k, h.Drops[k]))
+		}
+		drops = strings.Join(d, ", ")
+	}
+	return fmt.Sprintf("kv_events index at the end: %s; %s; drops: %s", strings.Join(reps, ", "), strings.Join(tot, ", "), drops)
+}
+
+func kvEvents(r *runner) {
+	k := kvBenchShape(r.opt.Quick)
+	bin, binErr := LLMDSimBinary(r.ctx)
+	if r.rep == 1 {
+		r.res.About = fmt.Sprintf("%s Here: R = %d, P = %d, W = %d, U = %d, M = %d, block %d tokens, caches %v blocks "+
+			"(the prompt set: %d blocks of prefixes), --max-num-seqs %d, --prefill-time-per-token %v, "+
+			"--inter-token-latency %v, Poisson %g req/s for %v.", r.res.About, k.replicas, k.prefixes, k.prefixWords,
+			k.uniqueWords, k.maxTokens, k.blockSize, k.caches, k.prefixes*k.prefixWords/k.blockSize, k.maxNumSeqs,
+			k.prefillToken, k.interToken, k.rate, k.arrivals)
+	}
+	prefixes := kvPrompts(k)
+	arrivals := poisson(k.rate, k.arrivals, k.seed)
+	bodies := kvBodies(k, prefixes, len(arrivals))
+	timeout := 60 * time.Second
+
+	for ci, cache := range k.caches {
+		at := fmt.Sprintf("@%dblk", cache)
+		oracleHit := 0.0
+		// mk builds one system: fresh engines, then proxies(fleet).
+		mk := func(name, desc string, nProxies int, proxies func(f kvFleet) ([]string, error)) sysSpec {
+			var fleet kvFleet
+			var before []map[string]float64
+			var proxyURLs []string
+			return sysSpec{name: name + at, desc: desc, proxies: nProxies, reqTimeout: timeout,
+				start: func([]*sim.Server) ([]string, error) {
+					if binErr != nil {
+						return nil, fmt.Errorf("%w: %v", errSkipped, binErr)
+					}
+					var err error
+					if fleet, err = newKVFleet(k.replicas); err != nil {
+						return nil, err
+					}
+					// The proxy first: with kv_events it binds the address the
+					// engines dial (a PUB drops what it sends before that).
+					if proxyURLs, err = proxies(fleet); err != nil {
+						return nil, err
+					}
+					if err := r.startLLMDSims(bin, k, fleet, cache); err != nil {
+						return nil, err
+					}
+					return proxyURLs, nil
+				},
+				load: func(_ []*sim.Server, pr []string) workload {
+					before = scrapeReplicas(r.ctx, fleet.urls())
+					return workload{arrivals: arrivals, sse: true, build: func(n int) (*http.Request, int) {
+						p := n % len(pr)
+						req, _ := http.NewRequest(http.MethodPost, pr[p]+"/v1/completions", strings.NewReader(bodies[n].json))
+						req.Header.Set("Content-Type", "application/json")
+						req.Header.Set("X-Prefix-Id", strconv.Itoa(bodies[n].prefix))
+						return req, p
+					}}
+				},
+				after: func(_ []*sim.Server, recs []Record, s *Summary) {
+					// The engines count a request's prefix-cache stats through a
+					// channel: let the last ones land.
+					time.Sleep(300 * time.Millisecond)
+					engineMeasures(k.rate, timeout, fleet.urls(), before, scrapeReplicas(r.ctx, fleet.urls()), recs, s)
+					s.Extra["cache_blocks"] = float64(cache)
+					if v, ok := s.Extra["prefix_reuse"]; ok {
+						s.Extra["hit_rate"] = v
+						delete(s.Extra, "prefix_reuse")
+						if strings.HasPrefix(s.System, "oracle") {
+							oracleHit = v
+						}
+						if oracleHit > 0 {
+							s.Extra["vs_oracle"] = v / oracleHit
+						}
+					}
+					delete(s.Extra, "rate")
+					for _, u := range proxyURLs {
+						h, herr := kvHealthOf(r.ctx, u)
+						if herr != nil || h == nil {
+							continue
+						}
+						n := 0
+						for _, rp := range h.Replicas {
+							if rp.Mode == "exact" {
+								n++
+							}
+						}
+						s.Extra["exact_replicas"] = float64(n)
+						s.Notes = append(s.Notes, h.note())
+					}
+				}}
+		}
+		custom := func(f kvFleet, pool, policy string) string {
+			return fmt.Sprintf("custom_router %s {\n\tbackends %s\n}\nreverse_proxy {\n\tdynamic custom_router %s\n\t%s\n}",
+				pool, strings.Join(f.urls(), " "), pool, strings.ReplaceAll(policy, "\n", "\n\t"))
+		}
+		pool := fmt.Sprintf("kvb%d", ci)
+		keyPrefix := fmt.Sprintf("bench-kv-%d-%d", ci, time.Now().UnixNano()%1e9)
+		systems := []sysSpec{
+			mk("oracle_header_hash", "oracle: Caddy lb_policy header X-Prefix-Id (hashes the prefix id, which only it sees)", 1,
+				func(f kvFleet) ([]string, error) {
+					return r.caddyProxies("oracle", 1, func(int) string { return staticProxy(f.addrs(), "lb_policy header X-Prefix-Id") })
+				}),
+			mk("sluice_cache_aware_kv_events", "Sluice cache_aware with kv_events + kv_events_tokenizer llmd_sim (the exact index), defaults otherwise", 1,
+				func(f kvFleet) ([]string, error) {
+					return r.caddyProxies("sluice-kv", 1, func(int) string {
+						return custom(f, pool, fmt.Sprintf("lb_policy cache_aware {\n\tpool %s\n\tkv_events %s\n\tkv_events_tokenizer llmd_sim\n}", pool, f.zmq))
+					})
+				}),
+			mk("sluice_cache_aware_tree", "Sluice cache_aware without kv_events (the approximate tree), defaults", 1,
+				func(f kvFleet) ([]string, error) {
+					return r.caddyProxies("sluice-tree", 1, func(int) string {
+						return custom(f, pool, fmt.Sprintf("lb_policy cache_aware {\n\tpool %s\n}", pool))
+					})
+				}),
+			mk("caddy_least_conn", "Caddy lb_policy least_conn", 1,
+				func(f kvFleet) ([]string, error) {
+					return r.caddyProxies("caddy-lc", 1, func(int) string { return staticProxy(f.addrs(), "lb_policy least_conn") })
+				}),
+			mk("sluice_cache_aware_tree_redis_x4", "4 Sluice, cache_aware without kv_events, the trees shared through one Redis; load spread round-robin over the 4", 4,
+				func(f kvFleet) ([]string, error) {
+					addr, err := r.redisAddr()
+					if err != nil {
+						return nil, fmt.Errorf("%w: %v", errSkipped, err)
+					}
+					return r.caddyProxies("sluice-tree-x4", 4, func(int) string {
+						return custom(f, pool, fmt.Sprintf("lb_policy cache_aware {\n\tpool %s\n\tredis %s\n\tkey_prefix %s\n}", pool, addr, keyPrefix))
+					})
+				}),
+		}
+		if ci == len(k.caches)-1 {
+			// Diagnostic, on the smaller cache only: the exact index with a
+			// low cache_threshold, so a replica still holding only the head
+			// of a prefix (the engine evicted a block further in) keeps it
+			// instead of the prefix going to the least loaded replica.
+			systems = append(systems, mk("sluice_cache_aware_kv_events_thr005",
+				"diagnostic: Sluice cache_aware with kv_events (exact) and cache_threshold 0.05 (default 0.5)", 1,
+				func(f kvFleet) ([]string, error) {
+					return r.caddyProxies("sluice-kv-thr", 1, func(int) string {
+						return custom(f, pool, fmt.Sprintf("lb_policy cache_aware {\n\tpool %s\n\tcache_threshold 0.05\n\tkv_events %s\n\tkv_events_tokenizer llmd_sim\n}", pool, f.zmq))
+					})
+				}))
+		}
+		for _, s := range systems {
+			r.system(s)
+		}
+	}
+	if r.rep == r.res.Reps {
+		r.res.appendix = kvAppendix(r.res.Systems)
+	}
+}
+
+// kvAppendix is the must-show comparison: per cache size and rep, the
+// exact index against the tree and the oracle.
+func kvAppendix(systems []Summary) string {
+	type key struct {
+		cache float64
+		rep   int
+	}
+	by := map[key]map[string]Summary{}
+	var keys []key
+	for _, s := range systems {
+		kk := key{s.Extra["cache_blocks"], s.Rep}
+		if by[kk] == nil {
+			by[kk] = map[string]Summary{}
+			keys = append(keys, kk)
+		}
+		by[kk][strings.Split(s.System, "@")[0]] = s
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].rep != keys[j].rep {
+			return keys[i].rep < keys[j].rep
+		}
+		return keys[i].cache > keys[j].cache
+	})
+	var rows [][]string
+	for _, kk := range keys {
+		m := by[kk]
+		ex, okE := m["sluice_cache_aware_kv_events"]
+		tr, okT := m["sluice_cache_aware_tree"]
+		or, okO := m["oracle_header_hash"]
+		if !okE || !okT {
+			continue
+		}
+		f := func(v float64) string { return fmt.Sprintf("%.3f", v) }
+		oh := "—"
+		if okO {
+			oh = f(or.Extra["hit_rate"])
+		}
+		ratio := func(a, b float64) string {
+			if b == 0 {
+				return "—"
+			}
+			return fmt.Sprintf("%.2f×", a/b)
+		}
+		rows = append(rows, []string{fmt.Sprintf("%.0f blocks", kk.cache), strconv.Itoa(max(kk.rep, 1)),
+			f(ex.Extra["hit_rate"]), f(tr.Extra["hit_rate"]), oh,
+			fmt.Sprintf("%+.3f", ex.Extra["hit_rate"]-tr.Extra["hit_rate"]),
+			ratio(ex.Extra["ttft_p50_s"], tr.Extra["ttft_p50_s"]), ratio(ex.Extra["ttft_p90_s"], tr.Extra["ttft_p90_s"])})
+	}
+	if len(rows) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("Exact (kv_events) against the approximate tree and the oracle, per cache size (TTFT ratio < 1: exact faster):\n\n")
+	mdTable(&b, []string{"cache", "rep", "hit rate exact", "hit rate tree", "hit rate oracle", "exact − tree",
+		"ttft p50 exact ÷ tree", "ttft p90 exact ÷ tree"}, rows)
+	return b.String()
+}
