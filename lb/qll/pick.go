@@ -2,31 +2,39 @@ package qll
 
 import "time"
 
-// pickLocked returns the eligible replica with the lowest predicted
-// latency, or nil when every replica should be left alone for now.
+// pickLocked returns the eligible replica to dispatch to, or nil when
+// every replica should be left alone for now.
 //
-// A replica has slots: the requests it serves at once without slowing
-// down, learned per replica (concurrencyLimit) unless Parallelism pins
-// them. Prediction: a replica with `inFlight` requests running will take
-// about
+// A replica has slots: the requests it serves at once before it counts
+// as busy, learned per replica (concurrencyLimit) unless Parallelism pins
+// them. Eligible: present, not down (a replica whose down time has passed
+// gets one probe at a time), under MaxConcurrency, and with a free slot —
+// or, only under an explicit LatencyThreshold (the Hugging Face rule),
+// busy but predicted at or under it.
 //
-//	ewma × ceil((inFlight+1) / slots)
+// A replica with a free slot always beats a busy one: EWMAs are noisy,
+// and a request that joins a busy replica's own queue has lost the chance
+// to take whichever replica frees first. Among free replicas the one with
+// the fewest requests in flight wins. Between idle ones (the request will
+// run alone) the lowest EWMA wins: on one-at-a-time replicas, the fastest
+// free one. Between equal batches the one that got a request longest ago
+// wins: a batch takes newcomers best one at a time (each prefill stalls
+// the decodes of its step), as round robin spaces them.
 //
-// for one more, ewma being one round's latency. Weighting by load is what
-// stops the reference's herding (it sent every request to the single
-// lowest-EWMA replica while all were under the threshold). A replica never
-// tried has no EWMA: it is predicted from the mean of the others but its
-// first requests cost nothing, so new capacity is used at once without
-// drowning it.
+// Latency does not rank batches because in-flight counts are exact and
+// EWMAs are not: on identical batching engines a 30% swing of one
+// replica's EWMA (a cold prefix, the phase of its step) sent it request
+// after request while its slots were free (one engine of four took 3×
+// another's share). A slower replica still gets less: its requests stay
+// in flight longer, so its count is higher when the next request comes
+// (Little's law). A replica never tried has no EWMA: it costs nothing
+// while idle, so new capacity is used at once without drowning it.
 //
-// A replica with a free slot always beats a busy one: EWMAs are noisy, and
-// a request that joins a busy replica's own queue has lost the chance to
-// take whichever replica frees first.
-//
-// Eligible: present, not down (a replica whose down time has passed gets
-// one probe at a time), under MaxConcurrency, and with a free slot — or,
-// only under an explicit LatencyThreshold (the Hugging Face rule), busy
-// but predicted at or under it.
+// Busy replicas (explicit threshold only) are compared on the predicted
+// latency of one more request, ewma × ceil((inFlight+1) / slots), ewma
+// being one round's latency: weighting by load is what stops the
+// reference's herding (it sent every request to the single lowest-EWMA
+// replica while all were under the threshold).
 func (s *State) pickLocked(now time.Time) *replica {
 	n := len(s.order)
 	if n == 0 {
@@ -69,12 +77,7 @@ func (s *State) pickLocked(now time.Time) *replica {
 		var cost float64
 		switch {
 		case r.tried[kind] && free:
-			// Free slots are not all equal: a batch slows as it fills, so
-			// among free replicas the cost grows with the share of the
-			// slots in use (one-at-a-time replicas: the EWMA alone).
-			// Without it every free request went to the lowest EWMA, and
-			// one engine of four took 3× another's share.
-			cost = r.ewma[kind] * float64(par+r.inFlight) / float64(par)
+			cost = r.ewma[kind]
 		case r.tried[kind]:
 			cost = r.ewma[kind] * float64((r.inFlight+par)/par)
 		default:
@@ -86,8 +89,7 @@ func (s *State) pickLocked(now time.Time) *replica {
 		if !free && cost > threshold {
 			continue
 		}
-		if best == nil || (free && !bestFree) ||
-			(free == bestFree && (cost < bestCost || (cost == bestCost && r.inFlight < best.inFlight))) {
+		if best == nil || better(r, cost, free, best, bestCost, bestFree) {
 			best, bestCost, bestFree = r, cost, free
 		}
 	}
@@ -95,6 +97,28 @@ func (s *State) pickLocked(now time.Time) *replica {
 		s.cursor++
 	}
 	return best
+}
+
+// better reports whether r (with cost and free) beats the best so far:
+// free before busy; among free, fewer in flight, then (idle) the lower
+// cost, then the one picked longest ago; among busy, the lower cost, then
+// fewer in flight. Equal ones keep the first met, which the rotating
+// start makes fair.
+func better(r *replica, cost float64, free bool, best *replica, bestCost float64, bestFree bool) bool {
+	switch {
+	case free != bestFree:
+		return free
+	case !free:
+		if cost != bestCost {
+			return cost < bestCost
+		}
+		return r.inFlight < best.inFlight
+	case r.inFlight != best.inFlight:
+		return r.inFlight < best.inFlight
+	case r.inFlight == 0 && cost != bestCost:
+		return cost < bestCost
+	}
+	return r.lastPick < best.lastPick
 }
 
 // slotsLocked is how many requests r serves at once without slowing down:

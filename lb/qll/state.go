@@ -23,6 +23,7 @@ type State struct {
 	replicas map[string]*replica // by dial address; includes removed ones still draining
 	order    []*replica          // present replicas, in set order
 	cursor   int                 // rotates tie-breaks so equal replicas share load
+	picks    uint64              // requests dispatched, numbering each replica's last pick
 	queue    list.List           // of *waiter, oldest first
 	recovery *time.Timer         // re-runs dispatch when a down replica comes back
 	closed   bool
@@ -46,7 +47,8 @@ type replica struct {
 	lim         concurrencyLimit
 	consecFails int
 	downUntil   time.Time
-	unavailable bool // the proxy's own health view excludes it (see Pick)
+	lastPick    uint64 // s.picks when it last got a request (0: never)
+	unavailable bool   // the proxy's own health view excludes it (see Pick)
 	// full: unavailable only because it is at the proxy's request limit
 	// (busy, not down), with fullCap of our requests in flight when the
 	// proxy said so: each of them that ends frees one slot under the limit.
@@ -332,6 +334,8 @@ func (s *State) assignLocked(r *replica, waited time.Duration) *Lease {
 	rounds := (r.inFlight + par) / par
 	r.inFlight++
 	r.dispatched++
+	s.picks++
+	r.lastPick = s.picks
 	s.counters.Dispatched++
 	if s.observeWait != nil {
 		s.observeWait(waited)
