@@ -1,6 +1,9 @@
 package qll
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // pickLocked returns the eligible replica to dispatch to, or nil when
 // every replica should be left alone for now.
@@ -14,21 +17,21 @@ import "time"
 //
 // A replica with a free slot always beats a busy one: EWMAs are noisy,
 // and a request that joins a busy replica's own queue has lost the chance
-// to take whichever replica frees first. Among free replicas the one with
-// the fewest requests in flight wins. Between idle ones (the request will
-// run alone) the lowest EWMA wins: on one-at-a-time replicas, the fastest
-// free one. Between equal batches the one that got a request longest ago
-// wins: a batch takes newcomers best one at a time (each prefill stalls
-// the decodes of its step), as round robin spaces them.
+// to take whichever replica frees first. Among free replicas only those
+// loaded about as little as the least loaded one compete (evenLoad).
+// Between idle ones (the request will run alone) the lowest EWMA wins: on
+// one-at-a-time replicas, the fastest free one. Between batches the lower
+// EWMA wins only where the two differ beyond their noise (a slower
+// replica); otherwise the one that got a request longest ago: a batch
+// takes newcomers best one at a time (each prefill stalls the decodes of
+// its step), as round robin spaces them.
 //
-// Latency does not rank batches because in-flight counts are exact and
-// EWMAs are not: on identical batching engines a 30% swing of one
-// replica's EWMA (a cold prefix, the phase of its step) sent it request
-// after request while its slots were free (one engine of four took 3×
-// another's share). A slower replica still gets less: its requests stay
-// in flight longer, so its count is higher when the next request comes
-// (Little's law). A replica never tried has no EWMA: it costs nothing
-// while idle, so new capacity is used at once without drowning it.
+// Ranking batches by the EWMA alone herded: on identical engines a 30%
+// swing of one replica's EWMA (a cold prefix, the phase of its step) sent
+// it request after request while its slots were free (one engine of four
+// took 3× another's share). A replica never tried has no EWMA: it costs
+// nothing while idle, so new capacity is used at once without drowning
+// it.
 //
 // Busy replicas (explicit threshold only) are compared on the predicted
 // latency of one more request, ewma × ceil((inFlight+1) / slots), ewma
@@ -53,31 +56,38 @@ func (s *State) pickLocked(now time.Time) *replica {
 	}
 	threshold := s.cfg.LatencyThreshold.Seconds()
 
-	var best *replica
-	bestCost, bestFree := 0.0, false
+	// The least loaded free replica's count, and what counts as equal
+	// to it (see evenLoad).
+	least := -1
+	for _, r := range s.order {
+		if s.usableLocked(r, now) && r.inFlight < s.slotsLocked(r) && (least < 0 || r.inFlight < least) {
+			least = r.inFlight
+		}
+	}
+	even := evenLoad(least)
+
+	var best candidate
 	start := s.cursor % n
 	for i := 0; i < n; i++ {
 		r := s.order[(start+i)%n]
-		if r.excluded() || (s.cfg.MaxConcurrency > 0 && r.inFlight >= s.cfg.MaxConcurrency) {
+		if !s.usableLocked(r, now) {
 			continue
-		}
-		if !r.downUntil.IsZero() {
-			if now.Before(r.downUntil) {
-				continue
-			}
-			if r.inFlight > 0 {
-				continue // half-open: one probe at a time
-			}
 		}
 		par := s.slotsLocked(r)
 		free := r.inFlight < par
 		if !free && threshold == 0 {
 			continue // adaptive: busy replicas wait for a free slot
 		}
-		var cost float64
+		if free && r.inFlight > even {
+			continue // a free replica as loaded as the least one takes it
+		}
+		cost, noise := 0.0, math.Inf(1)
 		switch {
 		case r.tried[kind] && free:
 			cost = r.ewma[kind]
+			// The EWMA's own standard error: the spread of its samples
+			// times √(α/(2−α)).
+			noise = math.Sqrt(r.spread[kind] * s.cfg.EWMAAlpha / (2 - s.cfg.EWMAAlpha))
 		case r.tried[kind]:
 			cost = r.ewma[kind] * float64((r.inFlight+par)/par)
 		default:
@@ -89,36 +99,75 @@ func (s *State) pickLocked(now time.Time) *replica {
 		if !free && cost > threshold {
 			continue
 		}
-		if best == nil || better(r, cost, free, best, bestCost, bestFree) {
-			best, bestCost, bestFree = r, cost, free
+		c := candidate{r, cost, noise, free}
+		if best.r == nil || c.better(best) {
+			best = c
 		}
 	}
-	if best != nil {
+	if best.r != nil {
 		s.cursor++
 	}
-	return best
+	return best.r
 }
 
-// better reports whether r (with cost and free) beats the best so far:
-// free before busy; among free, fewer in flight, then (idle) the lower
-// cost, then the one picked longest ago; among busy, the lower cost, then
+// usableLocked reports whether r may take a request now, whatever its
+// load: present and not excluded by the proxy, under MaxConcurrency, and
+// not down (a replica whose down time has passed gets one probe at a
+// time).
+func (s *State) usableLocked(r *replica, now time.Time) bool {
+	if r.excluded() || (s.cfg.MaxConcurrency > 0 && r.inFlight >= s.cfg.MaxConcurrency) {
+		return false
+	}
+	return r.downUntil.IsZero() || (!now.Before(r.downUntil) && r.inFlight == 0)
+}
+
+// evenLoad is the most requests in flight on a free replica that still
+// count as loaded like the least loaded one, with `least` in flight:
+// least + ⌊√least⌋, the spread of a count of random arrivals. Within it
+// requests go round (the one picked longest ago); beyond it a replica is
+// slower or stuck, and waits for the others to catch up. Only the
+// fewest in flight (√ of 0 is 0) is the right test for idle replicas;
+// for batches it clustered arrivals: an engine ends the requests it
+// admitted in one step in one step, the fewest in flight then took as
+// many new ones in a row, which ended together again, and so on.
+func evenLoad(least int) int {
+	if least < 0 {
+		return -1
+	}
+	return least + int(math.Sqrt(float64(least)))
+}
+
+// candidate is an eligible replica with the predicted latency it is
+// ranked by (free: its EWMA; busy: see pickLocked) and that EWMA's
+// standard error (+Inf when it has none).
+type candidate struct {
+	r           *replica
+	cost, noise float64
+	free        bool
+}
+
+// better reports whether c beats b: free before busy. Among free ones
+// (all loaded evenly, see evenLoad): idle ones by the lower cost; the
+// rest by the lower cost only where the two EWMAs differ by more than
+// twice their combined standard error (a slower replica, not noise),
+// else the one picked longest ago. Among busy ones: the lower cost, then
 // fewer in flight. Equal ones keep the first met, which the rotating
 // start makes fair.
-func better(r *replica, cost float64, free bool, best *replica, bestCost float64, bestFree bool) bool {
+func (c candidate) better(b candidate) bool {
 	switch {
-	case free != bestFree:
-		return free
-	case !free:
-		if cost != bestCost {
-			return cost < bestCost
+	case c.free != b.free:
+		return c.free
+	case !c.free:
+		if c.cost != b.cost {
+			return c.cost < b.cost
 		}
-		return r.inFlight < best.inFlight
-	case r.inFlight != best.inFlight:
-		return r.inFlight < best.inFlight
-	case r.inFlight == 0 && cost != bestCost:
-		return cost < bestCost
+		return c.r.inFlight < b.r.inFlight
+	case c.r.inFlight == 0 && b.r.inFlight == 0 && c.cost != b.cost:
+		return c.cost < b.cost
+	case math.Abs(c.cost-b.cost) > 2*math.Hypot(c.noise, b.noise):
+		return c.cost < b.cost
 	}
-	return r.lastPick < best.lastPick
+	return c.r.lastPick < b.r.lastPick
 }
 
 // slotsLocked is how many requests r serves at once without slowing down:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -107,5 +108,76 @@ func TestIdenticalEnginesShareLikeRoundRobin(t *testing.T) {
 	}
 	if waited > 40 {
 		t.Fatalf("%d of 4,000 requests found no free slot on replicas that never fill", waited)
+	}
+}
+
+// An engine ends together the requests it admitted together: the replica
+// they leave emptier takes some of the next requests, not all of them in
+// a row (they would end together again, and so on), while the others are
+// loaded about as much.
+func TestABatchThatEndsTogetherDoesNotTakeEveryNextRequest(t *testing.T) {
+	s := New(Config{Parallelism: 64})
+	t.Cleanup(s.Close)
+	s.SetBackends([]string{"a:1", "b:1", "c:1", "d:1"})
+	held := map[string][]*Lease{}
+	for range 40 {
+		l := mustAcquire(t, s)
+		held[l.Addr] = append(held[l.Addr], l)
+	}
+	for _, a := range []string{"a:1", "b:1", "c:1", "d:1"} {
+		if len(held[a]) != 10 {
+			t.Fatalf("40 requests over 4 idle replicas: %s got %d, want 10", a, len(held[a]))
+		}
+	}
+	for _, l := range held["a:1"][:4] { // a's first four end in one step
+		l.Release(lb.Outcome{Kind: lb.Success, Streamed: true, Latency: 100 * time.Millisecond, Total: time.Second})
+	}
+	held["a:1"] = held["a:1"][4:]
+	var next []string
+	for range 4 {
+		l := mustAcquire(t, s)
+		next = append(next, l.Addr)
+		held[l.Addr] = append(held[l.Addr], l)
+	}
+	if a := slices.IndexFunc(next, func(s string) bool { return s != "a:1" }); a < 0 {
+		t.Fatalf("after 4 of a's 10 requests ended, the next 4 went %v: all to a", next)
+	}
+	for _, ls := range held {
+		for _, l := range ls {
+			l.Release(lb.Outcome{Kind: lb.Cancelled})
+		}
+	}
+}
+
+// Between batches loaded alike, a replica measured slower beyond the
+// noise of its EWMA gets the request; measured alike, they take turns.
+func TestABatchMeasuredSlowerBeyondNoiseGetsLess(t *testing.T) {
+	s := New(Config{Parallelism: 8})
+	t.Cleanup(s.Close)
+	s.SetBackends([]string{"fast:1", "slow:1"})
+	teach := func(addr string, d time.Duration) {
+		for {
+			l := mustAcquire(t, s)
+			if l.Addr == addr {
+				l.Release(success(d))
+				return
+			}
+			defer l.Release(lb.Outcome{Kind: lb.Cancelled})
+		}
+	}
+	for range 5 { // steady samples: EWMAs of 100 and 200 ms, little noise
+		teach("fast:1", 100*time.Millisecond)
+		teach("slow:1", 200*time.Millisecond)
+	}
+	a, b := mustAcquire(t, s), mustAcquire(t, s) // one each: loaded alike
+	if a.Addr == b.Addr {
+		t.Fatalf("two requests over two idle replicas both went to %s", a.Addr)
+	}
+	l := mustAcquire(t, s)
+	if l.Addr != "fast:1" {
+		t.Fatalf("one request in flight on each, fast (100 ms) and slow (200 ms): the third went to %s", l.Addr)
+	}
+	for _, x := range []*Lease{a, b, l} {
+		x.Release(lb.Outcome{Kind: lb.Cancelled})
 	}
 }
