@@ -427,7 +427,7 @@ func (l *Lease) Release(o lb.Outcome) bool {
 }
 
 // FirstByte implements lb.FirstByter: the response counts as answering
-// until released, and in slow start a first byte while at least half the
+// until released, and in slow start a first byte while more than half the
 // limit's requests answer at once doubles the limit; the waiting requests
 // get the new slots at once.
 func (l *Lease) FirstByte(time.Duration) {
