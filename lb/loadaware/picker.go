@@ -273,6 +273,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 			c.LastCold = p.policy.LastCold(addr)
 		}
 		c.Active, c.ActiveTokens = p.tracker.Active(addr, cutoff)
+		c.LastPick = p.tracker.LastAcquired(addr)
 		s, fresh := p.scraper.Get(addr)
 		c.MetricsUnknown = fresh == modelmetrics.Unknown
 		if fresh == modelmetrics.Fresh && s.Have.Waiting {

@@ -168,8 +168,13 @@ type Ranking struct {
 }
 
 // Rank scores every candidate with the enabled scorers and returns the
-// max-score order. Equal totals are broken at random, so equal replicas
-// share the load instead of the first one taking it all.
+// max-score order. Equal totals go to the replica picked longest ago
+// (LastPick), then at random, so equal replicas share the load instead
+// of the first one taking it all, and take turns as round robin spaces
+// them: a batching engine takes newcomers best one at a time (each
+// prefill stalls the decodes of its step). At random alone, one of four
+// engines with equal counts got two requests in a row about once a
+// round.
 func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking { return p.rank(cs, f, true) }
 
 // rank is Rank; without explain, Scores stays nil and every scorer writes
@@ -224,13 +229,14 @@ func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool) Ranking {
 			r.Total[i] += w * s[i]
 		}
 	}
-	r.Order = maxScoreOrder(r.Total, k)
+	r.Order = maxScoreOrder(r.Total, cs, k)
 	return r
 }
 
 // maxScoreOrder returns up to k indices by descending total; among equal
-// totals each is equally likely to come first (reservoir sampling).
-func maxScoreOrder(total []float64, k int) []int {
+// totals the smallest LastPick comes first, and among those each is
+// equally likely to (reservoir sampling).
+func maxScoreOrder(total []float64, cs []Candidate, k int) []int {
 	k = min(k, len(total))
 	order := make([]int, 0, k)
 	for len(order) < k {
@@ -240,9 +246,9 @@ func maxScoreOrder(total []float64, k int) []int {
 				continue
 			}
 			switch {
-			case best < 0 || t > total[best]:
+			case best < 0 || t > total[best] || (t == total[best] && cs[i].LastPick < cs[best].LastPick):
 				best, ties = i, 1
-			case t == total[best]:
+			case t == total[best] && cs[i].LastPick == cs[best].LastPick:
 				ties++
 				if rand.IntN(ties) == 0 {
 					best = i

@@ -53,6 +53,9 @@ type Candidate struct {
 	// LastCold is when this replica last got a cold request (zero: never
 	// or no longer tracked).
 	LastCold time.Time
+	// LastPick orders the replicas by their latest request (0: none yet):
+	// equal totals go to the one picked longest ago.
+	LastPick uint64
 }
 
 // RequestFacts are the request-dependent inputs.

@@ -64,13 +64,18 @@ const (
 //     exponentially, so a one-at-a-time replica is probed rarely: a probe
 //     costs the probing request one extra service time.
 //
-// It starts at 1 in slow start, which doubles the limit per request sent
-// at the limit that got its first byte (a batching engine answers its
-// first token while the others run; a one-at-a-time server answers only
-// once the one before it is done), and ends at the first full sample.
-// Slow start on first bytes matters for engines whose requests take
-// seconds: doubling per completed request kept a real engine at a small
-// batch for tens of seconds while the rest waited at the edge.
+// It starts at 1 in slow start, which doubles the limit whenever a first
+// byte comes while more than half the limit's requests are answering at
+// once (their responses begun, not ended: a batching engine answers its
+// first tokens while the others run; a one-at-a-time server answers one
+// at a time, however many it holds, so it stops at 2), and ends at the
+// first full sample. Slow start on first bytes matters for engines whose
+// requests take seconds: doubling per completed request kept a real
+// engine at a small batch for tens of seconds while the rest waited at
+// the edge. More than half, not all: doubling only on a request sent at
+// the limit held each arrival over it at the edge for a first token's
+// time whenever the load came near the limit (an engine streaming 11 at
+// once stayed at 16 slots).
 type concurrencyLimit struct {
 	limit   float64 // >= 1; floor(limit) requests at once are "free slots"
 	growing bool    // slow start
@@ -95,11 +100,11 @@ func newConcurrencyLimit() concurrencyLimit {
 // busy.
 func (c *concurrencyLimit) slots() int { return int(c.limit) }
 
-// firstByte learns from a request sent at k in flight (itself included)
-// whose response began: in slow start, one that was sent at the limit
-// doubles it. cap (> 0) bounds the limit.
-func (c *concurrencyLimit) firstByte(k, cap int) {
-	if c.growing && k >= c.slots() && (c.failedAt == 0 || 2*k < c.failedAt) {
+// firstByte learns from a response that began while `answering` of the
+// replica's responses (itself included) had begun and not ended: in slow
+// start, more than half the limit doubles it. cap (> 0) bounds the limit.
+func (c *concurrencyLimit) firstByte(answering, cap int) {
+	if c.growing && 2*answering > c.slots() && (c.failedAt == 0 || 2*c.slots() < c.failedAt) {
 		c.grow(2*c.limit, cap)
 	}
 }

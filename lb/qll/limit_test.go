@@ -280,3 +280,35 @@ func TestSlowStartGrowsOnFirstBytes(t *testing.T) {
 		l.Release(lb.Outcome{Kind: lb.Cancelled})
 	}
 }
+
+// In slow start the limit keeps ahead of what the replica answers at
+// once: an engine streaming 11 responses at a time has at least 22 slots,
+// so a burst over its steady load is not held at the edge. (Doubling only
+// on a request sent at the limit left it at 16 while 11 streamed: each
+// arrival over 16 waited at the edge for a first token.)
+func TestSlowStartKeepsAheadOfWhatAnswersAtOnce(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"llm:1"})
+	t.Cleanup(s.Close)
+	var held []*Lease
+	for range 100 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // only a hang guard
+		l, err := s.acquire(ctx, nil, nil)
+		cancel()
+		if err != nil {
+			t.Fatalf("%d in flight, slots %d: %v", len(held), s.Snapshot().Replicas[0].Parallelism, err)
+		}
+		l.FirstByte(100 * time.Millisecond)
+		held = append(held, l)
+		if len(held) > 11 {
+			held[0].Release(lb.Outcome{Kind: lb.Cancelled})
+			held = held[1:]
+		}
+	}
+	if got := s.Snapshot().Replicas[0].Parallelism; got < 22 {
+		t.Fatalf("slots = %d with 11 responses streaming at once, want >= 22", got)
+	}
+	for _, l := range held {
+		l.Release(lb.Outcome{Kind: lb.Cancelled})
+	}
+}

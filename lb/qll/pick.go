@@ -1,32 +1,43 @@
 package qll
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
-// pickLocked returns the eligible replica with the lowest predicted
-// latency, or nil when every replica should be left alone for now.
+// pickLocked returns the eligible replica to dispatch to, or nil when
+// every replica should be left alone for now.
 //
-// A replica has slots: the requests it serves at once without slowing
-// down, learned per replica (concurrencyLimit) unless Parallelism pins
-// them. Prediction: a replica with `inFlight` requests running will take
-// about
+// A replica has slots: the requests it serves at once before it counts
+// as busy, learned per replica (concurrencyLimit) unless Parallelism pins
+// them. Eligible: present, not down (a replica whose down time has passed
+// gets one probe at a time), under MaxConcurrency, and with a free slot —
+// or, only under an explicit LatencyThreshold (the Hugging Face rule),
+// busy but predicted at or under it.
 //
-//	ewma × ceil((inFlight+1) / slots)
+// A replica with a free slot always beats a busy one: EWMAs are noisy,
+// and a request that joins a busy replica's own queue has lost the chance
+// to take whichever replica frees first. Among free replicas only those
+// loaded about as little as the least loaded one compete (evenLoad).
+// Between idle ones (the request will run alone) the lowest EWMA wins: on
+// one-at-a-time replicas, the fastest free one. Between batches the lower
+// EWMA wins only where the two differ beyond their noise (a slower
+// replica); otherwise the one that got a request longest ago: a batch
+// takes newcomers best one at a time (each prefill stalls the decodes of
+// its step), as round robin spaces them.
 //
-// for one more, ewma being one round's latency. Weighting by load is what
-// stops the reference's herding (it sent every request to the single
-// lowest-EWMA replica while all were under the threshold). A replica never
-// tried has no EWMA: it is predicted from the mean of the others but its
-// first requests cost nothing, so new capacity is used at once without
-// drowning it.
+// Ranking batches by the EWMA alone herded: on identical engines a 30%
+// swing of one replica's EWMA (a cold prefix, the phase of its step) sent
+// it request after request while its slots were free (one engine of four
+// took 3× another's share). A replica never tried has no EWMA: it costs
+// nothing while idle, so new capacity is used at once without drowning
+// it.
 //
-// A replica with a free slot always beats a busy one: EWMAs are noisy, and
-// a request that joins a busy replica's own queue has lost the chance to
-// take whichever replica frees first.
-//
-// Eligible: present, not down (a replica whose down time has passed gets
-// one probe at a time), under MaxConcurrency, and with a free slot — or,
-// only under an explicit LatencyThreshold (the Hugging Face rule), busy
-// but predicted at or under it.
+// Busy replicas (explicit threshold only) are compared on the predicted
+// latency of one more request, ewma × ceil((inFlight+1) / slots), ewma
+// being one round's latency: weighting by load is what stops the
+// reference's herding (it sent every request to the single lowest-EWMA
+// replica while all were under the threshold).
 func (s *State) pickLocked(now time.Time) *replica {
 	n := len(s.order)
 	if n == 0 {
@@ -45,36 +56,38 @@ func (s *State) pickLocked(now time.Time) *replica {
 	}
 	threshold := s.cfg.LatencyThreshold.Seconds()
 
-	var best *replica
-	bestCost, bestFree := 0.0, false
+	// The least loaded free replica's count, and what counts as equal
+	// to it (see evenLoad).
+	least := -1
+	for _, r := range s.order {
+		if s.usableLocked(r, now) && r.inFlight < s.slotsLocked(r) && (least < 0 || r.inFlight < least) {
+			least = r.inFlight
+		}
+	}
+	even := evenLoad(least)
+
+	var best candidate
 	start := s.cursor % n
 	for i := 0; i < n; i++ {
 		r := s.order[(start+i)%n]
-		if r.excluded() || (s.cfg.MaxConcurrency > 0 && r.inFlight >= s.cfg.MaxConcurrency) {
+		if !s.usableLocked(r, now) {
 			continue
-		}
-		if !r.downUntil.IsZero() {
-			if now.Before(r.downUntil) {
-				continue
-			}
-			if r.inFlight > 0 {
-				continue // half-open: one probe at a time
-			}
 		}
 		par := s.slotsLocked(r)
 		free := r.inFlight < par
 		if !free && threshold == 0 {
 			continue // adaptive: busy replicas wait for a free slot
 		}
-		var cost float64
+		if free && r.inFlight > even {
+			continue // a free replica as loaded as the least one takes it
+		}
+		cost, noise := 0.0, math.Inf(1)
 		switch {
 		case r.tried[kind] && free:
-			// Free slots are not all equal: a batch slows as it fills, so
-			// among free replicas the cost grows with the share of the
-			// slots in use (one-at-a-time replicas: the EWMA alone).
-			// Without it every free request went to the lowest EWMA, and
-			// one engine of four took 3× another's share.
-			cost = r.ewma[kind] * float64(par+r.inFlight) / float64(par)
+			cost = r.ewma[kind]
+			// The EWMA's own standard error: the spread of its samples
+			// times √(α/(2−α)).
+			noise = math.Sqrt(r.spread[kind] * s.cfg.EWMAAlpha / (2 - s.cfg.EWMAAlpha))
 		case r.tried[kind]:
 			cost = r.ewma[kind] * float64((r.inFlight+par)/par)
 		default:
@@ -86,15 +99,75 @@ func (s *State) pickLocked(now time.Time) *replica {
 		if !free && cost > threshold {
 			continue
 		}
-		if best == nil || (free && !bestFree) ||
-			(free == bestFree && (cost < bestCost || (cost == bestCost && r.inFlight < best.inFlight))) {
-			best, bestCost, bestFree = r, cost, free
+		c := candidate{r, cost, noise, free}
+		if best.r == nil || c.better(best) {
+			best = c
 		}
 	}
-	if best != nil {
+	if best.r != nil {
 		s.cursor++
 	}
-	return best
+	return best.r
+}
+
+// usableLocked reports whether r may take a request now, whatever its
+// load: present and not excluded by the proxy, under MaxConcurrency, and
+// not down (a replica whose down time has passed gets one probe at a
+// time).
+func (s *State) usableLocked(r *replica, now time.Time) bool {
+	if r.excluded() || (s.cfg.MaxConcurrency > 0 && r.inFlight >= s.cfg.MaxConcurrency) {
+		return false
+	}
+	return r.downUntil.IsZero() || (!now.Before(r.downUntil) && r.inFlight == 0)
+}
+
+// evenLoad is the most requests in flight on a free replica that still
+// count as loaded like the least loaded one, with `least` in flight:
+// least + ⌊√least⌋, the spread of a count of random arrivals. Within it
+// requests go round (the one picked longest ago); beyond it a replica is
+// slower or stuck, and waits for the others to catch up. Only the
+// fewest in flight (√ of 0 is 0) is the right test for idle replicas;
+// for batches it clustered arrivals: an engine ends the requests it
+// admitted in one step in one step, the fewest in flight then took as
+// many new ones in a row, which ended together again, and so on.
+func evenLoad(least int) int {
+	if least < 0 {
+		return -1
+	}
+	return least + int(math.Sqrt(float64(least)))
+}
+
+// candidate is an eligible replica with the predicted latency it is
+// ranked by (free: its EWMA; busy: see pickLocked) and that EWMA's
+// standard error (+Inf when it has none).
+type candidate struct {
+	r           *replica
+	cost, noise float64
+	free        bool
+}
+
+// better reports whether c beats b: free before busy. Among free ones
+// (all loaded evenly, see evenLoad): idle ones by the lower cost; the
+// rest by the lower cost only where the two EWMAs differ by more than
+// twice their combined standard error (a slower replica, not noise),
+// else the one picked longest ago. Among busy ones: the lower cost, then
+// fewer in flight. Equal ones keep the first met, which the rotating
+// start makes fair.
+func (c candidate) better(b candidate) bool {
+	switch {
+	case c.free != b.free:
+		return c.free
+	case !c.free:
+		if c.cost != b.cost {
+			return c.cost < b.cost
+		}
+		return c.r.inFlight < b.r.inFlight
+	case c.r.inFlight == 0 && b.r.inFlight == 0 && c.cost != b.cost:
+		return c.cost < b.cost
+	case math.Abs(c.cost-b.cost) > 2*math.Hypot(c.noise, b.noise):
+		return c.cost < b.cost
+	}
+	return c.r.lastPick < b.r.lastPick
 }
 
 // slotsLocked is how many requests r serves at once without slowing down:

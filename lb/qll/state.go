@@ -23,6 +23,7 @@ type State struct {
 	replicas map[string]*replica // by dial address; includes removed ones still draining
 	order    []*replica          // present replicas, in set order
 	cursor   int                 // rotates tie-breaks so equal replicas share load
+	picks    uint64              // requests dispatched, numbering each replica's last pick
 	queue    list.List           // of *waiter, oldest first
 	recovery *time.Timer         // re-runs dispatch when a down replica comes back
 	closed   bool
@@ -43,10 +44,13 @@ type replica struct {
 	inFlight    int
 	tried       [kinds]bool
 	ewma        [kinds]float64 // seconds, per latency kind (see limit.go)
+	spread      [kinds]float64 // exponentially weighted variance of the samples around ewma
 	lim         concurrencyLimit
 	consecFails int
 	downUntil   time.Time
-	unavailable bool // the proxy's own health view excludes it (see Pick)
+	lastPick    uint64 // s.picks when it last got a request (0: never)
+	answering   int    // in flight with their response begun (FirstByte)
+	unavailable bool   // the proxy's own health view excludes it (see Pick)
 	// full: unavailable only because it is at the proxy's request limit
 	// (busy, not down), with fullCap of our requests in flight when the
 	// proxy said so: each of them that ends frees one slot under the limit.
@@ -84,8 +88,9 @@ type Lease struct {
 	state    *State
 	rep      *replica
 	released atomic.Bool
-	rounds   int // service rounds the request was predicted to wait, >= 1
-	conc     int // requests in flight on the replica when sent, itself included
+	rounds   int  // service rounds the request was predicted to wait, >= 1
+	answered bool // its response began (counted in replica.answering); under State.mu
+	conc     int  // requests in flight on the replica when sent, itself included
 	// Addr is the dial address of the chosen replica.
 	Addr string
 	// Waited is how long the request waited in the queue.
@@ -332,6 +337,8 @@ func (s *State) assignLocked(r *replica, waited time.Duration) *Lease {
 	rounds := (r.inFlight + par) / par
 	r.inFlight++
 	r.dispatched++
+	s.picks++
+	r.lastPick = s.picks
 	s.counters.Dispatched++
 	if s.observeWait != nil {
 		s.observeWait(waited)
@@ -379,6 +386,9 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r.inFlight--
+	if l.answered {
+		r.answering--
+	}
 	s.counters.Released++
 	switch o.Kind {
 	case lb.Success:
@@ -388,9 +398,11 @@ func (l *Lease) Release(o lb.Outcome) bool {
 		}
 		x := o.Latency.Seconds() / float64(l.rounds)
 		if !r.tried[kind] {
-			r.ewma[kind], r.tried[kind] = x, true
+			r.ewma[kind], r.spread[kind], r.tried[kind] = x, 0, true
 		} else {
-			r.ewma[kind] = s.cfg.EWMAAlpha*x + (1-s.cfg.EWMAAlpha)*r.ewma[kind]
+			a, d := s.cfg.EWMAAlpha, x-r.ewma[kind]
+			r.ewma[kind] += a * d
+			r.spread[kind] = (1 - a) * (r.spread[kind] + a*d*d)
 		}
 		if s.cfg.Parallelism == 0 && s.cfg.LatencyThreshold == 0 {
 			r.lim.observe(kind, l.conc, o.Latency.Seconds(), o.Total.Seconds(), s.cfg.MaxConcurrency)
@@ -414,9 +426,10 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	return true
 }
 
-// FirstByte implements lb.FirstByter: in slow start, a request sent at
-// the replica's limit whose response began doubles the limit, and the
-// waiting requests get the new slots at once.
+// FirstByte implements lb.FirstByter: the response counts as answering
+// until released, and in slow start a first byte while more than half the
+// limit's requests answer at once doubles the limit; the waiting requests
+// get the new slots at once.
 func (l *Lease) FirstByte(time.Duration) {
 	if l.released.Load() {
 		return
@@ -424,11 +437,18 @@ func (l *Lease) FirstByte(time.Duration) {
 	s, r := l.state, l.rep
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Release sets released before it takes the lock: checked again here,
+	// a lease released meanwhile is never counted as answering.
+	if l.released.Load() || l.answered {
+		return
+	}
+	l.answered = true
+	r.answering++
 	if s.cfg.Parallelism != 0 || s.cfg.LatencyThreshold != 0 {
 		return
 	}
 	before := r.lim.slots()
-	r.lim.firstByte(l.conc, s.cfg.MaxConcurrency)
+	r.lim.firstByte(r.answering, s.cfg.MaxConcurrency)
 	if r.lim.slots() > before {
 		s.dispatchLocked()
 	}

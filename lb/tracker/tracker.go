@@ -39,12 +39,18 @@ type Tracker struct {
 	cfg  Config
 	reps map[string]*replica // present replicas and removed ones still draining
 	now  func() time.Time
+	// acquired numbers the acquisitions, so that each replica's latest
+	// one tells which replica got a request longest ago.
+	acquired atomic.Uint64
 }
 
 type replica struct {
 	addr     string
 	present  bool
 	inFlight atomic.Int64
+	// lastAcquired is the tracker's acquisition number of the replica's
+	// latest request (0: none yet).
+	lastAcquired atomic.Uint64
 	// inFlightCost sums the in-flight leases' costs (estimated tokens).
 	inFlightCost atomic.Int64
 	// health, guarded by hmu: rarely written (on failures and recoveries)
@@ -154,6 +160,7 @@ func (t *Tracker) AcquireCost(addr string, cost int64) *Lease {
 	if ok {
 		r.inFlight.Add(1) // under the read lock: SetReplicas cannot forget r now
 		r.inFlightCost.Add(cost)
+		r.lastAcquired.Store(t.acquired.Add(1))
 	}
 	t.mu.RUnlock()
 	if !ok {
@@ -191,6 +198,18 @@ func (t *Tracker) Active(addr string, cutoff time.Time) (n int, cost int64) {
 		cost -= l.cost
 	}
 	return max(n, 0), max(cost, 0)
+}
+
+// LastAcquired is the acquisition number of addr's latest request: the
+// replica with the smallest got one longest ago (0: never, or unknown).
+func (t *Tracker) LastAcquired(addr string) uint64 {
+	t.mu.RLock()
+	r, ok := t.reps[addr]
+	t.mu.RUnlock()
+	if !ok {
+		return 0
+	}
+	return r.lastAcquired.Load()
 }
 
 // Release ends the attempt and applies its outcome to passive health.

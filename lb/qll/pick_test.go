@@ -1,0 +1,183 @@
+package qll
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/lb"
+)
+
+// spreadOverEqualEngines sends n requests, open loop (Poisson arrivals at
+// rate per unit of virtual time), to identical batching replicas that
+// never fill: each request takes service × a lognormal noise (σ 0.3, as
+// the first token of a real engine varies with its step's phase and the
+// prefix cache), whatever else runs there. The response begins after a
+// tenth of it. It returns the requests each replica got and how many
+// found no free slot on arrival (and waited for one).
+func spreadOverEqualEngines(t *testing.T, replicas, n int, rate float64) (map[string]int, int) {
+	t.Helper()
+	s := New(Config{QueueMaxSize: -1}) // refuse instead of queueing: the test is the queue
+	t.Cleanup(s.Close)
+	var addrs []string
+	for i := range replicas {
+		addrs = append(addrs, string(rune('a'+i))+":1")
+	}
+	s.SetBackends(addrs)
+	rng := rand.New(rand.NewPCG(1, 2))
+	type event struct {
+		at    float64
+		l     *Lease
+		start float64
+		first bool // the response's first byte (else its end)
+		total float64
+	}
+	var events []event // pending first bytes and ends
+	per, waited := map[string]int{}, 0
+	var backlog []float64 // arrival times of requests that found no slot
+	dispatch := func(now float64) {
+		for len(backlog) > 0 {
+			l, err := s.Acquire(context.Background())
+			if errors.Is(err, lb.ErrQueueFull) {
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			backlog = backlog[1:]
+			per[l.Addr]++
+			d := math.Exp(0.3 * rng.NormFloat64())
+			events = append(events, event{at: now + d/10, l: l, start: now, first: true}, event{at: now + d, l: l, start: now, total: d})
+		}
+	}
+	now, next := 0.0, rng.ExpFloat64()/rate
+	for sent := 0; sent < n || len(events) > 0; {
+		i := -1
+		for j := range events {
+			if i < 0 || events[j].at < events[i].at {
+				i = j
+			}
+		}
+		if sent < n && (i < 0 || next <= events[i].at) {
+			now = next
+			next += rng.ExpFloat64() / rate
+			sent++
+			if len(backlog) > 0 {
+				waited++
+			}
+			backlog = append(backlog, now)
+			before := len(backlog)
+			dispatch(now)
+			if len(backlog) == before && before == 1 {
+				waited++
+			}
+			continue
+		}
+		e := events[i]
+		events = append(events[:i], events[i+1:]...)
+		now = e.at
+		d := time.Duration((e.at - e.start) * float64(time.Second))
+		if e.first {
+			e.l.FirstByte(d)
+		} else {
+			e.l.Release(lb.Outcome{Kind: lb.Success, Streamed: true, Latency: time.Duration(e.total / 10 * float64(time.Second)), Total: d})
+		}
+		dispatch(now)
+	}
+	return per, waited
+}
+
+// On identical replicas with room, queued_least_latency spreads requests
+// like round robin: a replica whose EWMA happens to be low must not take
+// request after request (the latency ranking is noise there; the
+// in-flight count is exact). Round robin gives each of 4 replicas 1,000
+// of 4,000; before in-flight counts ranked first, the lowest EWMA took
+// most of them.
+func TestIdenticalEnginesShareLikeRoundRobin(t *testing.T) {
+	per, waited := spreadOverEqualEngines(t, 4, 4000, 40)
+	lo, hi := 4000, 0
+	for _, c := range per {
+		lo, hi = min(lo, c), max(hi, c)
+	}
+	if len(per) != 4 || hi-lo > 40 {
+		t.Fatalf("4,000 requests over 4 identical replicas: %v (spread %d), want within 40 of each other like round robin", per, hi-lo)
+	}
+	if waited > 40 {
+		t.Fatalf("%d of 4,000 requests found no free slot on replicas that never fill", waited)
+	}
+}
+
+// An engine ends together the requests it admitted together: the replica
+// they leave emptier takes some of the next requests, not all of them in
+// a row (they would end together again, and so on), while the others are
+// loaded about as much.
+func TestABatchThatEndsTogetherDoesNotTakeEveryNextRequest(t *testing.T) {
+	s := New(Config{Parallelism: 64})
+	t.Cleanup(s.Close)
+	s.SetBackends([]string{"a:1", "b:1", "c:1", "d:1"})
+	held := map[string][]*Lease{}
+	for range 40 {
+		l := mustAcquire(t, s)
+		held[l.Addr] = append(held[l.Addr], l)
+	}
+	for _, a := range []string{"a:1", "b:1", "c:1", "d:1"} {
+		if len(held[a]) != 10 {
+			t.Fatalf("40 requests over 4 idle replicas: %s got %d, want 10", a, len(held[a]))
+		}
+	}
+	for _, l := range held["a:1"][:4] { // a's first four end in one step
+		l.Release(lb.Outcome{Kind: lb.Success, Streamed: true, Latency: 100 * time.Millisecond, Total: time.Second})
+	}
+	held["a:1"] = held["a:1"][4:]
+	var next []string
+	for range 4 {
+		l := mustAcquire(t, s)
+		next = append(next, l.Addr)
+		held[l.Addr] = append(held[l.Addr], l)
+	}
+	if a := slices.IndexFunc(next, func(s string) bool { return s != "a:1" }); a < 0 {
+		t.Fatalf("after 4 of a's 10 requests ended, the next 4 went %v: all to a", next)
+	}
+	for _, ls := range held {
+		for _, l := range ls {
+			l.Release(lb.Outcome{Kind: lb.Cancelled})
+		}
+	}
+}
+
+// Between batches loaded alike, a replica measured slower beyond the
+// noise of its EWMA gets the request; measured alike, they take turns.
+func TestABatchMeasuredSlowerBeyondNoiseGetsLess(t *testing.T) {
+	s := New(Config{Parallelism: 8})
+	t.Cleanup(s.Close)
+	s.SetBackends([]string{"fast:1", "slow:1"})
+	teach := func(addr string, d time.Duration) {
+		for {
+			l := mustAcquire(t, s)
+			if l.Addr == addr {
+				l.Release(success(d))
+				return
+			}
+			defer l.Release(lb.Outcome{Kind: lb.Cancelled})
+		}
+	}
+	for range 5 { // steady samples: EWMAs of 100 and 200 ms, little noise
+		teach("fast:1", 100*time.Millisecond)
+		teach("slow:1", 200*time.Millisecond)
+	}
+	a, b := mustAcquire(t, s), mustAcquire(t, s) // one each: loaded alike
+	if a.Addr == b.Addr {
+		t.Fatalf("two requests over two idle replicas both went to %s", a.Addr)
+	}
+	l := mustAcquire(t, s)
+	if l.Addr != "fast:1" {
+		t.Fatalf("one request in flight on each, fast (100 ms) and slow (200 ms): the third went to %s", l.Addr)
+	}
+	for _, x := range []*Lease{a, b, l} {
+		x.Release(lb.Outcome{Kind: lb.Cancelled})
+	}
+}
