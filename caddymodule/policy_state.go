@@ -17,6 +17,9 @@ type policyState struct {
 	policyParts
 	// firstByte learns each replica's usual time to first byte.
 	firstByte firstByteStats
+	// view is Caddy's health view for a picker that holds requests (nil
+	// for the others).
+	view *proxyView
 
 	static staticSync
 	life   lifecycle
@@ -53,7 +56,7 @@ type backendSetter interface {
 // API, restored file) drives the replicas, otherwise reverse_proxy's own
 // upstream list does (syncStatic on each request).
 func newPolicyState(key stateKey, pk lb.Picker, parts policyParts) *policyState {
-	st := &policyState{key: key, picker: pk, policyParts: parts}
+	st := &policyState{key: key, picker: pk, policyParts: parts, view: newProxyView(pk)}
 	st.life.begin(key.pool, func(set []lb.Backend, managed bool) {
 		if managed {
 			st.setBackends(set)

@@ -117,6 +117,9 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	}
 	req := s.request(a, r)
 	req.Unavailable, req.Full = unavailable(pool, req.Unavailable, req.Full)
+	if st.view != nil {
+		st.view.remember(pool)
+	}
 	// A retry avoids the replicas that already failed this request (a
 	// cache-aware policy would otherwise send it back where its prompt
 	// was recorded), unless no other is left.

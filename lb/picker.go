@@ -43,6 +43,16 @@ type FirstByter interface {
 	FirstByte(latency time.Duration)
 }
 
+// ProxyViewer is implemented by pickers that hold requests while the
+// proxy has replicas unavailable (Request.Unavailable, Request.Full):
+// they read the proxy's view again on their own schedule — when a
+// request ends, and while requests wait — rather than only when a new
+// request brings it, so a waiting request sees a replica come back.
+// view must be cheap and safe to call from any goroutine.
+type ProxyViewer interface {
+	SetProxyView(view func() (unavailable, full []string))
+}
+
 // RetryAfterer is implemented by pickers that can tell a refused client
 // how long to wait (e.g. a queue's mean service time).
 type RetryAfterer interface {

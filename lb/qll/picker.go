@@ -128,6 +128,7 @@ func (s *State) allUnavailableLocked() bool {
 var (
 	_ lb.Picker       = (*State)(nil)
 	_ lb.RetryAfterer = (*State)(nil)
+	_ lb.ProxyViewer  = (*State)(nil)
 	_ lb.Lease        = (*Lease)(nil)
 	_ lb.FirstByter   = (*Lease)(nil)
 )

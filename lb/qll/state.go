@@ -26,7 +26,12 @@ type State struct {
 	picks    uint64              // requests dispatched, numbering each replica's last pick
 	queue    list.List           // of *waiter, oldest first
 	recovery *time.Timer         // re-runs dispatch when a down replica comes back
-	closed   bool
+	// view, when set, is the proxy's current health view (see view.go);
+	// viewPoll re-reads it while requests wait on flagged replicas.
+	view          func() (unavailable, full []string)
+	viewPoll      *time.Timer
+	viewPollArmed bool
+	closed        bool
 	// anyUnavailable: some replica is marked unavailable (skips the
 	// refresh in the common case where none ever is).
 	anyUnavailable bool
@@ -256,6 +261,7 @@ func (s *State) acquire(ctx context.Context, unavailable, full []string) (*Lease
 	w := &waiter{enqueued: now, ready: make(chan struct{})}
 	w.elem = s.queue.PushBack(w)
 	s.dispatchLocked()
+	s.armViewPollLocked()
 	timeout := s.cfg.QueueTimeout
 	s.mu.Unlock()
 
@@ -422,6 +428,7 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	if !r.present && r.inFlight == 0 && s.replicas[r.addr] == r {
 		delete(s.replicas, r.addr)
 	}
+	s.refreshViewLocked()
 	s.dispatchLocked()
 	return true
 }
@@ -463,5 +470,8 @@ func (s *State) Close() {
 	s.failAllLocked(lb.ErrShutdown)
 	if s.recovery != nil {
 		s.recovery.Stop()
+	}
+	if s.viewPoll != nil {
+		s.viewPoll.Stop()
 	}
 }
