@@ -27,7 +27,7 @@ func BenchmarkPrefixesLookup(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		px.Lookup("m", text, addrs)
+		px.Lookup(preq(text), addrs)
 	}
 }
 
