@@ -130,6 +130,24 @@ type EngineStats struct {
 	Bytes      int64             `json:"bytes"`
 }
 
+// Add adds o's counters and sizes to s.
+func (s *EngineStats) Add(o EngineStats) {
+	s.Hits += o.Hits
+	s.PrefixHits += o.PrefixHits
+	s.Misses += o.Misses
+	s.Requests += o.Requests
+	s.Stored += o.Stored
+	s.Evicted += o.Evicted
+	s.Entries += o.Entries
+	s.Bytes += o.Bytes
+	for r, n := range o.Failures {
+		if s.Failures == nil {
+			s.Failures = map[string]uint64{}
+		}
+		s.Failures[r] += n
+	}
+}
+
 // EngineTokenizer asks the engines themselves (their /tokenize) for a
 // prompt's token ids, so Sluice keys it exactly as the engine keys its
 // blocks, whatever the model's tokenizer and chat template. It never makes
