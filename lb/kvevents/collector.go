@@ -90,7 +90,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				counter(c.tokLookups, ts.PrefixHits, pool, "prefix_hit")
 				counter(c.tokLookups, ts.Misses, pool, "miss")
 				counter(c.tokRequests, ts.Requests, pool)
-				for _, r := range []string{TokUnreachable, TokTimeout, TokStatus, TokTooLarge, TokTooMany, TokBadAnswer, TokBusy} {
+				for _, r := range []string{TokUnreachable, TokTimeout, TokStatus, TokTooLarge, TokTooMany, TokBadAnswer, TokBusy, TokNoReplica} {
 					counter(c.tokFailures, ts.Failures[r], pool, r)
 				}
 				ch <- prometheus.MustNewConstMetric(c.tokBytes, prometheus.GaugeValue, float64(ts.Bytes), pool)

@@ -115,6 +115,7 @@ const (
 	TokTooMany     = "too_many"    // more than MaxTokens ids
 	TokBadAnswer   = "bad_answer"  // not {"tokens": [uint32...]}, count disagrees, or empty
 	TokBusy        = "busy"        // Concurrency requests already in flight: not asked
+	TokNoReplica   = "no_replica"  // every replica failed to answer lately: not asked
 )
 
 // EngineStats counts what an EngineTokenizer did.
@@ -191,6 +192,7 @@ type EngineTokenizer struct {
 	bytes   int64
 	pending map[uint64]struct{}
 	seen    [2]map[uint64]struct{} // cuts of recent prompts, two generations
+	down    map[string]time.Time   // replicas not asked until then (failed to answer)
 
 	hits, prefixHits, misses, requests, stored, evicted atomic.Uint64
 	failMu                                              sync.Mutex
@@ -226,7 +228,7 @@ func NewEngineTokenizer(cfg EngineConfig) *EngineTokenizer {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		seed: maphash.MakeSeed(), ctx: ctx, cancel: cancel,
 		sem:     make(chan struct{}, cfg.Concurrency),
-		entries: map[uint64]*list.Element{}, pending: map[uint64]struct{}{},
+		entries: map[uint64]*list.Element{}, pending: map[uint64]struct{}{}, down: map[string]time.Time{},
 		seen:     [2]map[uint64]struct{}{{}, {}},
 		failures: map[string]uint64{},
 	}
@@ -322,7 +324,7 @@ func (e *EngineTokenizer) TokenizePrompt(p Prompt) ([]uint32, int, bool) {
 	now := time.Now()
 	hit := -1
 	var tokens []uint32
-	var ask []int
+	var ask []asked
 	e.mu.Lock()
 	for i := len(cs) - 1; i >= 0; i-- {
 		if el, ok := e.entries[cs[i].key]; ok && el.Value.(*tokEntry).tokens != nil {
@@ -338,14 +340,15 @@ func (e *EngineTokenizer) TokenizePrompt(p Prompt) ([]uint32, int, bool) {
 		if p.Messages == nil && own > 0 && cs[own].whole {
 			own--
 		}
+		var want []int
 		if own > hit {
-			ask = append(ask, own)
+			want = append(want, own)
 		}
 		// The longest cut an earlier prompt had too.
 		for i := len(cs) - 1; i > hit; i-- {
 			if e.wasSeen(cs[i].key) {
 				if i != own {
-					ask = append(ask, i)
+					want = append(want, i)
 				}
 				break
 			}
@@ -353,11 +356,11 @@ func (e *EngineTokenizer) TokenizePrompt(p Prompt) ([]uint32, int, bool) {
 		for _, c := range cs {
 			e.see(c.key)
 		}
-		ask = e.claim(cs, ask, now)
+		ask = e.claim(cs, want, p.Replicas, now)
 	}
 	e.mu.Unlock()
-	for _, i := range ask {
-		e.fetch(p, cs[i])
+	for _, a := range ask {
+		e.fetch(p, cs[a.cut], a.addr)
 	}
 	switch {
 	case hit < 0:
@@ -389,16 +392,44 @@ func (e *EngineTokenizer) see(k uint64) {
 	e.seen[0][k] = struct{}{}
 }
 
+// asked is one cut to ask for, and the replica to ask.
+type asked struct {
+	cut  int
+	addr string
+}
+
+// replica picks the next replica to ask, in turn, skipping those that
+// failed to answer within Backoff; "" when all did. Called with e.mu held.
+func (e *EngineTokenizer) replica(replicas []string, now time.Time) string {
+	start := e.rr.Add(1)
+	for j := range replicas {
+		addr := replicas[int((start+uint64(j))%uint64(len(replicas)))]
+		if until, ok := e.down[addr]; ok {
+			if now.Before(until) {
+				continue
+			}
+			delete(e.down, addr)
+		}
+		return addr
+	}
+	return ""
+}
+
 // claim keeps the cuts to ask for that are not pending nor backing off,
-// and marks them pending. Called with e.mu held.
-func (e *EngineTokenizer) claim(cs []cut, ask []int, now time.Time) []int {
-	out := ask[:0]
-	for _, i := range ask {
+// with a replica to ask, and marks them pending. Called with e.mu held.
+func (e *EngineTokenizer) claim(cs []cut, want []int, replicas []string, now time.Time) []asked {
+	var out []asked
+	for _, i := range want {
 		k := cs[i].key
 		if _, ok := e.pending[k]; ok {
 			continue
 		}
 		if el, ok := e.entries[k]; ok && now.Before(el.Value.(*tokEntry).failedUntil) {
+			continue
+		}
+		addr := e.replica(replicas, now)
+		if addr == "" {
+			e.fail(TokNoReplica)
 			continue
 		}
 		select {
@@ -409,15 +440,14 @@ func (e *EngineTokenizer) claim(cs []cut, ask []int, now time.Time) []int {
 		}
 		e.pending[k] = struct{}{}
 		e.wg.Add(1)
-		out = append(out, i)
+		out = append(out, asked{cut: i, addr: addr})
 	}
 	return out
 }
 
 // fetch asks one replica for the cut's tokens in the background (its slot
 // and pending mark were taken by claim).
-func (e *EngineTokenizer) fetch(p Prompt, c cut) {
-	addr := p.Replicas[int(e.rr.Add(1)%uint64(len(p.Replicas)))]
+func (e *EngineTokenizer) fetch(p Prompt, c cut, addr string) {
 	body := tokenizeBody(p, c)
 	go func() {
 		defer e.wg.Done()
@@ -432,7 +462,14 @@ func (e *EngineTokenizer) fetch(p Prompt, c cut) {
 		}
 		if reason != "" {
 			e.fail(reason)
-			e.put(&tokEntry{key: c.key, failedUntil: time.Now().Add(e.cfg.Backoff)})
+			until := time.Now().Add(e.cfg.Backoff)
+			e.put(&tokEntry{key: c.key, failedUntil: until})
+			if reason == TokUnreachable || reason == TokTimeout {
+				if len(e.down) >= 4096 { // bounded: only replicas of the pool get here
+					clear(e.down)
+				}
+				e.down[addr] = until // asked no more until then; the others are
+			}
 			return
 		}
 		e.stored.Add(1)

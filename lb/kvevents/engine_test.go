@@ -345,3 +345,30 @@ func TestPrefixesTokenIDs(t *testing.T) {
 		t.Fatal("an id past uint32 accepted")
 	}
 }
+
+// A replica that does not answer is not asked again for Backoff; the
+// others are.
+func TestEngineTokenizerSkipsAReplicaThatFailed(t *testing.T) {
+	noLeaksAfter(t)
+	good := hostile(t, func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"tokens":[1,2,3]}`)) })
+	dead := hostile(t, func(w http.ResponseWriter, r *http.Request) {
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close()
+	})
+	e := NewEngineTokenizer(EngineConfig{Backoff: time.Hour})
+	defer e.Close()
+	replicas := []string{dead, good}
+	for i := 0; i < 6; i++ {
+		p := Prompt{Model: "m", Text: fmt.Sprintf("prompt %d", i), Replicas: replicas}
+		e.TokenizePrompt(p)
+		waitFor(t, "an answer", func() bool { s := e.Stats(); return s.Stored+s.Failures[TokUnreachable] == uint64(i+1) })
+	}
+	if s := e.Stats(); s.Failures[TokUnreachable] != 1 || s.Stored != 5 {
+		t.Fatalf("stats: %+v", s)
+	}
+	// All down: nothing is asked.
+	e.TokenizePrompt(Prompt{Model: "m", Text: "alone", Replicas: []string{dead}})
+	if s := e.Stats(); s.Failures[TokNoReplica] != 1 || s.Requests != 6 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
