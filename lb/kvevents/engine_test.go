@@ -372,3 +372,17 @@ func TestEngineTokenizerSkipsAReplicaThatFailed(t *testing.T) {
 		t.Fatalf("stats: %+v", s)
 	}
 }
+
+// The request is vLLM's shape: the prompt cut to the cut's end, or the
+// first messages as the client sent them; the model as a JSON string.
+func TestTokenizeBody(t *testing.T) {
+	text := tokenizeBody(Prompt{Model: `m"x`, Text: "hello world"}, cut{end: 5})
+	if string(text) != `{"model":"m\"x","prompt":"hello"}` {
+		t.Fatalf("text body %s", text)
+	}
+	msgs := []json.RawMessage{json.RawMessage(`{"role":"system","content":"a"}`), json.RawMessage(`{"role":"user","content":"b"}`)}
+	chat := tokenizeBody(Prompt{Messages: msgs}, cut{end: 1})
+	if string(chat) != `{"messages":[{"role":"system","content":"a"}]}` || !json.Valid(chat) {
+		t.Fatalf("chat body %s", chat)
+	}
+}
