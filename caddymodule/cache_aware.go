@@ -230,8 +230,11 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 //	    redis                 <host:port>...   # share the tree through Redis
 //	    username|password|db|tls|ca_file|dial_timeout|read_timeout|key_prefix <value>
 //	    kv_events             tcp://<host:port>  # exact index from engine KV events
-//	    kv_events_tokenizer   llmd_sim
+//	    kv_events_tokenizer   engine|llmd_sim    # default engine: the replicas' /tokenize
 //	    kv_events_fresh       <duration|seconds>
+//	    kv_events_tokenize_timeout     <duration|seconds>
+//	    kv_events_tokenize_cache       <bytes>
+//	    kv_events_tokenize_concurrency <n>
 //	    max_body_bytes        <bytes>
 //	    max_fails             <n>
 //	    fail_duration         <duration|seconds>

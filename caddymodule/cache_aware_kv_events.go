@@ -22,36 +22,83 @@ type kvEventsOptions struct {
 	// the replica with that dial address.
 	KVEvents string `json:"kv_events,omitempty"`
 	// KVEventsTokenizer says how Sluice gets a prompt's token ids, which
-	// must be the engine's: llmd_sim (llm-d-inference-sim's dummy rule).
-	// Required with kv_events: a wrong tokenizer would match nothing.
+	// must be the engine's: engine (the default: ask the replicas'
+	// /tokenize, vLLM's and SGLang's endpoint, in the background, and cache
+	// the answers) or llmd_sim (llm-d-inference-sim's dummy rule, computed
+	// by Sluice).
 	KVEventsTokenizer string `json:"kv_events_tokenizer,omitempty"`
+	// The engine tokenizer's bounds: one /tokenize request's time
+	// (default 2s), the cache of tokenized prefixes in bytes (default 64
+	// MiB), the requests in flight at once (default 4).
+	KVEventsTokenizeTimeout     caddy.Duration `json:"kv_events_tokenize_timeout,omitempty" sluice:"positive"`
+	KVEventsTokenizeCache       int64          `json:"kv_events_tokenize_cache,omitempty" sluice:"min=1"`
+	KVEventsTokenizeConcurrency int            `json:"kv_events_tokenize_concurrency,omitempty" sluice:"min=1"`
 	// KVEventsFresh: a replica with no event batch for longer is scored by
 	// the tree (default 30s).
 	KVEventsFresh caddy.Duration `json:"kv_events_fresh,omitempty" sluice:"positive"`
 }
 
-// kvTokenizers are the values of kv_events_tokenizer.
-var kvTokenizers = map[string]kvevents.Tokenizer{
-	"llmd_sim": kvevents.SimTokenizer{},
-}
+// The values of kv_events_tokenizer.
+const (
+	kvTokenizerEngine  = "engine"
+	kvTokenizerLLMDSim = "llmd_sim"
+)
+
+// Bounds on the engine tokenizer's settings.
+const (
+	maxKVTokenizeTimeout     = time.Minute
+	maxKVTokenizeCache       = 4 << 30
+	maxKVTokenizeConcurrency = 256
+)
 
 func (o kvEventsOptions) enabled() bool { return o.KVEvents != "" }
 
+func (o kvEventsOptions) tokenizer() string {
+	if o.KVEventsTokenizer == "" {
+		return kvTokenizerEngine
+	}
+	return o.KVEventsTokenizer
+}
+
+// engineConfig is the engine tokenizer's configuration.
+func (o kvEventsOptions) engineConfig() kvevents.EngineConfig {
+	c := kvevents.EngineConfig{Timeout: time.Duration(o.KVEventsTokenizeTimeout),
+		MaxBytes: o.KVEventsTokenizeCache, Concurrency: o.KVEventsTokenizeConcurrency}.WithDefaults()
+	// Entries: the bytes at 16 KiB an entry (a 4,096-token prefix), at
+	// least 1,024.
+	c.MaxEntries = int(max(c.MaxBytes/(16<<10), 1024))
+	return c
+}
+
 func (o kvEventsOptions) validate() error {
+	engineSet := o.KVEventsTokenizeTimeout != 0 || o.KVEventsTokenizeCache != 0 || o.KVEventsTokenizeConcurrency != 0
 	if !o.enabled() {
-		if o.KVEventsTokenizer != "" || o.KVEventsFresh != 0 {
-			return fmt.Errorf("kv_events_tokenizer and kv_events_fresh need kv_events")
+		if o.KVEventsTokenizer != "" || o.KVEventsFresh != 0 || engineSet {
+			return fmt.Errorf("kv_events_tokenizer, kv_events_fresh and kv_events_tokenize_* need kv_events")
 		}
 		return nil
 	}
 	if _, err := kvevents.ParseListenAddr(o.KVEvents); err != nil {
 		return err
 	}
-	if _, ok := kvTokenizers[o.KVEventsTokenizer]; !ok {
-		return fmt.Errorf("kv_events_tokenizer %q: want llmd_sim (the only tokenizer Sluice knows the engine's ids for so far)", o.KVEventsTokenizer)
+	switch o.tokenizer() {
+	case kvTokenizerEngine:
+	case kvTokenizerLLMDSim:
+		if engineSet {
+			return fmt.Errorf("kv_events_tokenize_timeout, kv_events_tokenize_cache and kv_events_tokenize_concurrency are the engine tokenizer's: kv_events_tokenizer is llmd_sim")
+		}
+	default:
+		return fmt.Errorf("kv_events_tokenizer %q: want engine (ask the replicas' /tokenize, the default) or llmd_sim", o.KVEventsTokenizer)
 	}
-	if o.KVEventsFresh < 0 {
+	switch {
+	case o.KVEventsFresh < 0:
 		return fmt.Errorf("kv_events_fresh must be positive")
+	case o.KVEventsTokenizeTimeout < 0 || time.Duration(o.KVEventsTokenizeTimeout) > maxKVTokenizeTimeout:
+		return fmt.Errorf("kv_events_tokenize_timeout %s: want a positive duration up to %s", time.Duration(o.KVEventsTokenizeTimeout), maxKVTokenizeTimeout)
+	case o.KVEventsTokenizeCache < 0 || o.KVEventsTokenizeCache > maxKVTokenizeCache:
+		return fmt.Errorf("kv_events_tokenize_cache %d: want 1 to %d bytes", o.KVEventsTokenizeCache, int64(maxKVTokenizeCache))
+	case o.KVEventsTokenizeConcurrency < 0 || o.KVEventsTokenizeConcurrency > maxKVTokenizeConcurrency:
+		return fmt.Errorf("kv_events_tokenize_concurrency %d: want 1 to %d", o.KVEventsTokenizeConcurrency, maxKVTokenizeConcurrency)
 	}
 	return nil
 }
@@ -61,7 +108,12 @@ func (o kvEventsOptions) variant() string {
 	if !o.enabled() {
 		return ""
 	}
-	return fmt.Sprintf("kv=%s,%s,%s", o.KVEvents, o.KVEventsTokenizer, time.Duration(o.KVEventsFresh))
+	v := fmt.Sprintf("kv=%s,%s,%s", o.KVEvents, o.tokenizer(), time.Duration(o.KVEventsFresh))
+	if o.tokenizer() == kvTokenizerEngine {
+		c := o.engineConfig()
+		v += fmt.Sprintf(",%s,%d,%d", c.Timeout, c.MaxBytes, c.Concurrency)
+	}
+	return v
 }
 
 func init() {
@@ -73,7 +125,7 @@ var kvEventsCollector = kvevents.NewCollector(func() map[string]kvevents.Source 
 	out := map[string]kvevents.Source{}
 	kvListeners.Range(func(_, v any) bool {
 		k := v.(*kvListener)
-		out[k.pool] = kvevents.Source{Index: k.ix, Listener: k.l}
+		out[k.pool] = kvevents.Source{Index: k.ix, Listener: k.l, Tokenize: k.tokenizeStats}
 		return true
 	})
 	return out
@@ -91,6 +143,26 @@ type kvListener struct {
 
 	mu      sync.Mutex
 	pickers []*cacheaware.Picker // the states using it: a pod is a replica of any of them
+	// engine tokenizers of those states (one per state with kv_events_tokenizer engine)
+	tokenizers map[*cacheaware.Picker]*kvevents.EngineTokenizer
+}
+
+// tokenizeStats sums the engine tokenizers' counters (nil: none).
+func (k *kvListener) tokenizeStats() *kvevents.EngineStats {
+	k.mu.Lock()
+	toks := make([]*kvevents.EngineTokenizer, 0, len(k.tokenizers))
+	for _, t := range k.tokenizers {
+		toks = append(toks, t)
+	}
+	k.mu.Unlock()
+	if len(toks) == 0 {
+		return nil
+	}
+	var sum kvevents.EngineStats
+	for _, t := range toks {
+		sum.Add(t.Stats())
+	}
+	return &sum
 }
 
 // Destruct implements caddy.Destructor.
@@ -133,18 +205,33 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker) (rele
 		_, _ = kvListeners.Delete(hp)
 		return nil, nil, fmt.Errorf("kv_events %s is already the listener of pool %q", o.KVEvents, kl.pool)
 	}
+	var tok kvevents.Tokenizer = kvevents.SimTokenizer{}
+	var engine *kvevents.EngineTokenizer
+	if o.tokenizer() == kvTokenizerEngine {
+		engine = kvevents.NewEngineTokenizer(o.engineConfig())
+		tok = engine
+	}
 	kl.mu.Lock()
 	kl.pickers = append(kl.pickers, pk)
+	if engine != nil {
+		if kl.tokenizers == nil {
+			kl.tokenizers = map[*cacheaware.Picker]*kvevents.EngineTokenizer{}
+		}
+		kl.tokenizers[pk] = engine
+	}
 	kl.mu.Unlock()
-	pk.SetExact(&kvevents.Prefixes{Index: kl.ix, Tokenizer: kvTokenizers[o.KVEventsTokenizer],
-		FreshFor: time.Duration(o.KVEventsFresh)})
+	pk.SetExact(&kvevents.Prefixes{Index: kl.ix, Tokenizer: tok, FreshFor: time.Duration(o.KVEventsFresh)})
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
 			pk.SetExact(nil)
 			kl.mu.Lock()
 			kl.pickers = slices.DeleteFunc(kl.pickers, func(p *cacheaware.Picker) bool { return p == pk })
+			delete(kl.tokenizers, pk)
 			kl.mu.Unlock()
+			if engine != nil {
+				engine.Close()
+			}
 			_, _ = kvListeners.Delete(hp)
 		})
 	}
@@ -152,7 +239,15 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker) (rele
 	if fresh <= 0 {
 		fresh = 30 * time.Second
 	}
-	stats = func() *KVEventsStats { return kvEventsStats(kl, fresh) }
+	stats = func() *KVEventsStats {
+		s := kvEventsStats(kl, fresh)
+		s.Tokenizer = o.tokenizer()
+		if engine != nil {
+			es := engine.Stats()
+			s.Tokenize = &es
+		}
+		return s
+	}
 	return release, stats, nil
 }
 
@@ -165,6 +260,10 @@ type KVEventsStats struct {
 	Totals   map[string]uint64          `json:"totals"`
 	Drops    map[kvevents.Reason]uint64 `json:"drops,omitempty"`
 	Guard    kvevents.GuardStats        `json:"guard"`
+	// Tokenizer is kv_events_tokenizer; Tokenize the engine tokenizer's
+	// counters (cache hits, requests, failures by reason).
+	Tokenizer string                `json:"tokenizer"`
+	Tokenize  *kvevents.EngineStats `json:"tokenize,omitempty"`
 }
 
 // KVEventsReplica is one replica's part of KVEventsStats.

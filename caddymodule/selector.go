@@ -181,6 +181,9 @@ func (s *selector) request(a *attempt, r *http.Request) *lb.Request {
 	if s.maxBody > 0 {
 		ri := requestInfoFor(r, s.maxBody)
 		req.Model, req.Text, req.Parsed, req.Tokens = ri.Model, ri.Text, ri.Parsed, ri.estimatedTokens()
+		if ri.Parsed {
+			req.Messages, req.TokenIDs = ri.Messages, ri.TokenIDs
+		}
 	}
 	if s.session != "" {
 		req.Session = r.Header.Get(s.session)

@@ -24,6 +24,12 @@ import (
 
 func startLLMDSim(t *testing.T, port int, zmq string) {
 	t.Helper()
+	startLLMDSimWith(t, port, zmq, "--force-dummy-tokenizer")
+}
+
+// startLLMDSimWith runs the engine with extra flags.
+func startLLMDSimWith(t *testing.T, port int, zmq string, extra ...string) {
+	t.Helper()
 	bin := os.Getenv("SLUICE_LLMD_SIM")
 	if bin == "" {
 		t.Skip("SLUICE_LLMD_SIM is not set: export SLUICE_LLMD_SIM=\"$(bash scripts/llmd-sim.sh)\" to run the real-engine tests")
@@ -31,9 +37,9 @@ func startLLMDSim(t *testing.T, port int, zmq string) {
 	if _, err := os.Stat(bin); err != nil {
 		t.Skipf("SLUICE_LLMD_SIM=%s: %v", bin, err)
 	}
-	cmd := exec.Command(bin, "--model", "m", "--port", fmt.Sprint(port), "--mode", "echo",
+	cmd := exec.Command(bin, append([]string{"--model", "m", "--port", fmt.Sprint(port), "--mode", "echo",
 		"--enable-kvcache", "--kv-cache-size", "8", "--block-size", "16", "--event-batch-size", "1",
-		"--zmq-endpoint", zmq, "--force-dummy-tokenizer")
+		"--zmq-endpoint", zmq}, extra...)...)
 	cmd.Env = append(os.Environ(), fmt.Sprintf("POD_IP=127.0.0.1:%d", port))
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs

@@ -2,6 +2,7 @@ package lb
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"time"
 )
@@ -66,6 +67,12 @@ type Request struct {
 	Model  string
 	Text   string
 	Parsed bool
+	// Messages are a chat request's messages as sent (raw JSON), for a
+	// policy that asks the engine to tokenize them; nil otherwise.
+	Messages []json.RawMessage
+	// TokenIDs: the prompt was given as token ids, which Text holds in
+	// decimal, space-separated (several prompts joined by "\n").
+	TokenIDs bool
 	// Tokens estimates the request's size: prompt plus the output it may
 	// generate (see EstimateTokens).
 	Tokens int64

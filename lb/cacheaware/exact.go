@@ -1,12 +1,14 @@
 package cacheaware
 
+import "github.com/sluice-router/sluice/lb"
+
 // Exact is an exact view of what each replica's engine caches (engine KV
 // events: lb/kvevents.Prefixes). Lookup returns, per addr, the share of
 // the prompt (0..1) the replica holds and whether its view is fresh, and
 // the function to call with the replica the request went to; rates nil
 // means the prompt could not be looked up (the tree alone decides).
 type Exact interface {
-	Lookup(model, text string, addrs []string) (rates []float64, fresh []bool, routed func(addr string))
+	Lookup(req *lb.Request, addrs []string) (rates []float64, fresh []bool, routed func(addr string))
 }
 
 // ExactFunc gives, for a present replica, its exact match rate and
@@ -33,14 +35,15 @@ func (r *Router) Addrs() []string {
 	return out
 }
 
-// lookupExact asks the exact view about text for every present replica.
-func (p *Picker) lookupExact(model, text string) (ExactFunc, func(string)) {
+// lookupExact asks the exact view about a parsed request's prompt for
+// every present replica.
+func (p *Picker) lookupExact(req *lb.Request) (ExactFunc, func(string)) {
 	e := p.exact.Load()
-	if e == nil || text == "" {
+	if e == nil || !req.Parsed || req.Text == "" {
 		return nil, nil
 	}
 	addrs := p.router.Addrs()
-	rates, fresh, routed := (*e).Lookup(model, text, addrs)
+	rates, fresh, routed := (*e).Lookup(req, addrs)
 	if rates == nil || len(rates) != len(addrs) || len(fresh) != len(addrs) {
 		return nil, nil
 	}

@@ -108,7 +108,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if req.Parsed {
 		text = req.Text
 	}
-	exact, routed := p.lookupExact(req.Model, text)
+	exact, routed := p.lookupExact(req)
 	for tries := 0; tries < pickTries; tries++ {
 		d := p.router.PickWith(req.Model, text, load, exact)
 		switch {

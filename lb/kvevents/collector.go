@@ -10,6 +10,9 @@ import (
 type Source struct {
 	Index    *Index
 	Listener *Listener
+	// Tokenize gives the engine tokenizers' counters (nil, or nil
+	// answer: none).
+	Tokenize func() *EngineStats
 }
 
 // Collector exports every pool's KV-events counters and index size. It
@@ -20,6 +23,8 @@ type Collector struct {
 	batches, events, gaps, restarts *prometheus.Desc
 	drops, guard, blocks, evicted   *prometheus.Desc
 	last                            *prometheus.Desc
+	tokLookups, tokRequests         *prometheus.Desc
+	tokFailures, tokBytes           *prometheus.Desc
 }
 
 // NewCollector reports the sources returned by sources (pool name → source).
@@ -36,12 +41,19 @@ func NewCollector(sources func() map[string]Source) *Collector {
 		blocks:   prometheus.NewDesc("sluice_kv_events_blocks", "Engine blocks the exact index holds per replica.", []string{"pool", "replica"}, nil),
 		evicted:  prometheus.NewDesc("sluice_kv_events_capacity_evicted_total", "Blocks dropped from the index by its size bounds.", pool, nil),
 		last:     prometheus.NewDesc("sluice_kv_events_last_event_timestamp_seconds", "When the replica's last event batch was applied (Unix time).", []string{"pool", "replica"}, nil),
+		tokLookups: prometheus.NewDesc("sluice_kv_events_tokenize_lookups_total",
+			"Prompts looked up in the engine tokenizer's cache, by result (hit: the whole prompt's ids, prefix_hit: a cached prefix, miss: the tree decided).", []string{"pool", "result"}, nil),
+		tokRequests: prometheus.NewDesc("sluice_kv_events_tokenize_requests_total", "Tokenize requests sent to the engines.", pool, nil),
+		tokFailures: prometheus.NewDesc("sluice_kv_events_tokenize_failures_total",
+			"Tokenize requests whose answer was not used, and misses not asked (busy), by reason.", []string{"pool", "reason"}, nil),
+		tokBytes: prometheus.NewDesc("sluice_kv_events_tokenize_cache_bytes", "Bytes the engine tokenizer's cache holds.", pool, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.batches, c.events, c.gaps, c.restarts, c.drops, c.guard, c.blocks, c.evicted, c.last} {
+	for _, d := range []*prometheus.Desc{c.batches, c.events, c.gaps, c.restarts, c.drops, c.guard, c.blocks, c.evicted, c.last,
+		c.tokLookups, c.tokRequests, c.tokFailures, c.tokBytes} {
 		ch <- d
 	}
 }
@@ -71,6 +83,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.guard, g.RefusedConns, pool, "refused")
 			counter(c.guard, g.OversizeFrames, pool, "oversize")
 			counter(c.guard, g.HandshakeTimeouts, pool, "handshake_timeout")
+		}
+		if src.Tokenize != nil {
+			if ts := src.Tokenize(); ts != nil {
+				counter(c.tokLookups, ts.Hits, pool, "hit")
+				counter(c.tokLookups, ts.PrefixHits, pool, "prefix_hit")
+				counter(c.tokLookups, ts.Misses, pool, "miss")
+				counter(c.tokRequests, ts.Requests, pool)
+				for _, r := range []string{TokUnreachable, TokTimeout, TokStatus, TokTooLarge, TokTooMany, TokBadAnswer, TokBusy, TokNoReplica} {
+					counter(c.tokFailures, ts.Failures[r], pool, r)
+				}
+				ch <- prometheus.MustNewConstMetric(c.tokBytes, prometheus.GaugeValue, float64(ts.Bytes), pool)
+			}
 		}
 		for name, r := range s.Replicas {
 			ch <- prometheus.MustNewConstMetric(c.blocks, prometheus.GaugeValue, float64(r.Blocks), pool, name)

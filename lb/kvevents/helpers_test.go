@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/sluice-router/sluice/lb"
 )
 
 // Test payload builders: what engines put on the wire, encoded with the
@@ -71,3 +73,6 @@ func mustMessage(t testing.TB, topic string, seq uint64, payload []byte) Message
 	}
 	return m
 }
+
+// preq is a parsed completion request for text.
+func preq(text string) *lb.Request { return &lb.Request{Model: "m", Text: text, Parsed: true} }

@@ -253,15 +253,15 @@ func TestPrefixesLookup(t *testing.T) {
 	text := prompt("w", 64) // 64 dummy tokens
 	toks, _ := SimTokenizer{}.Tokenize("m", text)
 	storeChain(t, ix, "a", topicA, 1, 1, nil, toks[:32], 16)
-	rates, fresh, routed := px.Lookup("m", text, []string{"a", "b"})
+	rates, fresh, routed := px.Lookup(preq(text), []string{"a", "b"})
 	if rates[0] != 0.5 || rates[1] != 0 || !fresh[0] || fresh[1] {
 		t.Fatalf("rates %v fresh %v", rates, fresh)
 	}
 	routed("b")
-	if rates, _, _ = px.Lookup("m", text, []string{"a", "b"}); rates[1] != 1 {
+	if rates, _, _ = px.Lookup(preq(text), []string{"a", "b"}); rates[1] != 1 {
 		t.Fatalf("after routing to b: %v", rates)
 	}
-	if r, _, _ := px.Lookup("m", "", []string{"a"}); r != nil {
+	if r, _, _ := px.Lookup(preq(""), []string{"a"}); r != nil {
 		t.Fatalf("empty prompt: %v", r)
 	}
 }
@@ -283,10 +283,10 @@ func TestIndexInconsistentEventDropped(t *testing.T) {
 func TestPrefixesShortPromptLeftToTheTree(t *testing.T) {
 	ix := NewIndex(Config{})
 	px := &Prefixes{Index: ix, Tokenizer: SimTokenizer{}}
-	if r, _, _ := px.Lookup("m", prompt("w", 15), []string{"a"}); r != nil {
+	if r, _, _ := px.Lookup(preq(prompt("w", 15)), []string{"a"}); r != nil {
 		t.Fatalf("15 tokens: %v", r)
 	}
-	if r, _, _ := px.Lookup("m", prompt("w", 16), []string{"a"}); len(r) != 1 {
+	if r, _, _ := px.Lookup(preq(prompt("w", 16)), []string{"a"}); len(r) != 1 {
 		t.Fatalf("16 tokens: %v", r)
 	}
 }

@@ -36,6 +36,13 @@ func startSim(t *testing.T, bin string, httpPort, zmqPort, kvBlocks int, extra .
 		"--enable-kvcache", "--kv-cache-size", fmt.Sprint(kvBlocks), "--block-size", "16",
 		"--event-batch-size", "1",
 		"--zmq-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", zmqPort), "--force-dummy-tokenizer"}, extra...)
+	return startSimArgs(t, bin, httpPort, args)
+}
+
+// startSimArgs runs the sim with args (POD_IP its loopback address) and
+// waits until it answers.
+func startSimArgs(t *testing.T, bin string, httpPort int, args []string) (stop func()) {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	pod := fmt.Sprintf("127.0.0.1:%d", httpPort)
 	cmd.Env = append(os.Environ(), "POD_IP="+pod)

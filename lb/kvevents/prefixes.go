@@ -1,7 +1,11 @@
 package kvevents
 
 import (
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/sluice-router/sluice/lb"
 )
 
 // Prefixes answers, for a request, how much of its prompt each replica's
@@ -29,13 +33,31 @@ func (p *Prefixes) now() time.Time {
 // Lookup tokenizes the prompt once and returns, per addr, the share of
 // the prompt (0..1) the replica's engine holds and whether its events are
 // fresh, and the function to call with the replica the request went to.
-// rates is nil when the prompt cannot be tokenized or is shorter than one
-// block (the tree alone decides).
-func (p *Prefixes) Lookup(model, text string, addrs []string) (rates []float64, fresh []bool, routed func(addr string)) {
-	tokens, ok := p.Tokenizer.Tokenize(model, text)
+// rates is nil when the prompt cannot be tokenized (yet) or is shorter
+// than one block (the tree alone decides). A prompt given as token ids is
+// keyed by them; a PromptTokenizer gets the whole request and the
+// replicas it may ask.
+func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fresh []bool, routed func(addr string)) {
+	if req == nil || !req.Parsed || req.Text == "" {
+		return nil, nil, nil
+	}
+	var tokens []uint32
+	var total int
+	ok := false
+	switch pt, isPrompt := p.Tokenizer.(PromptTokenizer); {
+	case req.TokenIDs:
+		tokens, ok = parseIDs(req.Text)
+		total = len(tokens)
+	case isPrompt:
+		tokens, total, ok = pt.TokenizePrompt(Prompt{Model: req.Model, Text: req.Text, Messages: req.Messages, Replicas: addrs})
+	default:
+		tokens, ok = p.Tokenizer.Tokenize(req.Model, req.Text)
+		total = len(tokens)
+	}
 	if !ok || len(tokens) == 0 {
 		return nil, nil, nil
 	}
+	total = max(total, len(tokens))
 	keys := p.Index.Keys(tokens)
 	if len(keys) == 0 {
 		return nil, nil, nil // shorter than one block: the tree decides
@@ -51,7 +73,7 @@ func (p *Prefixes) Lookup(model, text string, addrs []string) (rates []float64, 
 	rates = make([]float64, len(addrs))
 	bs := p.Index.BlockSize()
 	for i, m := range matched {
-		rates[i] = float64(m*bs) / float64(len(tokens))
+		rates[i] = float64(m*bs) / float64(total)
 	}
 	ttl := p.SpeculateFor
 	if ttl == 0 {
@@ -63,4 +85,24 @@ func (p *Prefixes) Lookup(model, text string, addrs []string) (rates []float64, 
 		}
 	}
 	return rates, fresh, routed
+}
+
+// parseIDs reads the first prompt of a token-id prompt (lb.Request.Text:
+// decimal ids, space-separated; prompts joined by "\n").
+func parseIDs(text string) ([]uint32, bool) {
+	if i := strings.IndexByte(text, '\n'); i >= 0 {
+		text = text[:i]
+	}
+	if len(text) > maxTokenizeBytes {
+		return nil, false
+	}
+	out := make([]uint32, 0, len(text)/4+1)
+	for _, f := range strings.Fields(text) {
+		v, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return nil, false
+		}
+		out = append(out, uint32(v))
+	}
+	return out, len(out) > 0
 }

@@ -37,6 +37,13 @@ type Request struct {
 	// text at 4 bytes a token (the usual rule of thumb for BPE
 	// vocabularies on English), the whole prompt even when Text was cut.
 	PromptTokens int
+	// Messages are a chat request's messages as the client sent them (raw
+	// JSON, sub-slices of the body), so a tokenizer can hand them to the
+	// engine, which applies its chat template; nil for other kinds.
+	Messages []json.RawMessage
+	// TokenIDs: the prompt was given as token ids (Text is them in
+	// decimal, space-separated; several prompts joined by "\n").
+	TokenIDs bool
 }
 
 // Extract parses body according to path. Paths it does not know give Kind
@@ -121,10 +128,16 @@ func chat(body []byte) (Request, error) {
 				msgs = nil
 			case '[':
 				msgs = msgs[:0]
+				req.Messages = req.Messages[:0]
 				s.array(2, func() {
 					var m message
+					s.peek()
+					start := s.i
 					if !s.isNull() {
 						s.message(3, &m.role, &m.texts)
+					}
+					if s.err == nil {
+						req.Messages = append(req.Messages, json.RawMessage(s.b[start:s.i]))
 					}
 					msgs = append(msgs, m)
 				})
@@ -438,5 +451,6 @@ func (w *writer) id(b []byte) {
 // done fills the request's Text, Truncated and PromptTokens.
 func (w *writer) done(req *Request) {
 	req.Text, req.Truncated = string(w.b), w.cut
+	req.TokenIDs = w.ids > 0 && w.textBytes == 0
 	req.PromptTokens = w.ids + (w.textBytes+3)/4
 }

@@ -3,6 +3,7 @@ package reqtext
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -35,7 +36,13 @@ func TestChat(t *testing.T) {
 		Text:         "<|system|>\nBe brief.\n<|user|>\nWhat is in\nthis picture?\n<|assistant|>\n\n<|user|>\nThanks\né\n",
 		PromptTokens: 23, // 89 bytes at 4 a token, rounded up
 	}
-	if req != want {
+	// The messages as sent, for an engine's /tokenize.
+	wantMsgs := []string{`{"role": "system", "content": "Be brief."}`, `{"role": "assistant", "content": null, "tool_calls": []}`}
+	if len(req.Messages) != 4 || string(req.Messages[0]) != wantMsgs[0] || string(req.Messages[2]) != wantMsgs[1] {
+		t.Fatalf("messages: %q", req.Messages)
+	}
+	req.Messages = nil
+	if !reflect.DeepEqual(req, want) {
 		t.Fatalf("got  %#v\nwant %#v", req, want)
 	}
 	// max_completion_tokens, the newer name, wins over max_tokens.
@@ -84,7 +91,7 @@ func TestCompletions(t *testing.T) {
 		}
 	}
 	req := mustExtract(t, "/openai/v1/completions/", `{"model":"m","stream":true,"max_tokens":7,"prompt":"x"}`)
-	if req != (Request{Model: "m", Stream: true, MaxTokens: 7, Kind: KindCompletions, Text: "x", PromptTokens: 1}) {
+	if !reflect.DeepEqual(req, Request{Model: "m", Stream: true, MaxTokens: 7, Kind: KindCompletions, Text: "x", PromptTokens: 1}) {
 		t.Fatalf("got %#v", req)
 	}
 }
@@ -105,7 +112,7 @@ func TestGenerate(t *testing.T) {
 		}
 	}
 	req := mustExtract(t, "/generate", `{"model":"m","stream":true,"text":"x","sampling_params":{"max_new_tokens":12,"temperature":0}}`)
-	if req != (Request{Model: "m", Stream: true, MaxTokens: 12, Kind: KindGenerate, Text: "x", PromptTokens: 1}) {
+	if !reflect.DeepEqual(req, Request{Model: "m", Stream: true, MaxTokens: 12, Kind: KindGenerate, Text: "x", PromptTokens: 1}) {
 		t.Fatalf("got %#v", req)
 	}
 	// Shared leading ids give a shared text prefix.
@@ -250,5 +257,25 @@ func TestDeepNestingIsRefusedCheaply(t *testing.T) {
 	ok := `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`
 	if _, err := Extract("/v1/chat/completions", []byte(ok)); err != nil {
 		t.Fatalf("a normal chat body: %v", err)
+	}
+}
+
+// Token-id prompts say so: their Text is the ids, not words.
+func TestTokenIDs(t *testing.T) {
+	for _, c := range []struct {
+		path, body string
+		ids        bool
+	}{
+		{"/v1/completions", `{"prompt": [1, 22, 333]}`, true},
+		{"/v1/completions", `{"prompt": [[1, 2], [1, 3]]}`, true},
+		{"/v1/completions", `{"prompt": "1 22 333"}`, false},
+		{"/v1/completions", `{"prompt": []}`, false},
+		{"/generate", `{"input_ids": [101, 7]}`, true},
+		{"/generate", `{"text": "x", "input_ids": [5]}`, false},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "1 2"}]}`, false},
+	} {
+		if req := mustExtract(t, c.path, c.body); req.TokenIDs != c.ids {
+			t.Errorf("%s %s: TokenIDs %v, want %v", c.path, c.body, req.TokenIDs, c.ids)
+		}
 	}
 }
