@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-router/sluice/caddymodule"
 	"github.com/sluice-router/sluice/lb/redisconn"
 	"github.com/sluice-router/sluice/lb/redistest"
+	"github.com/sluice-router/sluice/sim"
 )
 
 // A reload that changes a Redis connection setting (here dial_timeout, as
@@ -54,31 +55,13 @@ func TestConnectionReloadUnderLoadDrainsTheReplacedStore(t *testing.T) {
 		n, _ := rc.Do(context.Background(), rc.B().Llen().Key(tag+":queue").Build()).AsInt64()
 		return n
 	}
-	replica := caddymodule.InferenceSimReplica("reload-conn-sim")
-
-	async := func() <-chan outcome {
-		out := make(chan outcome, 1)
-		go func() { out <- complete(url) }()
-		return out
-	}
-	first := async()
-	eventually(t, "the first request to reach the replica", func() bool { return replica.Stats().Running == 1 })
-	queued := async()
-	eventually(t, "the second request to queue", func() bool { return llen() == 1 })
-
-	reload(t, config("6s"))
-	// Sent while the first still runs (3 s): max_inflight 1 holds it at
-	// the edge, behind the queued one, as long as the first keeps its
-	// count in Redis. (Counted in Redis, not at the simulated replica: the
-	// reload gave it a new instance too.)
-	third := async()
-	eventually(t, "the third request to queue behind the second", func() bool { return llen() == 2 })
-
-	for i, ch := range []<-chan outcome{first, queued, third} {
-		if o := <-ch; o.err != nil || o.status != 200 {
-			t.Errorf("request %d across the reload: %+v", i+1, o)
-		}
-	}
+	requestsAcrossAConnectionReload(t, url, caddymodule.InferenceSimReplica("reload-conn-sim"),
+		func(n int) bool { return llen() == int64(n) },
+		// Sent while the first still runs (3 s): max_inflight 1 holds the
+		// third at the edge, behind the queued one, as long as the first
+		// keeps its count in Redis. (Counted in Redis, not at the
+		// simulated replica: the reload gave it a new instance too.)
+		func() { reload(t, config("6s")) }, 2)
 	eventually(t, "the replaced store to close once its requests ended", func() bool {
 		keys, _ := rc.Do(context.Background(), rc.B().Keys().Pattern(tag+":alive:*").Build()).AsStrSlice()
 		return len(keys) == 1
@@ -119,8 +102,24 @@ func TestFlowConnectionReloadUnderLoadDrainsTheReplacedState(t *testing.T) {
 	}
 	startCaddy(t, config("5s"))
 	url := "http://127.0.0.1:9194"
-	replica := caddymodule.InferenceSimReplica("flow-reload-sim")
 	queuedNow := func() float64 { return flowGauge(t, "inference_extension_flow_control_queue_size", "fdrain") }
+	// The new state shows only its own queue: the third request waits
+	// there while the replaced state's requests hold the pool's one slot.
+	requestsAcrossAConnectionReload(t, url, caddymodule.InferenceSimReplica("flow-reload-sim"),
+		func(n int) bool { return queuedNow() == float64(n) },
+		func() { reload(t, config("6s")) }, 1)
+	eventually(t, "the pool's share in Redis to be given back", func() bool {
+		return flowGauge(t, "sluice_flow_control_global_pool_held", "fdrain") == 0
+	})
+}
+
+// requestsAcrossAConnectionReload runs the sequence both tests share on a
+// one-slot replica: a first request runs, a second queues (queued(1)),
+// the reload builds a new state, and a third request queues
+// (queued(thirdQueued)) while the replaced state still holds the slot.
+// Every request must succeed.
+func requestsAcrossAConnectionReload(t *testing.T, url string, replica *sim.Replica, queued func(n int) bool, doReload func(), thirdQueued int) {
+	t.Helper()
 	async := func() <-chan outcome {
 		out := make(chan outcome, 1)
 		go func() { out <- complete(url) }()
@@ -128,21 +127,14 @@ func TestFlowConnectionReloadUnderLoadDrainsTheReplacedState(t *testing.T) {
 	}
 	first := async()
 	eventually(t, "the first request to reach the replica", func() bool { return replica.Stats().Running == 1 })
-	queued := async()
-	eventually(t, "the second request to queue", func() bool { return queuedNow() == 1 })
-
-	reload(t, config("6s"))
-	// The new state shows only its own queue: the third request waits
-	// there while the replaced state's requests hold the pool's one slot.
+	second := async()
+	eventually(t, "the second request to queue", func() bool { return queued(1) })
+	doReload()
 	third := async()
-	eventually(t, "the third request to queue in the new state", func() bool { return queuedNow() == 1 })
-
-	for i, ch := range []<-chan outcome{first, queued, third} {
+	eventually(t, "the third request to queue while the replaced state holds the slot", func() bool { return queued(thirdQueued) })
+	for i, ch := range []<-chan outcome{first, second, third} {
 		if o := <-ch; o.err != nil || o.status != 200 {
 			t.Errorf("request %d across the reload: %+v", i+1, o)
 		}
 	}
-	eventually(t, "the pool's share in Redis to be given back", func() bool {
-		return flowGauge(t, "sluice_flow_control_global_pool_held", "fdrain") == 0
-	})
 }
