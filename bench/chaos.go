@@ -30,7 +30,9 @@ import (
 // changes a connection setting, which builds new shared state), Redis is
 // frozen, killed and restarted empty, then restarted from a snapshot
 // taken a tenth of the run earlier (the records go back in time, as after
-// a restore or a failover to a replica that lagged), and the instances
+// a restore), then fails over to a replica frozen while the primary took
+// writes (promoted, the Redis address moving to it as a virtual IP
+// would: bench/failover.go), and the instances
 // of a pool are given different backend sets. After the drain, every
 // counter Sluice keeps (in-flight, queues, Redis sorted sets, queue,
 // waiters, records; flow-control in flight and queued) must be back to 0,
@@ -97,6 +99,10 @@ func chaos(r *runner) {
 		cs := cs
 		pool := "chaos"
 		var redisAddr string
+		// front is the address the Redis-backed systems use: a forwarder
+		// that moves to a promoted replica at failover.
+		var front *tcpFront
+		var fo failover
 		var admins, sites []string
 		var ports []int
 		variant := 0
@@ -116,7 +122,10 @@ func chaos(r *runner) {
 				if err != nil {
 					return nil, skipped(err.Error())
 				}
-				redisAddr = a
+				if front, err = startTCPFront(a); err != nil {
+					return nil, err
+				}
+				redisAddr = front.Addr()
 			}
 			var err error
 			ports, err = freePorts(2 * cs.instances)
@@ -218,7 +227,10 @@ func chaos(r *runner) {
 					action{at: d*3/10 + 1500*time.Millisecond, do: func(context.Context) error { return r.signalRedis(syscall.SIGCONT) }},
 					action{at: d * 6 / 10, do: func(context.Context) error { return r.restartRedis(false) }},
 					action{at: d * 7 / 10, do: func(ctx context.Context) error { return r.snapshotRedis(ctx) }},
-					action{at: d * 8 / 10, do: func(context.Context) error { return r.restartRedis(true) }})
+					action{at: d * 8 / 10, do: func(context.Context) error { return r.restartRedis(true) }},
+					// A replica that lags (frozen while the primary takes
+					// writes) is promoted, and the front moves to it.
+					action{at: d * 85 / 100, do: func(ctx context.Context) error { return fo.run(ctx, r, front, d/20) }})
 			}
 			return workload{arrivals: arrivals, actions: acts,
 				class: func(n int) string {
@@ -265,6 +277,12 @@ func chaos(r *runner) {
 			}
 			s.Lost = lost // a request its client abandoned on purpose is not lost
 			leaked, notes := drainedCounters(r.ctx, sites, redisAddr, pool)
+			if front != nil {
+				if err := fo.restore(r); err != nil {
+					r.res.Failures = append(r.res.Failures, fmt.Sprintf("%s: restoring Redis after the failover: %v", cs.name, err))
+				}
+				front.Close()
+			}
 			s.Notes = append(s.Notes, notes...)
 			panics := 0
 			for _, p := range r.procs.snapshotLogs() {
