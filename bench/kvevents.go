@@ -128,19 +128,7 @@ func LLMDSimBinary(ctx context.Context) (string, error) {
 
 // kvPrompts returns the P shared prefixes: W words each, every word
 // followed by one space (one dummy token per word).
-func kvPrompts(k kvBench) []string {
-	words := engineWords()
-	out := make([]string, k.prefixes)
-	for p := range out {
-		rng := rand.New(rand.NewPCG(k.seed, uint64(p)+1))
-		var b strings.Builder
-		for range k.prefixWords {
-			b.WriteString(words[rng.IntN(len(words))] + " ")
-		}
-		out[p] = b.String()
-	}
-	return out
-}
+func kvPrompts(k kvBench) []string { return sharedPrompts(k.seed, k.prefixes, k.prefixWords) }
 
 // kvBodies returns n request bodies: a prefix drawn uniformly and U words
 // of its own.

@@ -213,13 +213,17 @@ func engineWords() []string {
 
 // enginePrompts returns the P shared system prompts (each W words, every
 // word followed by one space).
-func enginePrompts(e EngineOptions) []string {
+func enginePrompts(e EngineOptions) []string { return sharedPrompts(e.Seed, e.Prompts, e.PromptWords) }
+
+// sharedPrompts returns n prompts of w words drawn from engineWords, each
+// followed by one space, reproducible from seed.
+func sharedPrompts(seed uint64, n, w int) []string {
 	words := engineWords()
-	out := make([]string, e.Prompts)
+	out := make([]string, n)
 	for p := range out {
-		rng := rand.New(rand.NewPCG(e.Seed, uint64(p)+1))
+		rng := rand.New(rand.NewPCG(seed, uint64(p)+1))
 		var b strings.Builder
-		for range e.PromptWords {
+		for range w {
 			b.WriteString(words[rng.IntN(len(words))] + " ")
 		}
 		out[p] = b.String()
