@@ -437,9 +437,24 @@ func redisCounters(ctx context.Context, addr string) (int, []string) {
 	}
 	total := 0
 	var notes []string
+	lapsed, err := gateLapsedInstances(ctx, c, keys)
+	if err != nil {
+		return 1, []string{"redis: " + err.Error()}
+	}
 	for _, k := range keys {
 		if strings.HasSuffix(k, ":picks") || strings.HasSuffix(k, ":flow:meta") {
 			continue // global_redis_least's pick counter, the flow gate's record identity: not counts in flight
+		}
+		if gate, ok := strings.CutSuffix(k, ":flow:held"); ok {
+			n, why := gateHeld(ctx, c, k, lapsed[gate])
+			total += n
+			notes = append(notes, why...)
+			continue
+		}
+		if strings.HasSuffix(k, ":flow:live") || strings.HasSuffix(k, ":flow:since") || strings.HasSuffix(k, ":flow:want") {
+			// Lease expiries, grant times and demand lines: what a gate
+			// instance holds is in :flow:held, counted above.
+			continue
 		}
 		typ, _ := c.Do(ctx, c.B().Type().Key(k).Build()).ToString()
 		n := 0
@@ -472,6 +487,72 @@ func redisCounters(ctx context.Context, addr string) (int, []string) {
 		}
 	}
 	return total, notes
+}
+
+// gateLapsedInstances returns, per flow gate (key prefix before
+// ":flow:"), the instances whose lease in ":flow:live" ran out by Redis's
+// clock. Their records hold nothing: the claim script reaps them before it
+// counts anything, at the next claim. They are left behind when Redis goes
+// back in time (a failover to a replica that lagged brings back the record
+// of an instance that had left) and no instance claims again afterwards.
+func gateLapsedInstances(ctx context.Context, c rueidis.Client, keys []string) (map[string]map[string]bool, error) {
+	t, err := c.Do(ctx, c.B().Time().Build()).AsStrSlice()
+	if err != nil || len(t) != 2 {
+		return nil, fmt.Errorf("TIME: %v", err)
+	}
+	sec, _ := strconv.ParseInt(t[0], 10, 64)
+	usec, _ := strconv.ParseInt(t[1], 10, 64)
+	now := float64(sec*1000 + usec/1000)
+	out := map[string]map[string]bool{}
+	for _, k := range keys {
+		gate, ok := strings.CutSuffix(k, ":flow:live")
+		if !ok {
+			continue
+		}
+		zs, err := c.Do(ctx, c.B().Zrange().Key(k).Min("0").Max("-1").Withscores().Build()).AsZScores()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v", k, err)
+		}
+		for _, z := range zs {
+			if z.Score <= now {
+				if out[gate] == nil {
+					out[gate] = map[string]bool{}
+				}
+				out[gate][z.Member] = true
+			}
+		}
+	}
+	return out, nil
+}
+
+// gateHeld counts the units the flow gate's instances hold, leaving out
+// instances whose lease has lapsed (noted, not counted). An instance with
+// no lease at all holding units is counted: nothing would ever reap it.
+func gateHeld(ctx context.Context, c rueidis.Client, key string, lapsed map[string]bool) (int, []string) {
+	kv, err := c.Do(ctx, c.B().Hgetall().Key(key).Build()).AsStrMap()
+	if err != nil {
+		return 1, []string{fmt.Sprintf("redis %s: %v", key, err)}
+	}
+	n, gone := 0, 0
+	for inst, v := range kv {
+		units, err := strconv.Atoi(v)
+		if err != nil {
+			return 1, []string{fmt.Sprintf("redis %s: %s holds %q", key, inst, v)}
+		}
+		if lapsed[inst] {
+			gone += units
+			continue
+		}
+		n += units
+	}
+	var notes []string
+	if n != 0 {
+		notes = append(notes, fmt.Sprintf("redis %s (hash) %d", key, n))
+	}
+	if gone != 0 {
+		notes = append(notes, fmt.Sprintf("redis %s: %d units of lapsed leases, reaped at the next claim (not counted)", key, gone))
+	}
+	return n, notes
 }
 
 func getJSON(ctx context.Context, url string, v any) error {
