@@ -30,7 +30,9 @@ import (
 // changes a connection setting, which builds new shared state), Redis is
 // frozen, killed and restarted empty, then restarted from a snapshot
 // taken a tenth of the run earlier (the records go back in time, as after
-// a restore or a failover to a replica that lagged), and the instances
+// a restore), then fails over to a replica frozen while the primary took
+// writes (promoted, the Redis address moving to it as a virtual IP
+// would: bench/failover.go), and the instances
 // of a pool are given different backend sets. After the drain, every
 // counter Sluice keeps (in-flight, queues, Redis sorted sets, queue,
 // waiters, records; flow-control in flight and queued) must be back to 0,
@@ -97,6 +99,10 @@ func chaos(r *runner) {
 		cs := cs
 		pool := "chaos"
 		var redisAddr string
+		// front is the address the Redis-backed systems use: a forwarder
+		// that moves to a promoted replica at failover.
+		var front *tcpFront
+		var fo failover
 		var admins, sites []string
 		var ports []int
 		variant := 0
@@ -116,7 +122,10 @@ func chaos(r *runner) {
 				if err != nil {
 					return nil, skipped(err.Error())
 				}
-				redisAddr = a
+				if front, err = startTCPFront(a); err != nil {
+					return nil, err
+				}
+				redisAddr = front.Addr()
 			}
 			var err error
 			ports, err = freePorts(2 * cs.instances)
@@ -218,7 +227,10 @@ func chaos(r *runner) {
 					action{at: d*3/10 + 1500*time.Millisecond, do: func(context.Context) error { return r.signalRedis(syscall.SIGCONT) }},
 					action{at: d * 6 / 10, do: func(context.Context) error { return r.restartRedis(false) }},
 					action{at: d * 7 / 10, do: func(ctx context.Context) error { return r.snapshotRedis(ctx) }},
-					action{at: d * 8 / 10, do: func(context.Context) error { return r.restartRedis(true) }})
+					action{at: d * 8 / 10, do: func(context.Context) error { return r.restartRedis(true) }},
+					// A replica that lags (frozen while the primary takes
+					// writes) is promoted, and the front moves to it.
+					action{at: d * 85 / 100, do: func(ctx context.Context) error { return fo.run(ctx, r, front, d/20) }})
 			}
 			return workload{arrivals: arrivals, actions: acts,
 				class: func(n int) string {
@@ -265,6 +277,12 @@ func chaos(r *runner) {
 			}
 			s.Lost = lost // a request its client abandoned on purpose is not lost
 			leaked, notes := drainedCounters(r.ctx, sites, redisAddr, pool)
+			if front != nil {
+				if err := fo.restore(r); err != nil {
+					r.res.Failures = append(r.res.Failures, fmt.Sprintf("%s: restoring Redis after the failover: %v", cs.name, err))
+				}
+				front.Close()
+			}
 			s.Notes = append(s.Notes, notes...)
 			panics := 0
 			for _, p := range r.procs.snapshotLogs() {
@@ -419,9 +437,24 @@ func redisCounters(ctx context.Context, addr string) (int, []string) {
 	}
 	total := 0
 	var notes []string
+	lapsed, err := gateLapsedInstances(ctx, c, keys)
+	if err != nil {
+		return 1, []string{"redis: " + err.Error()}
+	}
 	for _, k := range keys {
 		if strings.HasSuffix(k, ":picks") || strings.HasSuffix(k, ":flow:meta") {
 			continue // global_redis_least's pick counter, the flow gate's record identity: not counts in flight
+		}
+		if gate, ok := strings.CutSuffix(k, ":flow:held"); ok {
+			n, why := gateHeld(ctx, c, k, lapsed[gate])
+			total += n
+			notes = append(notes, why...)
+			continue
+		}
+		if strings.HasSuffix(k, ":flow:live") || strings.HasSuffix(k, ":flow:since") || strings.HasSuffix(k, ":flow:want") {
+			// Lease expiries, grant times and demand lines: what a gate
+			// instance holds is in :flow:held, counted above.
+			continue
 		}
 		typ, _ := c.Do(ctx, c.B().Type().Key(k).Build()).ToString()
 		n := 0
@@ -454,6 +487,72 @@ func redisCounters(ctx context.Context, addr string) (int, []string) {
 		}
 	}
 	return total, notes
+}
+
+// gateLapsedInstances returns, per flow gate (key prefix before
+// ":flow:"), the instances whose lease in ":flow:live" ran out by Redis's
+// clock. Their records hold nothing: the claim script reaps them before it
+// counts anything, at the next claim. They are left behind when Redis goes
+// back in time (a failover to a replica that lagged brings back the record
+// of an instance that had left) and no instance claims again afterwards.
+func gateLapsedInstances(ctx context.Context, c rueidis.Client, keys []string) (map[string]map[string]bool, error) {
+	t, err := c.Do(ctx, c.B().Time().Build()).AsStrSlice()
+	if err != nil || len(t) != 2 {
+		return nil, fmt.Errorf("TIME: %v", err)
+	}
+	sec, _ := strconv.ParseInt(t[0], 10, 64)
+	usec, _ := strconv.ParseInt(t[1], 10, 64)
+	now := float64(sec*1000 + usec/1000)
+	out := map[string]map[string]bool{}
+	for _, k := range keys {
+		gate, ok := strings.CutSuffix(k, ":flow:live")
+		if !ok {
+			continue
+		}
+		zs, err := c.Do(ctx, c.B().Zrange().Key(k).Min("0").Max("-1").Withscores().Build()).AsZScores()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v", k, err)
+		}
+		for _, z := range zs {
+			if z.Score <= now {
+				if out[gate] == nil {
+					out[gate] = map[string]bool{}
+				}
+				out[gate][z.Member] = true
+			}
+		}
+	}
+	return out, nil
+}
+
+// gateHeld counts the units the flow gate's instances hold, leaving out
+// instances whose lease has lapsed (noted, not counted). An instance with
+// no lease at all holding units is counted: nothing would ever reap it.
+func gateHeld(ctx context.Context, c rueidis.Client, key string, lapsed map[string]bool) (int, []string) {
+	kv, err := c.Do(ctx, c.B().Hgetall().Key(key).Build()).AsStrMap()
+	if err != nil {
+		return 1, []string{fmt.Sprintf("redis %s: %v", key, err)}
+	}
+	n, gone := 0, 0
+	for inst, v := range kv {
+		units, err := strconv.Atoi(v)
+		if err != nil {
+			return 1, []string{fmt.Sprintf("redis %s: %s holds %q", key, inst, v)}
+		}
+		if lapsed[inst] {
+			gone += units
+			continue
+		}
+		n += units
+	}
+	var notes []string
+	if n != 0 {
+		notes = append(notes, fmt.Sprintf("redis %s (hash) %d", key, n))
+	}
+	if gone != 0 {
+		notes = append(notes, fmt.Sprintf("redis %s: %d units of lapsed leases, reaped at the next claim (not counted)", key, gone))
+	}
+	return n, notes
 }
 
 func getJSON(ctx context.Context, url string, v any) error {

@@ -23,8 +23,11 @@ var scenarios = []scenario{
 		about: "4 replicas (4 sequences, ~15 ms lognormal); 250 req/s, 10,000 requests per system (1,500 with -quick), a third " +
 			"streamed; 10% of the clients give up after 1–60 ms (mid-queue or mid-stream); the backend set changes every second, " +
 			"a hot reload lands every 2.5 s (good and refused in turn), a replica is killed every 3 s and back 1 s later, and for " +
-			"the Redis systems Redis is frozen for 1.5 s and later killed and restarted empty. After the drain every counter " +
-			"Sluice keeps must be 0. lost: requests not given up that got no answer; leaked: counters not back to 0; panics: " +
+			"the Redis systems: Redis is frozen for 1.5 s, killed and restarted empty, restarted from a snapshot a tenth of the run " +
+			"old, then fails over to a replica that lagged 2 s (promoted, the address moved to it); every other good reload " +
+			"changes a connection setting, the instances of a pool get different backend sets, and every other refused reload " +
+			"gives the pool a second site with its own upstreams. After the drain every counter Sluice keeps must be 0 (a flow " +
+			"gate record whose lease has lapsed holds nothing: the next claim reaps it). lost: requests not given up that got no answer; leaked: counters not back to 0; panics: " +
 			"panic lines in the proxies' logs; cancelled: requests their client gave up.",
 		extras: []extraCol{{"cancelled", "cancelled", "%.0f"}, {"leaked", "leaked", "%.0f"}, {"panics", "panics", "%.0f"}},
 		run:    chaos,
