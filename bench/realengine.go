@@ -300,6 +300,10 @@ func realEngine(r *runner, calibrate bool) {
 		r.res.About = fmt.Sprintf("%s Here: %s, R = %d, scale %g, P = %d, W = %d, U = %d, M = %d, %v of arrivals, "+
 			"client timeout %v, rates %v req/s.", r.res.About, e.Engine, e.Replicas, e.Scale, e.Prompts, e.PromptWords,
 			e.UniqueWords, e.MaxTokens, e.Arrivals, e.ClientTimeout, e.Rates)
+		if !calibrate {
+			r.res.Title = fmt.Sprintf("Real engine (%s, R = %d): %d shared %s-token system prompts, %d streamed tokens, "+
+				"Poisson arrivals, every system with its defaults", e.Engine, e.Replicas, e.Prompts, thousands(e.PromptWords), e.MaxTokens)
+		}
 		if e.Engine == "llmd" {
 			r.res.About += fmt.Sprintf(" Each replica: llm-d-inference-sim v0.10.2 (fresh for every system) with %s "+
 				"(time factor 1 + 2(n−1)/15 with n running: 3 with the batch full, on the first token and every next one; "+
@@ -1012,4 +1016,13 @@ func directRatios(systems []Summary) string {
 	}
 	b.WriteString(".\n")
 	return b.String()
+}
+
+// thousands writes n with a comma between thousands (1,500).
+func thousands(n int) string {
+	d := strconv.Itoa(n)
+	for i := len(d) - 3; i > 0 && d[i-1] != '-'; i -= 3 {
+		d = d[:i] + "," + d[i:]
+	}
+	return d
 }

@@ -178,6 +178,9 @@ func TestQuickLLMDEngine(t *testing.T) {
 			t.Errorf("the ratio-to-direct appendix has no row for %s", w)
 		}
 	}
+	if !strings.Contains(string(md), "# Real engine (llmd, R = 1): 4 shared 1,500-token system prompts, 16 streamed tokens") {
+		t.Errorf("the report's title does not name the engine and the workload")
+	}
 	if !strings.Contains(string(md), "Sluice policies within both bounds") {
 		t.Errorf("the report lacks the ratio-to-direct appendix")
 	}
@@ -237,6 +240,9 @@ func TestLLMDDefaultsAndRatios(t *testing.T) {
 		if !strings.Contains(args, w) {
 			t.Errorf("llmd args %q lack %q", args, w)
 		}
+	}
+	if thousands(1500) != "1,500" || thousands(40) != "40" || thousands(1234567) != "1,234,567" {
+		t.Errorf("thousands: %s %s %s", thousands(1500), thousands(40), thousands(1234567))
 	}
 	if !strings.HasSuffix(args, "--seed 9") {
 		t.Errorf("-server-args must come last (the last flag wins): %q", args)
