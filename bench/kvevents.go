@@ -184,29 +184,32 @@ func newKVFleet(n int) (kvFleet, error) {
 	return kvFleet{ports: ports[:n], zmq: fmt.Sprintf("tcp://127.0.0.1:%d", ports[n])}, nil
 }
 
-// startLLMDSims starts the fleet's engines (system processes: stopped by
-// PID when the system ends) and waits until each answers /health.
-func (r *runner) startLLMDSims(bin string, k kvBench, f kvFleet, cacheBlocks int) error {
+// startLLMDSims starts one llm-d-inference-sim per port on loopback
+// (system processes: stopped by PID when the system ends) and waits until
+// each answers /health; it returns their base URLs. Every engine gets the
+// flags every use shares — model "m", random answers, seed i+1, the dummy
+// tokenizer (offline: one token per word), POD_IP = its own address, as
+// the engine names itself in its KV events — then args.
+func (r *runner) startLLMDSims(bin string, ports []int, args []string) ([]string, error) {
 	var started []*proc
-	for i, port := range f.ports {
+	var out []string
+	for i, port := range ports {
 		pod := fmt.Sprintf("127.0.0.1:%d", port)
-		args := []string{"--model", "m", "--port", strconv.Itoa(port), "--mode", "random", "--seed", strconv.Itoa(i + 1),
-			"--enable-kvcache", "--kv-cache-size", strconv.Itoa(cacheBlocks), "--block-size", strconv.Itoa(k.blockSize),
-			"--event-batch-size", "1", "--zmq-endpoint", f.zmq, "--force-dummy-tokenizer",
-			"--prefill-time-per-token", k.prefillToken.String(), "--inter-token-latency", k.interToken.String(),
-			"--max-num-seqs", strconv.Itoa(k.maxNumSeqs), "--max-model-len", "4096"}
-		p, err := r.procs.start(fmt.Sprintf("llmd-sim-%d", port), []string{"POD_IP=" + pod}, bin, args...)
+		a := append([]string{"--model", "m", "--port", strconv.Itoa(port), "--mode", "random", "--seed", strconv.Itoa(i + 1),
+			"--force-dummy-tokenizer"}, args...)
+		p, err := r.procs.start(fmt.Sprintf("llmd-sim-%d", port), []string{"POD_IP=" + pod}, bin, a...)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		started = append(started, p)
+		out = append(out, "http://"+pod)
 	}
 	for i, p := range started {
-		if err := waitHealthy(r.ctx, p, f.urls()[i], 30*time.Second); err != nil {
-			return err
+		if err := waitHealthy(r.ctx, p, out[i], 30*time.Second); err != nil {
+			return nil, err
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // kvHealthOf reads the kv_events part of a proxy's /_custom_router/health
@@ -305,7 +308,11 @@ func kvEvents(r *runner) {
 					if proxyURLs, err = proxies(fleet); err != nil {
 						return nil, err
 					}
-					if err := r.startLLMDSims(bin, k, fleet, cache); err != nil {
+					if _, err := r.startLLMDSims(bin, fleet.ports, []string{"--enable-kvcache",
+						"--kv-cache-size", strconv.Itoa(cache), "--block-size", strconv.Itoa(k.blockSize),
+						"--event-batch-size", "1", "--zmq-endpoint", fleet.zmq,
+						"--prefill-time-per-token", k.prefillToken.String(), "--inter-token-latency", k.interToken.String(),
+						"--max-num-seqs", strconv.Itoa(k.maxNumSeqs), "--max-model-len", "4096"}); err != nil {
 						return nil, err
 					}
 					return proxyURLs, nil

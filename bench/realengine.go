@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluice-router/sluice/sim"
@@ -35,9 +36,11 @@ import (
 // Zero values mean the defaults (the measured workload).
 type EngineOptions struct {
 	// Engine is where the replicas come from when Endpoints is empty:
-	// "sim" (default: in-process simulated engines) or "transformers" (R
+	// "sim" (default: in-process simulated engines), "transformers" (R
 	// copies of bench/realengine/server.py, started and stopped by the
-	// harness; needs PyTorch + transformers, and a GPU to mean anything).
+	// harness; needs PyTorch + transformers, and a GPU to mean anything)
+	// or "llmd" (R llm-d-inference-sim engines configured as issue 19
+	// measured the problem, llmdEngineArgs; fresh ones for every system).
 	Engine string
 	// Endpoints are the base URLs of your own OpenAI-compatible replicas
 	// (vLLM, SGLang, TGI): R = len(Endpoints), time scale 1.
@@ -46,11 +49,11 @@ type EngineOptions struct {
 	// first replica's /v1/models (with endpoints or transformers), none
 	// with the sim.
 	Model string
-	// Replicas is R for sim and transformers (default 4; 1 for
-	// engine-calibration).
+	// Replicas is R for sim, transformers and llmd (default 4; 1 for llmd
+	// and for engine-calibration).
 	Replicas int
 	// Rates are the arrival rates in requests per second of engine time
-	// (default 4; engine-calibration: 4, 8, 12).
+	// (default 4; llmd: 20, 30; engine-calibration: 4, 8, 12).
 	Rates []float64
 	// Scale is the time scale: 1 s of engine time runs in Scale s.
 	// Default 0.25 with the sim, 1 otherwise (real engines run in real time).
@@ -61,13 +64,15 @@ type EngineOptions struct {
 	// simulator counting 4 characters per token counts it). Defaults 4,
 	// 1500, 40.
 	Prompts, PromptWords, UniqueWords int
-	// MaxTokens is every request's max_tokens (default 32).
+	// MaxTokens is every request's max_tokens (default 32; llmd: 16).
 	MaxTokens int
 	// Arrivals is how long arrivals last, in engine time (default 25 s;
 	// 8 s with -quick); ClientTimeout bounds each request (default 40 s).
 	Arrivals, ClientTimeout time.Duration
 	// Python runs server.py (default python3); ServerArgs are extra flags
-	// for it (e.g. --layers 2 --hidden 256 --device cpu).
+	// for it (e.g. --layers 2 --hidden 256 --device cpu) or, with llmd,
+	// for llm-d-inference-sim after llmdEngineArgs (a repeated flag: the
+	// last one wins).
 	Python     string
 	ServerArgs []string
 	// Seed seeds the prompts and the arrival times (default 1).
@@ -95,19 +100,38 @@ func (o EngineOptions) resolve(calibrate, quick bool) (EngineOptions, error) {
 		o.Replicas = len(o.Endpoints)
 	case o.Engine == "":
 		o.Engine = "sim"
-	case o.Engine != "sim" && o.Engine != "transformers":
-		return o, fmt.Errorf("-engine must be sim or transformers, got %q", o.Engine)
+	case o.Engine != "sim" && o.Engine != "transformers" && o.Engine != "llmd":
+		return o, fmt.Errorf("-engine must be sim, transformers or llmd, got %q", o.Engine)
 	}
 	if calibrate {
 		o.Replicas = 1
 	}
 	if o.Replicas == 0 {
 		o.Replicas = 4
+		if o.Engine == "llmd" {
+			o.Replicas = 1
+		}
 	}
 	if len(o.Rates) == 0 {
-		o.Rates = []float64{4}
-		if calibrate {
+		switch {
+		case calibrate:
 			o.Rates = []float64{4, 8, 12}
+		case o.Engine == "llmd":
+			o.Rates = []float64{20, 30}
+		default:
+			o.Rates = []float64{4}
+		}
+	}
+	if o.Engine == "llmd" {
+		if o.Model == "" {
+			o.Model = "m" // startLLMDSims' --model
+		}
+		if o.MaxTokens == 0 {
+			// Issue 19's regime: 20 req/s just under what the engine
+			// serves with its batch full (16 ÷ (0.3 s + 15 × 30 ms) =
+			// 21 req/s), 30 req/s 1.4× over it. With 32 tokens both rates
+			// are past it (12.8 req/s): direct TTFT p50 7.5 s and 17.5 s.
+			o.MaxTokens = 16
 		}
 	}
 	if o.Scale == 0 {
@@ -164,15 +188,16 @@ var realEngineScenario = scenario{
 	about: "The workload measured on one H100 (../shared/real-engine/2026-11-24-h100-transformers.md): P shared system " +
 		"prompts of W words + U unique words per request (1 word = 1 token), max_tokens M, streamed /v1/completions, " +
 		"Poisson arrivals, a client timeout per request; the same prompts and arrival times for every system. " +
-		"Replicas: simulated engines (-engine sim, time scaled), your own endpoints (-endpoints), or the transformers " +
-		"server bench/realengine/server.py (-engine transformers). All figures are in engine time. ttft = time to the " +
+		"Replicas: simulated engines (-engine sim, time scaled), your own endpoints (-endpoints), the transformers " +
+		"server bench/realengine/server.py (-engine transformers), or llm-d-inference-sim (-engine llmd). All figures are in engine time. ttft = time to the " +
 		"first streamed token; p50/p90/p99 = end to end; out tok/s = output tokens counted from the SSE chunks ÷ wall " +
 		"time from the first arrival to the last answer; prefix reuse = Δ prefix_cache_hits ÷ Δ prefix_cache_queries " +
 		"over the replicas' /metrics (prompt tokens served from the prefix cache); per replica from X-Sim-Replica " +
 		"(sim) or the replicas' Δ vllm:request_success_total (real engines); timeout = no answer within the client " +
 		"timeout (an outcome of overload, not a harness failure).",
 	extras: []extraCol{{"rate", "rate", "%g/s"}, {"ttft_p50_s", "ttft p50", "%.2f s"}, {"ttft_p90_s", "ttft p90", "%.2f s"},
-		{"ttft_p99_s", "ttft p99", "%.2f s"}, {"out_tok_s", "out tok/s", "%.0f"}, {"prefix_reuse", "prefix reuse", "%.2f"}},
+		{"ttft_p99_s", "ttft p99", "%.2f s"}, {"out_tok_s", "out tok/s", "%.0f"}, {"prefix_reuse", "prefix reuse", "%.2f"},
+		{"batch", "batch", "%.1f"}, {"engine_queue", "engine queue", "%.1f"}, {"edge_held", "held at edge", "%.1f"}},
 	run: func(r *runner) { realEngine(r, false) },
 }
 
@@ -275,6 +300,17 @@ func realEngine(r *runner, calibrate bool) {
 		r.res.About = fmt.Sprintf("%s Here: %s, R = %d, scale %g, P = %d, W = %d, U = %d, M = %d, %v of arrivals, "+
 			"client timeout %v, rates %v req/s.", r.res.About, e.Engine, e.Replicas, e.Scale, e.Prompts, e.PromptWords,
 			e.UniqueWords, e.MaxTokens, e.Arrivals, e.ClientTimeout, e.Rates)
+		if !calibrate {
+			r.res.Title = fmt.Sprintf("Real engine (%s, R = %d): %d shared %s-token system prompts, %d streamed tokens, "+
+				"Poisson arrivals, every system with its defaults", e.Engine, e.Replicas, e.Prompts, thousands(e.PromptWords), e.MaxTokens)
+		}
+		if e.Engine == "llmd" {
+			r.res.About += fmt.Sprintf(" Each replica: llm-d-inference-sim v0.10.2 (fresh for every system) with %s "+
+				"(time factor 1 + 2(n−1)/15 with n running: 3 with the batch full, on the first token and every next one; "+
+				"no KV cache, so no prefix reuse). batch, engine queue = the replicas' vllm:num_requests_running and "+
+				"_waiting, mean over the arrivals (sampled every 250 ms); held at edge = the client's requests in flight "+
+				"less both (queued in the proxy).", strings.Join(llmdArgs(e), " "))
+		}
 	}
 	switch {
 	case e.Engine == "endpoints":
@@ -282,6 +318,13 @@ func realEngine(r *runner, calibrate bool) {
 	case e.Engine == "transformers" && r.engines == nil:
 		if r.engines, err = r.startEngineServers(e); err != nil {
 			r.res.Failures = append(r.res.Failures, "starting the transformers replicas: "+err.Error())
+			return
+		}
+	}
+	var llmdBin string
+	if e.Engine == "llmd" {
+		if llmdBin, err = LLMDSimBinary(r.ctx); err != nil {
+			r.res.Failures = append(r.res.Failures, "-engine llmd: "+err.Error())
 			return
 		}
 	}
@@ -297,8 +340,14 @@ func realEngine(r *runner, calibrate bool) {
 			fleet = append(fleet, engineReplicaConfig(fmt.Sprintf("engine-%d", i), e.Scale))
 		}
 	}
+	// live are the llm-d-inference-sim engines of the system running now
+	// (fresh ones for every system: no request of the previous one left).
+	var live []string
 	replicaURLs := func(f []*sim.Server) []string {
-		if len(r.engines) > 0 {
+		switch {
+		case e.Engine == "llmd":
+			return live
+		case len(r.engines) > 0:
 			return r.engines
 		}
 		return urls(f)
@@ -313,23 +362,38 @@ func realEngine(r *runner, calibrate bool) {
 		arrivals := poisson(rate/e.Scale, scaled(e.Arrivals), e.Seed*1000+uint64(ri)+1)
 		bodies := engineBodies(e, prefixes, len(arrivals), e.Seed*1000+uint64(ri)+1)
 		var before []map[string]float64
+		var occ *occupancy
 		load := func(f []*sim.Server, proxies []string) workload {
 			before = scrapeReplicas(r.ctx, replicaURLs(f))
-			return workload{arrivals: arrivals, sse: true, build: func(n int) (*http.Request, int) {
+			w := workload{arrivals: arrivals, sse: true, build: func(n int) (*http.Request, int) {
 				p := n % len(proxies)
 				req, _ := http.NewRequest(http.MethodPost, proxies[p]+"/v1/completions", strings.NewReader(bodies[n].json))
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("X-Prefix-Id", strconv.Itoa(bodies[n].prefix))
 				return req, p
 			}}
+			if e.Engine != "sim" {
+				// Real engines: sample their running and waiting gauges (the
+				// simulated ones keep their CPU for the run).
+				occ = &occupancy{}
+				w.monitor = occ.sampler(replicaURLs(f), 250*time.Millisecond)
+			}
+			return w
 		}
 		after := func(f []*sim.Server, recs []Record, s *Summary) {
-			engineMeasures(rate, e.ClientTimeout, replicaURLs(f), before, scrapeReplicas(r.ctx, replicaURLs(f)), recs, s)
+			now := scrapeReplicas(r.ctx, replicaURLs(f))
+			if e.Engine != "sim" {
+				now = settledCounts(r.ctx, replicaURLs(f), before, now, recs)
+			}
+			engineMeasures(rate, e.ClientTimeout, replicaURLs(f), before, now, recs, s)
+			if occ != nil {
+				occ.measure(recs, e.Arrivals, e.Scale, s)
+			}
 		}
 		sys := oneProxy{r: r, base: sysSpec{fleet: fleet, load: load, after: after,
 			reqTimeout: scaled(e.ClientTimeout), timeScale: e.Scale}}
-		if len(r.engines) > 0 {
-			sys.upstreams = func([]*sim.Server) []string { return r.engines }
+		if len(r.engines) > 0 || e.Engine == "llmd" {
+			sys.upstreams = func([]*sim.Server) []string { return replicaURLs(nil) }
 		}
 		at := "@" + strconv.FormatFloat(rate, 'g', -1, 64) + "rps"
 		direct := sys.base
@@ -361,12 +425,48 @@ func realEngine(r *runner, calibrate bool) {
 			systems = append(systems, fc)
 		}
 		for _, s := range systems {
+			if e.Engine == "llmd" {
+				// Fresh engines first, then the system's own start.
+				start := s.start
+				s.start = func(f []*sim.Server) ([]string, error) {
+					ports, err := freePorts(e.Replicas)
+					if err != nil {
+						return nil, err
+					}
+					if live, err = r.startLLMDSims(llmdBin, ports, llmdArgs(e)); err != nil {
+						return nil, err
+					}
+					return start(f)
+				}
+			}
 			r.system(s)
 		}
 	}
-	if calibrate {
+	switch {
+	case calibrate:
 		r.res.appendix = calibrationTable(r.res.Systems, r.rep)
+	case e.Replicas == 1 && r.rep == r.res.Reps:
+		r.res.appendix = directRatios(r.res.Systems)
 	}
+}
+
+// llmdEngineArgs configure each -engine llmd replica as issue 19 measured
+// the problem: a batching engine that slows as its batch fills — 16
+// sequences at once, each step up to 3× slower with the batch full
+// (llm-d-inference-sim's time factor grows linearly from 1 with one
+// sequence running to 3 with 16; the rest wait in the engine's queue), a
+// 100 ms time to first token (the default calculator's constant one:
+// prompt length does not matter) and 10 ms between tokens, both × the
+// factor at the time.
+var llmdEngineArgs = []string{"--max-num-seqs", "16", "--time-factor-under-load", "3",
+	"--time-to-first-token", "100ms", "--inter-token-latency", "10ms"}
+
+// llmdArgs are the flags of one -engine llmd replica: llmdEngineArgs, a
+// context window that holds the workload's requests (the dummy tokenizer:
+// one token per word), then -server-args.
+func llmdArgs(e EngineOptions) []string {
+	window := max(4096, 2*(e.PromptWords+e.UniqueWords+e.MaxTokens))
+	return slices.Concat(llmdEngineArgs, []string{"--max-model-len", strconv.Itoa(window)}, e.ServerArgs)
 }
 
 // engineMeasures adds the scenario's figures to s: the rate, TTFT
@@ -691,4 +791,238 @@ func calibrationTable(systems []Summary, rep int) string {
 	mdTable(&md, head, rows)
 	b.WriteString(md.String())
 	return b.String()
+}
+
+// occupancy samples the replicas' own gauges during a run —
+// vllm:num_requests_running (the batch) and vllm:num_requests_waiting
+// (the engine's queue), summed over the replicas — to set them against
+// the requests the client has in flight: the difference is what the
+// system holds at its edge (queued in the proxy, not yet sent).
+type occupancy struct {
+	mu      sync.Mutex
+	samples []occSample
+	missing string // why a sample was dropped, the first time
+}
+
+type occSample struct {
+	at               time.Duration // since the run's start, wall time
+	running, waiting float64
+}
+
+const (
+	runningGauge = "vllm:num_requests_running"
+	waitingGauge = "vllm:num_requests_waiting"
+)
+
+// sampler is a workload monitor: it scrapes every replica's /metrics
+// every period until the run ends.
+func (o *occupancy) sampler(replicas []string, every time.Duration) func(ctx context.Context) {
+	return func(ctx context.Context) {
+		t0 := time.Now()
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			at := time.Since(t0)
+			smp, why := occSample{at: at}, ""
+			for _, u := range replicas {
+				m, err := scrapeMetrics(ctx, u+"/metrics")
+				if err != nil {
+					why = err.Error()
+					break
+				}
+				run, okR := m[runningGauge]
+				wait, okW := m[waitingGauge]
+				if !okR || !okW {
+					why = fmt.Sprintf("%s/metrics has no %s or %s", u, runningGauge, waitingGauge)
+					break
+				}
+				smp.running += run
+				smp.waiting += wait
+			}
+			o.mu.Lock()
+			if why == "" {
+				o.samples = append(o.samples, smp)
+			} else if o.missing == "" && ctx.Err() == nil {
+				o.missing = why
+			}
+			o.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}
+}
+
+// measure adds the means over the arrival window (engine time; scale
+// converts the samples' wall time) to s: batch (running), engine queue
+// (waiting) and held at the edge (the client's requests in flight less
+// running and waiting, at least 0), with their peaks in a note.
+func (o *occupancy) measure(recs []Record, window time.Duration, scale float64, s *Summary) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var n, run, wait, held, maxRun, maxWait, maxHeld float64
+	for _, smp := range o.samples {
+		at := time.Duration(float64(smp.at) / scale)
+		if at > window {
+			break
+		}
+		inflight := 0
+		for _, rec := range recs {
+			if rec.Start <= at && at < rec.Start+rec.Latency {
+				inflight++
+			}
+		}
+		h := max(0, float64(inflight)-smp.running-smp.waiting)
+		n++
+		run, wait, held = run+smp.running, wait+smp.waiting, held+h
+		maxRun, maxWait, maxHeld = max(maxRun, smp.running), max(maxWait, smp.waiting), max(maxHeld, h)
+	}
+	if n == 0 {
+		s.Notes = append(s.Notes, "no occupancy samples from the replicas' /metrics: "+o.missing)
+		return
+	}
+	s.Extra["batch"], s.Extra["engine_queue"], s.Extra["edge_held"] = run/n, wait/n, held/n
+	s.Notes = append(s.Notes, fmt.Sprintf("over the arrivals (%.0f samples of the replicas' gauges): running mean %.1f max %.0f, "+
+		"waiting in the engine mean %.1f max %.0f, held at the edge (client in flight − running − waiting) mean %.1f max %.0f",
+		n, run/n, maxRun, wait/n, maxWait, held/n, maxHeld))
+}
+
+// settledCounts returns the replicas' metrics once their
+// vllm:request_success_total has counted every answer (an engine may
+// count a request a moment after its last byte: llm-d-inference-sim
+// does it through a channel), waiting at most 3 s; now is the first
+// scrape after the run.
+func settledCounts(ctx context.Context, replicas []string, before, now []map[string]float64, recs []Record) []map[string]float64 {
+	answered := 0
+	for _, rec := range recs {
+		if rec.Status == 200 && rec.Err == "" {
+			answered++
+		}
+	}
+	success := []string{"vllm:request_success_total"}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if len(before) != len(replicas) || len(now) != len(replicas) || answered == 0 {
+			return now
+		}
+		sum, has := 0.0, false
+		for i := range replicas {
+			if before[i] == nil || now[i] == nil {
+				return now
+			}
+			_, ok := now[i][success[0]]
+			has = has || ok
+			sum += counter(now[i], success) - counter(before[i], success)
+		}
+		if !has || sum >= float64(answered) || time.Now().After(deadline) || ctx.Err() != nil {
+			return now
+		}
+		time.Sleep(100 * time.Millisecond)
+		now = scrapeReplicas(ctx, replicas)
+	}
+}
+
+// Issue 19's must-show, against direct to the one replica: every Sluice
+// policy's TTFT p50 within ratioTTFT× direct's and its output tokens/s at
+// least ratioTokens× direct's, at each rate.
+const (
+	ratioTTFT   = 1.25
+	ratioTokens = 0.95
+)
+
+// directRatios is the appendix of an R = 1 run: per rep and rate, every
+// system's TTFT p50 and output tokens/s ÷ direct's, pass or fail against
+// ratioTTFT and ratioTokens, and how many Sluice rows pass.
+func directRatios(systems []Summary) string {
+	type key struct {
+		rep  int
+		rate float64
+	}
+	direct := map[key]Summary{}
+	for _, s := range systems {
+		if strings.HasPrefix(s.System, "direct@") {
+			direct[key{s.Rep, s.Extra["rate"]}] = s
+		}
+	}
+	ratio := func(a, b float64) (float64, string) {
+		if b == 0 {
+			return 0, "—"
+		}
+		return a / b, fmt.Sprintf("%.2f×", a/b)
+	}
+	var rows [][]string
+	var sluice, sluicePass int
+	var failed []string
+	for _, s := range systems {
+		d, ok := direct[key{s.Rep, s.Extra["rate"]}]
+		if !ok || strings.HasPrefix(s.System, "direct@") {
+			continue
+		}
+		tr, trS := ratio(s.Extra["ttft_p50_s"], d.Extra["ttft_p50_s"])
+		kr, krS := ratio(s.Extra["out_tok_s"], d.Extra["out_tok_s"])
+		var why []string
+		if trS == "—" || tr > ratioTTFT {
+			why = append(why, "ttft")
+		}
+		if krS == "—" || kr < ratioTokens {
+			why = append(why, "tok/s")
+		}
+		verdict := "pass"
+		if len(why) > 0 {
+			verdict = "**FAIL** (" + strings.Join(why, ", ") + ")"
+		}
+		if strings.HasPrefix(s.System, "sluice_") {
+			sluice++
+			if len(why) == 0 {
+				sluicePass++
+			} else {
+				failed = append(failed, fmt.Sprintf("%s #%d", s.System, max(s.Rep, 1)))
+			}
+		}
+		rows = append(rows, []string{fmt.Sprintf("%g/s", s.Extra["rate"]), strconv.Itoa(max(s.Rep, 1)), strings.Split(s.System, "@")[0],
+			fmt.Sprintf("%d/%d", s.OK, s.Requests), fmt.Sprintf("%.2f s", s.Extra["ttft_p50_s"]), trS,
+			fmt.Sprintf("%.0f", s.Extra["out_tok_s"]), krS, verdict})
+	}
+	if len(rows) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Against direct to the one replica (same rate and rep): TTFT p50 ÷ direct's (pass: ≤ %.2f×) and output "+
+		"tokens/s ÷ direct's (pass: ≥ %.2f×); ok = answered of sent (a request the client timed out has no TTFT: "+
+		"compare the ok counts too).\n\n", ratioTTFT, ratioTokens)
+	var dk []key
+	for k := range direct {
+		dk = append(dk, k)
+	}
+	sort.Slice(dk, func(i, j int) bool {
+		if dk[i].rep != dk[j].rep {
+			return dk[i].rep < dk[j].rep
+		}
+		return dk[i].rate < dk[j].rate
+	})
+	var dl []string
+	for _, k := range dk {
+		d := direct[k]
+		dl = append(dl, fmt.Sprintf("%g/s #%d: TTFT p50 %.2f s, %.0f tok/s, ok %d/%d", k.rate, max(k.rep, 1),
+			d.Extra["ttft_p50_s"], d.Extra["out_tok_s"], d.OK, d.Requests))
+	}
+	b.WriteString("Direct: " + strings.Join(dl, "; ") + ".\n\n")
+	mdTable(&b, []string{"rate", "rep", "system", "ok", "ttft p50", "÷ direct", "out tok/s", "÷ direct", "verdict"}, rows)
+	fmt.Fprintf(&b, "\nSluice policies within both bounds: %d of %d rows", sluicePass, sluice)
+	if len(failed) > 0 {
+		b.WriteString("; failing: " + strings.Join(failed, ", "))
+	}
+	b.WriteString(".\n")
+	return b.String()
+}
+
+// thousands writes n with a comma between thousands (1,500).
+func thousands(n int) string {
+	d := strconv.Itoa(n)
+	for i := len(d) - 3; i > 0 && d[i-1] != '-'; i -= 3 {
+		d = d[:i] + "," + d[i:]
+	}
+	return d
 }

@@ -31,24 +31,24 @@ func main() {
 	reps := fs.Int("reps", 1, "run every system this many times, interleaved, and report mean ± sd")
 	only := fs.String("only", "", "run only the systems whose name contains one of these comma-separated substrings")
 	noInstall := fs.Bool("no-install", false, "do not apt-get install missing haproxy / redis-server")
-	limit := fs.Duration("timeout", 0, "abort the scenario after this long (default 5m, 90s with -quick; chaos: 20m; real-engine: 15m on the sim, 3h on real engines; kv-events: 15m, 4m with -quick)")
+	limit := fs.Duration("timeout", 0, "abort the scenario after this long (default 5m, 90s with -quick; chaos: 20m; real-engine: 15m on the sim, 30m (4m with -quick) with -engine llmd, 3h on real engines; kv-events: 15m, 4m with -quick)")
 	// real-engine and engine-calibration
 	var eng bench.EngineOptions
-	engine := fs.String("engine", "", "real-engine: replicas from \"sim\" (default, in process) or \"transformers\" (bench/realengine/server.py, needs PyTorch)")
+	engine := fs.String("engine", "", "real-engine: replicas from \"sim\" (default, in process), \"transformers\" (bench/realengine/server.py, needs PyTorch) or \"llmd\" (llm-d-inference-sim: SLUICE_LLMD_SIM or scripts/llmd-sim.sh)")
 	endpoints := fs.String("endpoints", "", "real-engine: your own OpenAI-compatible replicas, comma-separated http://host:port (vLLM, SGLang, TGI)")
 	fs.StringVar(&eng.Model, "model", "", "real-engine: the requests' model (default: the first of the first replica's /v1/models; none with the sim)")
-	fs.IntVar(&eng.Replicas, "replicas", 0, "real-engine: R, replicas for sim / transformers (default 4)")
-	rate := fs.Float64("rate", 0, "real-engine: arrival rate, req/s of engine time (default 4)")
+	fs.IntVar(&eng.Replicas, "replicas", 0, "real-engine: R, replicas for sim / transformers / llmd (default 4; llmd: 1)")
+	rate := fs.Float64("rate", 0, "real-engine: arrival rate, req/s of engine time (default 4; llmd: 20 and 30)")
 	rates := fs.String("rates", "", "real-engine: several arrival rates, comma-separated (e.g. 4,8,12)")
 	fs.Float64Var(&eng.Scale, "scale", 0, "real-engine: time scale, 1 s of engine time runs in SCALE s (default 0.25 with the sim, else 1)")
 	fs.IntVar(&eng.Prompts, "prompts", 0, "real-engine: P, shared system prompts (default 4)")
 	fs.IntVar(&eng.PromptWords, "prompt-words", 0, "real-engine: W, words (= tokens) per system prompt (default 1500)")
 	fs.IntVar(&eng.UniqueWords, "unique-words", 0, "real-engine: U, unique words per request (default 40)")
-	fs.IntVar(&eng.MaxTokens, "max-tokens", 0, "real-engine: max_tokens of every request (default 32)")
+	fs.IntVar(&eng.MaxTokens, "max-tokens", 0, "real-engine: max_tokens of every request (default 32; llmd: 16)")
 	fs.DurationVar(&eng.Arrivals, "arrivals", 0, "real-engine: how long arrivals last, engine time (default 25s; 8s with -quick)")
 	fs.DurationVar(&eng.ClientTimeout, "client-timeout", 0, "real-engine: client timeout per request, engine time (default 40s)")
 	fs.StringVar(&eng.Python, "python", "", "real-engine -engine transformers: the Python interpreter (default python3)")
-	serverArgs := fs.String("server-args", "", "real-engine -engine transformers: extra flags for server.py, space-separated (e.g. \"--layers 2 --hidden 256 --device cpu\")")
+	serverArgs := fs.String("server-args", "", "real-engine -engine transformers / llmd: extra flags for server.py (e.g. \"--layers 2 --hidden 256 --device cpu\") or llm-d-inference-sim (after the scenario's own: the last wins), space-separated")
 	calibrate := fs.Bool("calibrate", false, "real-engine: run the engine-calibration scenario instead (direct to ONE replica at 4, 8, 12 req/s)")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: go run ./cmd/sluice-bench <scenario> [flags]\n\nscenarios:\n")
@@ -125,9 +125,17 @@ func main() {
 		if !*quick && (scenario == "real-engine" || scenario == "engine-calibration") {
 			// Real engines run in real time: 25 s + the drain per system and rate.
 			d = 15 * time.Minute
+			if eng.Engine == "llmd" {
+				// 9 systems × 2 rates, each 25 s + a drain of up to 12 s.
+				d = 30 * time.Minute
+			}
 			if eng.Engine == "transformers" || len(eng.Endpoints) > 0 {
 				d = 3 * time.Hour
 			}
+		}
+		if *quick && eng.Engine == "llmd" && scenario == "real-engine" {
+			// 9 systems of 8 s each, every one with its own engine.
+			d = 4 * time.Minute
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
