@@ -28,13 +28,14 @@ const kvFullUsage = 0.98
 // The slots follow the samples the way TCP's window follows acks:
 //   - until the engine has shown it runs two requests at once with
 //     nothing waiting, it is probed one request above what it runs
-//     (a one-at-a-time server answers that probe by queueing it, and is
-//     then left to the learned limit for good);
+//     (a one-at-a-time server answers that probe by queueing it, two
+//     samples in a row, and is then left to the learned limit for good);
 //   - a batching engine with room gets twice what it ran (or what Sluice
 //     had on it) until it is first seen full, then a quarter more per
 //     sample with room — slots never shrink on an idle sample;
-//   - a full engine keeps what it runs of Sluice's requests: nothing
-//     more is sent until one ends.
+//   - a full engine (KV cache full, or requests waiting in two samples
+//     in a row) keeps what it runs of Sluice's requests: nothing more is
+//     sent until one ends.
 //
 // While requests wait at the edge the state asks the scraper for fresh
 // samples (at most every MinRefresh), so a burst grows the slots in
@@ -42,9 +43,10 @@ const kvFullUsage = 0.98
 type engineView struct {
 	until            time.Time // the sample is trusted until then (zero: no usable sample)
 	waiting, running int
+	queued           bool // the sample before this one had requests waiting too
 	full             bool // the last sample said full
 	batching         bool // some sample showed 2+ running with nothing waiting
-	single           bool // some sample showed it queueing while running at most one
+	single           bool // some sample showed it full while running at most one
 	sawFull          bool // some sample since it was seen batching said full
 	slots            int  // what a batching engine gets while samples are fresh
 	ours             int  // Sluice's requests in flight on it at the last sample
@@ -52,16 +54,23 @@ type engineView struct {
 
 // observe folds a sample in, taken while ours of Sluice's requests were in
 // flight on the replica; staleness is how long a sample is trusted.
+//
+// Full is a KV cache at kvFullUsage, or requests waiting in two samples
+// in a row: a step-based engine counts a request as waiting from its
+// arrival to the next step, so one sample with a request or two waiting
+// says nothing about room (on the calibrated engine, cutting the slots on
+// every such sample held requests at the edge and tripled the TTFT p90).
 func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.Duration) {
 	if smp.Err != nil || smp.At.IsZero() || !smp.Have.Waiting || !smp.Have.Running {
 		// A failed scrape, or a server that does not say what waits:
 		// nothing to go on, the learned limit decides.
-		e.until = time.Time{}
+		e.until, e.queued = time.Time{}, false
 		return
 	}
 	e.until = smp.At.Add(staleness)
 	e.waiting, e.running = int(smp.Waiting), int(smp.Running)
-	e.full = e.waiting > 0 || (smp.Have.KVCache && smp.KVCacheUsage >= kvFullUsage)
+	e.full = (e.waiting > 0 && e.queued) || (smp.Have.KVCache && smp.KVCacheUsage >= kvFullUsage)
+	e.queued = e.waiting > 0
 	e.ours = ours
 	base := max(e.running, ours)
 	switch {
@@ -72,7 +81,8 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 	case e.full:
 		e.sawFull = true
 		e.slots = max(1, min(ours, e.running))
-	case e.single:
+	case e.single || e.waiting > 0:
+		// one-at-a-time, or a request waiting for the next step: no change
 	case e.running >= 2 || e.batching:
 		e.batching = true
 		grown := 2 * base
@@ -101,6 +111,8 @@ func (e *engineView) slotsAt(now time.Time, learned int) (int, string) {
 		return learned, slotsLearned
 	case e.batching:
 		return max(1, e.slots), slotsEngine
+	case e.waiting > 0:
+		return max(learned, e.ours), slotsEngineProbe // wait for the next sample
 	}
 	return max(learned, max(e.running, e.ours)+1), slotsEngineProbe
 }

@@ -63,6 +63,7 @@ func TestAnEngineThatQueuesBehindOneIsLeftToTheLearnedLimit(t *testing.T) {
 	s.engineSample("a", engineSays(0, 1, 0.1))
 	l2 := mustAcquire(t, s) // the probe
 	s.engineSample("a", engineSays(1, 1, 0.1))
+	s.engineSample("a", engineSays(1, 1, 0.1)) // still waiting: not the next step's
 	s.engineSample("a", engineSays(0, 1, 0.1))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -101,7 +102,8 @@ func TestAFullEngineKeepsWhatItRuns(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		leases = append(leases, mustAcquire(t, s))
 	}
-	s.engineSample("a", engineSays(2, 8, 0.9)) // 8 of our 10 run
+	s.engineSample("a", engineSays(2, 8, 0.9))
+	s.engineSample("a", engineSays(2, 8, 0.9)) // twice: 8 of our 10 run
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out := enqueue(t, s, ctx, 1)
@@ -150,5 +152,35 @@ func TestUntrustedSamplesLeaveTheLearnedLimit(t *testing.T) {
 				t.Fatalf("slots %d from %q, want 1 from the learned limit", got.Parallelism, got.SlotsFrom)
 			}
 		})
+	}
+}
+
+// A request or two waiting in one sample are the next step's: a
+// step-based engine counts a request as waiting from its arrival to the
+// next step. Neither the slots of a batching engine nor a new engine's
+// probe are cut for it, and a one-at-a-time verdict needs it twice.
+func TestOneSampleWithRequestsWaitingIsNotFull(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 2, 0.1))
+	s.engineSample("a", engineSays(0, 8, 0.3)) // 16 slots
+	s.engineSample("a", engineSays(2, 8, 0.3))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 16 || got.SlotsFrom != slotsEngine {
+		t.Fatalf("after one sample with 2 waiting: slots %d from %q, want 16 from the engine", got.Parallelism, got.SlotsFrom)
+	}
+	s.engineSample("a", engineSays(0, 8, 0.3))
+	s.engineSample("a", engineSays(1, 8, 0.3))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 16 {
+		t.Fatalf("waiting in samples that are not consecutive: slots %d, want 16", got.Parallelism)
+	}
+
+	n := New(Config{})
+	n.SetBackends([]string{"b"})
+	l := mustAcquire(t, n)
+	defer l.Release(success(time.Millisecond))
+	n.engineSample("b", engineSays(1, 1, 0.1))
+	n.engineSample("b", engineSays(0, 2, 0.1))
+	if got := n.Snapshot().Replicas[0]; got.SlotsFrom != slotsEngine {
+		t.Fatalf("an engine that queued one request for a step, then ran two: slots from %q, want %q", got.SlotsFrom, slotsEngine)
 	}
 }
