@@ -65,8 +65,8 @@ type QueuedLeastLatency struct {
 	// full (requests waiting, KV cache full); replicas that export no
 	// queue keep the learned limit.
 	EngineMetrics string `json:"engine_metrics,omitempty"`
-	// How often the replicas' metrics are read (default 1s; more often,
-	// at most every tenth of it, while requests wait at the edge), how
+	// How often the replicas' metrics are read (default 1s; again every
+	// 50ms while requests wait at the edge), how
 	// old a sample may be before it is ignored (default 3× the interval),
 	// and their path (default /metrics).
 	MetricsInterval  caddy.Duration `json:"metrics_interval,omitempty" sluice:"positive"`

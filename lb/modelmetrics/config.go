@@ -19,7 +19,8 @@ type Config struct {
 	// Staleness: values older than this are Stale (default 3×Interval).
 	Staleness time.Duration
 	// MinRefresh is the shortest time between two rounds that Refresh
-	// asks for (default Interval/10, at least 50ms).
+	// asks for (default 50ms, as often as GIE's endpoint picker reads
+	// every replica; at most Interval).
 	MinRefresh time.Duration
 	// Path of the metrics endpoint on each target (default "/metrics").
 	Path string
@@ -40,7 +41,7 @@ func (c Config) WithDefaults() Config {
 		c.Staleness = 3 * c.Interval
 	}
 	if c.MinRefresh <= 0 {
-		c.MinRefresh = max(c.Interval/10, 50*time.Millisecond)
+		c.MinRefresh = min(50*time.Millisecond, c.Interval)
 	}
 	if c.Path == "" {
 		c.Path = "/metrics"
