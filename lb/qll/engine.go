@@ -27,7 +27,8 @@ const kvFullUsage = 0.98
 //
 // The slots follow the samples the way TCP's window follows acks:
 //   - until the engine has shown it runs two requests at once with
-//     nothing waiting, it is probed one request above what it runs
+//     nothing waiting, it is probed one request above Sluice's while it
+//     runs all of them
 //     (a one-at-a-time server answers that probe by queueing it, two
 //     samples in a row, and is then left to the learned limit for good);
 //   - a batching engine with room gets twice what it ran (or what Sluice
@@ -103,18 +104,22 @@ const (
 
 // slotsAt is the replica's slots at now given the learned limit's, and
 // where they come from: the engine's while its samples are fresh and it
-// batches, one above what it runs while it has room and has not shown yet
-// whether it batches, the learned limit's otherwise.
+// batches; one above Sluice's requests on it while it runs them all with
+// room and has not shown yet whether it batches; the learned limit's
+// otherwise.
 func (e *engineView) slotsAt(now time.Time, learned int) (int, string) {
 	switch {
 	case e.until.IsZero() || now.After(e.until) || e.single || (e.full && !e.batching):
 		return learned, slotsLearned
 	case e.batching:
 		return max(1, e.slots), slotsEngine
-	case e.waiting > 0:
-		return max(learned, e.ours), slotsEngineProbe // wait for the next sample
+	case e.waiting > 0 || e.ours == 0 || e.running < e.ours:
+		// Nothing to probe from: a request waiting for the next step,
+		// none of ours on it, or ours not all running (in transit, or
+		// a one-at-a-time server caught between two of them).
+		return learned, slotsLearned
 	}
-	return max(learned, max(e.running, e.ours)+1), slotsEngineProbe
+	return max(learned, e.ours+1), slotsEngineProbe
 }
 
 // wantsSample reports whether a fresh sample could give r more slots:

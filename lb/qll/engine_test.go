@@ -184,3 +184,21 @@ func TestOneSampleWithRequestsWaitingIsNotFull(t *testing.T) {
 		t.Fatalf("an engine that queued one request for a step, then ran two: slots from %q, want %q", got.SlotsFrom, slotsEngine)
 	}
 }
+
+// The probe needs the engine to run every request Sluice has on it: a
+// sample that shows fewer (one in transit, or a one-at-a-time server
+// caught between two requests) probes nothing.
+func TestNoProbeWhileOursAreNotAllRunning(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	l := mustAcquire(t, s)
+	defer l.Release(success(time.Millisecond))
+	s.engineSample("a", engineSays(0, 0, 0))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 1 || got.SlotsFrom != slotsLearned {
+		t.Fatalf("ours 1, engine running 0: slots %d from %q, want 1 from the learned limit", got.Parallelism, got.SlotsFrom)
+	}
+	s.engineSample("a", engineSays(0, 1, 0.1))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 2 || got.SlotsFrom != slotsEngineProbe {
+		t.Fatalf("ours 1, engine running 1: slots %d from %q, want 2 from the probe", got.Parallelism, got.SlotsFrom)
+	}
+}
