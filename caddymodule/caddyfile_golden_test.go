@@ -625,6 +625,9 @@ func TestCaddyfileErrors(t *testing.T) {
 	cases := []goldenErrCase{
 		// lb_policy queued_least_latency: parse errors.
 		{"qll/unknown option", goldenQLL("bogus_option 1"), []string{"queued_least_latency", "bogus_option"}},
+		{"qll/engine_metrics maybe", goldenQLL("engine_metrics maybe"), []string{"queued_least_latency", "engine_metrics", "maybe"}},
+		{"qll/metrics_path relative", goldenQLL("metrics_path metrics"), []string{"queued_least_latency", "metrics_path"}},
+		{"qll/metrics_interval 0", goldenQLL("metrics_interval 0"), []string{"queued_least_latency", "metrics_interval"}},
 		{"cache_aware/unknown option", goldenCacheAware("bogus 1"), []string{"cache_aware", "bogus"}},
 		{"cache_aware/redis no address", goldenCacheAware("redis"), []string{"redis"}},
 		{"cache_aware/redis not host:port", goldenCacheAware("redis nohost"), []string{"redis"}},

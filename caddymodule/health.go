@@ -33,11 +33,14 @@ type backendHealth struct {
 	InFlight    int     `json:"in_flight"`
 	// Parallelism is the requests a queueing policy takes the replica to
 	// serve at once (configured, or learned).
-	Parallelism int    `json:"parallelism,omitempty"`
-	Down        bool   `json:"down"`
-	Draining    bool   `json:"draining,omitempty"`
-	Dispatched  uint64 `json:"dispatched"`
-	Failures    uint64 `json:"failures"`
+	Parallelism int `json:"parallelism,omitempty"`
+	// SlotsFrom says what decides Parallelism (queued_least_latency):
+	// engine, engine_probe, learned or pinned.
+	SlotsFrom  string `json:"slots_from,omitempty"`
+	Down       bool   `json:"down"`
+	Draining   bool   `json:"draining,omitempty"`
+	Dispatched uint64 `json:"dispatched"`
+	Failures   uint64 `json:"failures"`
 	// The replica's own metrics, when a policy scrapes them.
 	Metrics *replicaMetrics `json:"metrics,omitempty"`
 }

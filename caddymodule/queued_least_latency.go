@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
+	"github.com/sluice-router/sluice/lb/modelmetrics"
 	"github.com/sluice-router/sluice/lb/qll"
 )
 
@@ -57,6 +59,19 @@ type QueuedLeastLatency struct {
 	// Which latency feeds the EWMA: auto (default: first byte for
 	// text/event-stream, last byte otherwise), last_byte or first_byte.
 	LatencyMeasure string `json:"latency_measure,omitempty"`
+	// Whether the replicas' own metrics decide their slots where they
+	// export their queue (vLLM, SGLang, TGI, Triton): on (default) or off.
+	// On: a request waits at the edge only while the engine says it is
+	// full (requests waiting, KV cache full); replicas that export no
+	// queue keep the learned limit.
+	EngineMetrics string `json:"engine_metrics,omitempty"`
+	// How often the replicas' metrics are read (default 1s; again every
+	// 50ms while requests wait at the edge), how
+	// old a sample may be before it is ignored (default 3× the interval),
+	// and their path (default /metrics).
+	MetricsInterval  caddy.Duration `json:"metrics_interval,omitempty" sluice:"positive"`
+	MetricsStaleness caddy.Duration `json:"metrics_staleness,omitempty" sluice:"positive"`
+	MetricsPath      string         `json:"metrics_path,omitempty"`
 
 	passiveHealth
 	attemptOptions
@@ -78,6 +93,9 @@ func (p *QueuedLeastLatency) config() qll.Config {
 		Parallelism:      p.Parallelism,
 		MaxFails:         p.MaxFails,
 		FailDuration:     time.Duration(p.FailDuration),
+		NoEngineMetrics:  p.EngineMetrics == "off",
+		EngineMetrics: modelmetrics.Config{Interval: time.Duration(p.MetricsInterval),
+			Staleness: time.Duration(p.MetricsStaleness), Path: p.MetricsPath},
 	}
 }
 
@@ -100,6 +118,17 @@ func (p *QueuedLeastLatency) Validate() error {
 	case "", measureAuto, measureLastByte, measureFirstByte:
 	default:
 		return fmt.Errorf("queued_least_latency: latency_measure: must be auto, last_byte or first_byte, got %q", p.LatencyMeasure)
+	}
+	switch p.EngineMetrics {
+	case "", "on", "off":
+	default:
+		return fmt.Errorf("queued_least_latency: engine_metrics: must be on or off, got %q", p.EngineMetrics)
+	}
+	if p.MetricsPath != "" && p.MetricsPath[0] != '/' {
+		return fmt.Errorf("queued_least_latency: metrics_path: must start with /, got %q", p.MetricsPath)
+	}
+	if p.MetricsInterval < 0 || p.MetricsStaleness < 0 {
+		return fmt.Errorf("queued_least_latency: metrics_interval and metrics_staleness must be positive")
 	}
 	if err := p.config().WithDefaults().Validate(); err != nil {
 		return fmt.Errorf("queued_least_latency: %v", err)
@@ -128,8 +157,14 @@ func (p *QueuedLeastLatency) Provision(ctx caddy.Context) error {
 			s.SetWaitObserver(qllCollector.WaitObserver(name))
 			lg := &qllStateLog{state: s, pool: name, log: log}
 			lg.every.Store(int64(every))
+			run := func(ctx context.Context) {
+				var wg sync.WaitGroup
+				wg.Go(func() { s.Run(ctx) }) // the engine metrics
+				lg.run(ctx)
+				wg.Wait()
+			}
 			return newPolicyState(key, s, policyParts{settings: func() any { return s.Config() },
-				health: func() stateHealth { return qllHealth(s) }, run: lg.run, closer: s.Close, extra: lg}), nil
+				health: func() stateHealth { return qllHealth(s) }, run: run, closer: s.Close, extra: lg}), nil
 		},
 		apply: func(st *policyState) {
 			st.picker.(*qll.State).Configure(cfg)
@@ -142,9 +177,12 @@ func (p *QueuedLeastLatency) Provision(ctx caddy.Context) error {
 func qllHealth(s *qll.State) stateHealth {
 	snap := s.Snapshot()
 	h := stateHealth{QueueDepth: snap.QueueDepth, Replicas: []backendHealth{}, Detail: latencyAndSlots}
+	if !s.Config().NoEngineMetrics {
+		h.Metrics = s.Engine()
+	}
 	for _, r := range snap.Replicas {
 		h.Replicas = append(h.Replicas, backendHealth{Addr: r.Addr, EWMALatency: r.EWMASeconds, Tried: r.Tried,
-			InFlight: r.InFlight, Parallelism: r.Parallelism, Down: r.Down, Dispatched: r.Dispatched,
+			InFlight: r.InFlight, Parallelism: r.Parallelism, SlotsFrom: r.SlotsFrom, Down: r.Down, Dispatched: r.Dispatched,
 			Failures: r.Failures, Draining: !r.Present})
 	}
 	return h
@@ -203,6 +241,10 @@ func (l *qllStateLog) run(ctx context.Context) {
 //	    max_fails          <int>
 //	    fail_duration      <duration|seconds>
 //	    latency_measure    auto|last_byte|first_byte
+//	    engine_metrics     on|off
+//	    metrics_interval   <duration|seconds>
+//	    metrics_staleness  <duration|seconds>
+//	    metrics_path       <path>
 //	}
 //
 // Durations also accept plain seconds ("3.0"), as the reference's

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -123,4 +124,96 @@ func engineHolds(t *testing.T, port int) int {
 		}
 	}
 	return int(total)
+}
+
+// An engine that slows every request of its batch as the batch fills —
+// here 3× at its 16 sequences, as llm-d-inference-sim's
+// --time-factor-under-load 3 does and as real engines do — still serves
+// more the more it holds. Fourteen clients that each send a completion as
+// soon as their last one ends keep 14 requests on it, below its 16:
+// every policy's defaults must let all of them run, the engine's own
+// gauges (running + waiting) holding 14 (13 as one ends) most of the time. No timing is
+// asserted; the median of what the engine holds over the second half of
+// the run is.
+//
+// queued_least_latency's learned limit alone called that engine full
+// near 9 (one more request added too little throughput by its latency)
+// and held the rest at the edge; its engine metrics (on by default) see
+// the engine's queue empty. Ports 9540-9549.
+func TestDefaultsKeepASlowingEngineAsBusyAsItsClients(t *testing.T) {
+	policies := []struct{ name, site string }{
+		{"queued_least_latency", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy queued_least_latency\n\t}"},
+		{"load_aware", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy load_aware\n\t}"},
+		{"cache_aware", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy cache_aware\n\t}"},
+		{"flow_control", "flow_control\n\treverse_proxy 127.0.0.1:%d"},
+		{"global_redis_least", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy global_redis_least {\n\t\t\tredis " + testRedis(t) +
+			"\n\t\t\tkey_prefix slowing" + strconv.FormatInt(time.Now().UnixNano()%1e9, 10) + "\n\t\t}\n\t}"},
+	}
+	for i, p := range policies {
+		t.Run(p.name, func(t *testing.T) {
+			port, engine := 9540+2*i, 9541+2*i
+			startCaddy(t, globals+fmt.Sprintf(`
+:%d {
+	bind 127.0.0.1
+	`+p.site+`
+}
+
+:%d {
+	bind 127.0.0.1
+	inference_sim {
+		name engine-%d
+		max_num_seqs 16
+		latency per_token 2ms 10ms batch_slowdown 0.1333
+	}
+}
+`, port, engine, engine, engine))
+			const clients, each = 14, 8
+			url := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", port)
+			var wg sync.WaitGroup
+			errs := make(chan error, clients)
+			for c := 0; c < clients; c++ {
+				wg.Go(func() {
+					for j := 0; j < each; j++ {
+						body := fmt.Sprintf(`{"prompt": "client %d request %d", "max_tokens": 32}`, c, j)
+						resp, err := client.Post(url, "application/json", strings.NewReader(body))
+						if err != nil {
+							errs <- err
+							return
+						}
+						b, _ := io.ReadAll(resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != 200 {
+							errs <- fmt.Errorf("client %d request %d: status %d, body %.200q", c, j, resp.StatusCode, b)
+							return
+						}
+					}
+				})
+			}
+			done := make(chan struct{})
+			go func() { wg.Wait(); close(done) }()
+			var holds []int
+			for polling := true; polling; {
+				select {
+				case <-done:
+					polling = false
+				case <-time.After(20 * time.Millisecond):
+					holds = append(holds, engineHolds(t, engine))
+				}
+			}
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			// The second half, less its last quarter (clients finishing).
+			late := holds[len(holds)/2 : len(holds)*3/4]
+			slices.Sort(late)
+			if len(late) == 0 {
+				t.Fatal("no samples of the engine")
+			}
+			if med := late[len(late)/2]; med < clients-1 {
+				t.Fatalf("%s with defaults: the engine held a median of %d of the %d clients' requests (samples %v); the rest waited at the edge while it had room for 16",
+					p.name, med, clients, late)
+			}
+		})
+	}
 }

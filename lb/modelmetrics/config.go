@@ -18,6 +18,10 @@ type Config struct {
 	Timeout time.Duration
 	// Staleness: values older than this are Stale (default 3×Interval).
 	Staleness time.Duration
+	// MinRefresh is the shortest time between two rounds that Refresh
+	// asks for (default 50ms, as often as GIE's endpoint picker reads
+	// every replica; at most Interval).
+	MinRefresh time.Duration
 	// Path of the metrics endpoint on each target (default "/metrics").
 	Path string
 	// Client, if set, makes the requests; by default the scraper uses its
@@ -36,6 +40,9 @@ func (c Config) WithDefaults() Config {
 	if c.Staleness <= 0 {
 		c.Staleness = 3 * c.Interval
 	}
+	if c.MinRefresh <= 0 {
+		c.MinRefresh = min(50*time.Millisecond, c.Interval)
+	}
 	if c.Path == "" {
 		c.Path = "/metrics"
 	}
@@ -49,6 +56,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("modelmetrics: interval must be positive, got %v", c.Interval)
 	case c.Timeout < 0:
 		return fmt.Errorf("modelmetrics: timeout must be positive, got %v", c.Timeout)
+	case c.MinRefresh < 0:
+		return fmt.Errorf("modelmetrics: min_refresh must be positive, got %v", c.MinRefresh)
 	case c.Staleness < 0:
 		return fmt.Errorf("modelmetrics: staleness must be positive, got %v", c.Staleness)
 	case c.Path != "" && c.Path[0] != '/':

@@ -27,6 +27,9 @@ type Scraper struct {
 	targets atomic.Pointer[map[string]*target]
 	wake    chan struct{} // SetTargets added targets: scrape them now
 	retick  chan struct{} // Configure changed the interval
+	refresh chan struct{} // Refresh: a round now, at most every MinRefresh
+
+	onSample atomic.Pointer[func(addr string, smp Sample)]
 
 	ok, failed atomic.Uint64
 }
@@ -42,7 +45,8 @@ type target struct {
 // New returns a scraper with no targets; call Run to start scraping.
 func New(cfg Config) *Scraper {
 	cfg = cfg.WithDefaults()
-	s := &Scraper{client: cfg.Client, now: time.Now, wake: make(chan struct{}, 1), retick: make(chan struct{}, 1)}
+	s := &Scraper{client: cfg.Client, now: time.Now, wake: make(chan struct{}, 1), retick: make(chan struct{}, 1),
+		refresh: make(chan struct{}, 1)}
 	s.cfg.Store(&cfg)
 	if s.client == nil {
 		// No proxy from the environment: replicas are internal addresses.
@@ -127,6 +131,16 @@ func (s *Scraper) Run(ctx context.Context) {
 	}()
 	tick := time.NewTicker(s.Config().Interval)
 	defer tick.Stop()
+	// A Refresh within MinRefresh of the last full round is held on this
+	// timer (nil channel: none pending) and runs when the gap has passed.
+	var held *time.Timer
+	var heldC <-chan time.Time
+	defer func() {
+		if held != nil {
+			held.Stop()
+		}
+	}()
+	last := s.now()
 	s.round(ctx, &wg, false)
 	for {
 		select {
@@ -135,11 +149,54 @@ func (s *Scraper) Run(ctx context.Context) {
 		case <-s.retick:
 			tick.Reset(s.Config().Interval)
 		case <-tick.C:
+			last = s.now()
 			s.round(ctx, &wg, false)
 		case <-s.wake:
 			s.round(ctx, &wg, true)
+		case <-s.refresh:
+			if heldC != nil {
+				continue // one is already due
+			}
+			if wait := s.Config().MinRefresh - s.now().Sub(last); wait > 0 {
+				if held == nil {
+					held = time.NewTimer(wait)
+				} else {
+					held.Reset(wait)
+				}
+				heldC = held.C
+				continue
+			}
+			last = s.now()
+			s.round(ctx, &wg, false)
+		case <-heldC:
+			heldC = nil
+			last = s.now()
+			s.round(ctx, &wg, false)
 		}
 	}
+}
+
+// Refresh asks a running Run for a round of every target now rather than
+// at the next Interval: for a caller holding requests on what the last
+// samples said. Rounds come at most every Config.MinRefresh; a Refresh
+// within it is served when it has passed, and Refreshes meanwhile are
+// merged into that one. It never blocks.
+func (s *Scraper) Refresh() {
+	select {
+	case s.refresh <- struct{}{}:
+	default: // one is pending
+	}
+}
+
+// OnSample makes fn receive every target's sample as soon as a scrape of
+// it ends (a failed one too: the sample then carries Err), on the
+// scrape's goroutine. fn must not block; nil removes it.
+func (s *Scraper) OnSample(fn func(addr string, smp Sample)) {
+	if fn == nil {
+		s.onSample.Store(nil)
+		return
+	}
+	s.onSample.Store(&fn)
 }
 
 // round starts one scrape per target (only never-tried ones with onlyNew),
@@ -187,6 +244,9 @@ func (s *Scraper) scrape(runCtx context.Context, t *target) {
 		s.ok.Add(1)
 	}
 	t.last.Store(&next)
+	if fn := s.onSample.Load(); fn != nil {
+		(*fn)(t.addr, next)
+	}
 }
 
 func (s *Scraper) fetch(ctx context.Context, t *target) (Sample, error) {

@@ -7,6 +7,8 @@ package qll
 import (
 	"fmt"
 	"time"
+
+	"github.com/sluice-router/sluice/lb/modelmetrics"
 )
 
 // Config holds the policy's knobs. Zero values are replaced by defaults in
@@ -39,6 +41,14 @@ type Config struct {
 	// doubling on each further failure up to 16×.
 	MaxFails     int
 	FailDuration time.Duration
+	// EngineMetrics sets how the replicas' own metrics are read (each at
+	// http://<dial address><Path>): where a replica exports its queue
+	// (vLLM, SGLang, TGI, Triton), it decides the replica's slots instead
+	// of the learned limit (see engine.go). Only without Parallelism and
+	// LatencyThreshold.
+	EngineMetrics modelmetrics.Config
+	// NoEngineMetrics turns that off: the learned limit alone decides.
+	NoEngineMetrics bool
 }
 
 // Defaults, from the reference router where it has them.
@@ -68,6 +78,7 @@ func (c Config) WithDefaults() Config {
 	if c.FailDuration == 0 {
 		c.FailDuration = DefaultFailDuration
 	}
+	c.EngineMetrics = c.EngineMetrics.WithDefaults()
 	return c
 }
 
@@ -88,6 +99,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max_fails must be >= 1, got %d", c.MaxFails)
 	case c.FailDuration < 0:
 		return fmt.Errorf("fail_duration must be positive, got %s", c.FailDuration)
+	}
+	if err := c.EngineMetrics.Validate(); err != nil {
+		return err
 	}
 	return nil
 }

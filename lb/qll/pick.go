@@ -60,7 +60,7 @@ func (s *State) pickLocked(now time.Time) *replica {
 	// to it (see evenLoad).
 	least := -1
 	for _, r := range s.order {
-		if s.usableLocked(r, now) && r.inFlight < s.slotsLocked(r) && (least < 0 || r.inFlight < least) {
+		if s.usableLocked(r, now) && r.inFlight < s.slotsLocked(r, now) && (least < 0 || r.inFlight < least) {
 			least = r.inFlight
 		}
 	}
@@ -73,7 +73,7 @@ func (s *State) pickLocked(now time.Time) *replica {
 		if !s.usableLocked(r, now) {
 			continue
 		}
-		par := s.slotsLocked(r)
+		par := s.slotsLocked(r, now)
 		free := r.inFlight < par
 		if !free && threshold == 0 {
 			continue // adaptive: busy replicas wait for a free slot
@@ -170,18 +170,25 @@ func (c candidate) better(b candidate) bool {
 	return c.r.lastPick < b.r.lastPick
 }
 
-// slotsLocked is how many requests r serves at once without slowing down:
-// pinned by Parallelism; 1 under an explicit LatencyThreshold (the
-// reference router's model, whose threshold users tuned for it); else
-// learned.
-func (s *State) slotsLocked(r *replica) int {
+// slotsLocked is how many requests r takes at now before the rest wait
+// at the edge: pinned by Parallelism; 1 under an explicit
+// LatencyThreshold (the reference router's model, whose threshold users
+// tuned for it); else what its engine's own metrics say where it exports
+// them (engine.go), the learned limit where it does not.
+func (s *State) slotsLocked(r *replica, now time.Time) int {
+	n, _ := s.slotsFromLocked(r, now)
+	return n
+}
+
+// slotsFromLocked is slotsLocked and where the slots come from.
+func (s *State) slotsFromLocked(r *replica, now time.Time) (int, string) {
 	switch {
 	case s.cfg.Parallelism > 0:
-		return s.cfg.Parallelism
+		return s.cfg.Parallelism, slotsPinned
 	case s.cfg.LatencyThreshold > 0:
-		return 1
+		return 1, slotsPinned
 	}
-	return max(1, r.lim.slots())
+	return r.eng.slotsAt(now, max(1, r.lim.slots()))
 }
 
 // costKindLocked is the latency kind predictions compare: plain (time to

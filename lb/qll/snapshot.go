@@ -22,12 +22,16 @@ type ReplicaSnapshot struct {
 	// Parallelism is the replica's slots: pinned, or learned (Limit).
 	Parallelism int     `json:"parallelism"`
 	Limit       float64 `json:"concurrency_limit"`
-	Down        bool    `json:"down"`
-	ConsecFails int     `json:"consecutive_failures"`
-	Dispatched  uint64  `json:"dispatched"`
-	Successes   uint64  `json:"successes"`
-	Failures    uint64  `json:"failures"`
-	Present     bool    `json:"-"`
+	// SlotsFrom says what decides Parallelism: "engine" (the replica's
+	// own metrics say it batches), "engine_probe" (they say it has room,
+	// not yet whether it batches), "learned" or "pinned".
+	SlotsFrom   string `json:"slots_from"`
+	Down        bool   `json:"down"`
+	ConsecFails int    `json:"consecutive_failures"`
+	Dispatched  uint64 `json:"dispatched"`
+	Successes   uint64 `json:"successes"`
+	Failures    uint64 `json:"failures"`
+	Present     bool   `json:"-"`
 }
 
 // Snapshot copies the state under its lock. Present replicas come first,
@@ -45,10 +49,11 @@ func (s *State) Snapshot() Snapshot {
 		if !r.tried[plainKind] {
 			ewma = r.ewma[streamKind]
 		}
+		slots, from := s.slotsFromLocked(r, now)
 		snap.Replicas = append(snap.Replicas, ReplicaSnapshot{
 			Addr: r.addr, EWMASeconds: ewma, StreamEWMASeconds: r.ewma[streamKind],
 			Tried: r.tried[plainKind] || r.tried[streamKind], InFlight: r.inFlight,
-			Parallelism: s.slotsLocked(r), Limit: r.lim.limit,
+			Parallelism: slots, Limit: r.lim.limit, SlotsFrom: from,
 			Down: now.Before(r.downUntil), ConsecFails: r.consecFails,
 			Dispatched: r.dispatched, Successes: r.successes, Failures: r.failures,
 			Present: r.present,

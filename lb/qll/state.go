@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/modelmetrics"
 )
 
 // State is one pool's queue and replica statistics. It outlives config
@@ -37,6 +38,10 @@ type State struct {
 	anyUnavailable bool
 
 	now func() time.Time
+	// engine scrapes the replicas' own metrics (see engine.go); its
+	// samples come in through engineSample. Never nil; with the engine
+	// signals off it has no targets.
+	engine *modelmetrics.Scraper
 
 	counters Counters
 	// observeWait, when set, receives every dispatched request's queue wait.
@@ -51,6 +56,7 @@ type replica struct {
 	ewma        [kinds]float64 // seconds, per latency kind (see limit.go)
 	spread      [kinds]float64 // exponentially weighted variance of the samples around ewma
 	lim         concurrencyLimit
+	eng         engineView // the replica's own metrics (see engine.go)
 	consecFails int
 	downUntil   time.Time
 	lastPick    uint64 // s.picks when it last got a request (0: never)
@@ -104,7 +110,61 @@ type Lease struct {
 
 // New returns an empty state. cfg must be valid (see Config.Validate).
 func New(cfg Config) *State {
-	return &State{cfg: cfg.WithDefaults(), replicas: map[string]*replica{}, now: time.Now}
+	cfg = cfg.WithDefaults()
+	s := &State{cfg: cfg, replicas: map[string]*replica{}, now: time.Now, engine: modelmetrics.New(cfg.EngineMetrics)}
+	s.engine.OnSample(s.engineSample)
+	return s
+}
+
+// Run reads the replicas' own metrics until ctx ends (see engine.go);
+// without it the learned limit alone decides.
+func (s *State) Run(ctx context.Context) { s.engine.Run(ctx) }
+
+// Engine is the scraper of the replicas' own metrics, for health and
+// metrics output.
+func (s *State) Engine() *modelmetrics.Scraper { return s.engine }
+
+// engineSample takes a replica's new sample and dispatches waiters if
+// it gave the replica more slots.
+func (s *State) engineSample(addr string, smp modelmetrics.Sample) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.replicas[addr]
+	if r == nil || s.cfg.NoEngineMetrics || s.cfg.Parallelism > 0 || s.cfg.LatencyThreshold > 0 {
+		return
+	}
+	now := s.now()
+	before := s.slotsLocked(r, now)
+	r.eng.observe(smp, r.inFlight, s.engine.Config().Staleness)
+	if s.slotsLocked(r, now) > before {
+		s.dispatchLocked()
+	}
+}
+
+// engineTargetsLocked points the scraper at the present replicas, or at
+// none when the engine signals are off or would not be read.
+func (s *State) engineTargetsLocked() {
+	targets := map[string]string{}
+	if !s.cfg.NoEngineMetrics && s.cfg.Parallelism == 0 && s.cfg.LatencyThreshold == 0 {
+		for _, r := range s.order {
+			targets[r.addr] = "http://" + r.addr
+		}
+	}
+	s.engine.SetTargets(targets)
+}
+
+// askEngineLocked asks for fresh samples when requests wait at the edge
+// and a replica's engine could say it has room.
+func (s *State) askEngineLocked() {
+	if s.queue.Len() == 0 {
+		return
+	}
+	for _, r := range s.order {
+		if r.eng.wantsSample() {
+			s.engine.Refresh()
+			return
+		}
+	}
 }
 
 // Configure swaps the config in place (on reload), keeping statistics and
@@ -113,6 +173,13 @@ func (s *State) Configure(cfg Config) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cfg = cfg.WithDefaults()
+	s.engine.Configure(s.cfg.EngineMetrics)
+	if s.cfg.NoEngineMetrics {
+		for _, r := range s.replicas {
+			r.eng = engineView{}
+		}
+	}
+	s.engineTargetsLocked()
 	s.dispatchLocked()
 }
 
@@ -158,6 +225,7 @@ func (s *State) SetBackends(addrs []string) {
 			}
 		}
 	}
+	s.engineTargetsLocked()
 	if len(s.order) == 0 {
 		s.failAllLocked(lb.ErrNoBackends)
 		return
@@ -243,7 +311,7 @@ func (s *State) acquire(ctx context.Context, unavailable, full []string) (*Lease
 	// Fast path: nobody is waiting ahead of us and a replica is eligible.
 	if s.queue.Len() == 0 {
 		if r := s.pickLocked(now); r != nil {
-			l := s.assignLocked(r, 0)
+			l := s.assignLocked(r, now, 0)
 			s.mu.Unlock()
 			return l, nil
 		}
@@ -329,17 +397,18 @@ func (s *State) dispatchLocked() {
 			break
 		}
 		w := s.queue.Front().Value.(*waiter)
-		s.resolveLocked(w, s.assignLocked(r, now.Sub(w.enqueued)), nil)
+		s.resolveLocked(w, s.assignLocked(r, now, now.Sub(w.enqueued)), nil)
 	}
 	s.armRecoveryLocked(now)
+	s.askEngineLocked()
 }
 
-func (s *State) assignLocked(r *replica, waited time.Duration) *Lease {
+func (s *State) assignLocked(r *replica, now time.Time, waited time.Duration) *Lease {
 	// The request joins k others: with Parallelism p it waits for about
 	// ceil((k+1)/p) service rounds. Release divides the observed latency
 	// by that, so the EWMA estimates one round's time and the prediction
 	// in pickLocked does not count the replica's queue twice.
-	par := s.slotsLocked(r)
+	par := s.slotsLocked(r, now)
 	rounds := (r.inFlight + par) / par
 	r.inFlight++
 	r.dispatched++
@@ -454,9 +523,10 @@ func (l *Lease) FirstByte(time.Duration) {
 	if s.cfg.Parallelism != 0 || s.cfg.LatencyThreshold != 0 {
 		return
 	}
-	before := r.lim.slots()
+	now := s.now()
+	before := s.slotsLocked(r, now)
 	r.lim.firstByte(r.answering, s.cfg.MaxConcurrency)
-	if r.lim.slots() > before {
+	if s.slotsLocked(r, now) > before {
 		s.dispatchLocked()
 	}
 }

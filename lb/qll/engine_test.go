@@ -1,0 +1,204 @@
+package qll
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/lb/modelmetrics"
+)
+
+// engineSays is a fresh sample of an engine that exports its queue.
+func engineSays(waiting, running int, kv float64) modelmetrics.Sample {
+	return modelmetrics.Sample{Waiting: float64(waiting), Running: float64(running), KVCacheUsage: kv,
+		Have: modelmetrics.Have{Waiting: true, Running: true, KVCache: true}, At: time.Now()}
+}
+
+func inFlight(s *State, addr string) int { return s.InFlight()[addr] }
+
+// A batching engine with room takes every request: probed one above what
+// it runs until it shows two running with nothing waiting, then twice
+// what it runs per sample. The learned limit (1 while nothing has
+// answered) holds nobody back.
+func TestABatchingEngineWithRoomTakesEveryWaiter(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 0, 0))
+	first := mustAcquire(t, s)
+	defer first.Release(success(time.Millisecond))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 19
+	out := enqueue(t, s, ctx, n)
+	for running := 1; s.Snapshot().QueueDepth > 0; running = inFlight(s, "a") {
+		if running > 40 {
+			t.Fatalf("%d in flight and still %d waiting", running, s.Snapshot().QueueDepth)
+		}
+		s.engineSample("a", engineSays(0, running, 0.3))
+	}
+	for i := 0; i < n; i++ {
+		if r := <-out; r.err != nil {
+			t.Fatal(r.err)
+		} else {
+			defer r.lease.Release(success(time.Millisecond))
+		}
+	}
+	if got := inFlight(s, "a"); got != n+1 {
+		t.Fatalf("in flight %d, want %d", got, n+1)
+	}
+	if from := s.Snapshot().Replicas[0].SlotsFrom; from != slotsEngine {
+		t.Fatalf("slots from %q, want %q", from, slotsEngine)
+	}
+}
+
+// A server that queues its second request while it runs one serves one
+// at a time: its probe is the last, the learned limit decides from then
+// on, whatever later samples say.
+func TestAnEngineThatQueuesBehindOneIsLeftToTheLearnedLimit(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 0, 0))
+	l1 := mustAcquire(t, s)
+	s.engineSample("a", engineSays(0, 1, 0.1))
+	l2 := mustAcquire(t, s) // the probe
+	s.engineSample("a", engineSays(1, 1, 0.1))
+	s.engineSample("a", engineSays(1, 1, 0.1)) // still waiting: not the next step's
+	s.engineSample("a", engineSays(0, 1, 0.1))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if l, err := s.Acquire(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a third request on a one-at-a-time server got %v, %v; want to wait", l, err)
+	}
+	if from := s.Snapshot().Replicas[0].SlotsFrom; from != slotsLearned {
+		t.Fatalf("slots from %q, want %q", from, slotsLearned)
+	}
+	l1.Release(success(time.Millisecond))
+	l2.Release(success(time.Millisecond))
+}
+
+// The simulator's one-at-a-time replicas say so with a full KV cache
+// while they run one: never probed.
+func TestAFullKVCacheAtOneRunningIsOneAtATime(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	l := mustAcquire(t, s)
+	defer l.Release(success(time.Millisecond))
+	s.engineSample("a", engineSays(0, 1, 1))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 1 || got.SlotsFrom != slotsLearned {
+		t.Fatalf("slots %d from %q, want 1 from the learned limit", got.Parallelism, got.SlotsFrom)
+	}
+}
+
+// A batching engine that says it is full (requests waiting in it) keeps
+// what it runs of ours: the rest wait at the edge, and each of ours that
+// ends lets one through.
+func TestAFullEngineKeepsWhatItRuns(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 2, 0.1))
+	s.engineSample("a", engineSays(0, 8, 0.4))
+	var leases []*Lease
+	for i := 0; i < 10; i++ {
+		leases = append(leases, mustAcquire(t, s))
+	}
+	s.engineSample("a", engineSays(2, 8, 0.9))
+	s.engineSample("a", engineSays(2, 8, 0.9)) // twice: 8 of our 10 run
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := enqueue(t, s, ctx, 1)
+	for i := 0; i < 2; i++ {
+		leases[i].Release(success(time.Millisecond))
+		select {
+		case r := <-out:
+			t.Fatalf("dispatched with %d of ours in flight on a full engine that runs 8: %+v", inFlight(s, "a"), r)
+		default:
+		}
+	}
+	leases[2].Release(success(time.Millisecond)) // 7 in flight: room under 8
+	r := <-out
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.lease.Release(success(time.Millisecond))
+	for _, l := range leases[3:] {
+		l.Release(success(time.Millisecond))
+	}
+}
+
+// Samples that cannot be trusted leave the learned limit in charge: a
+// failed scrape, a server that does not export its queue, a sample older
+// than the staleness, and every sample with engine_metrics off.
+func TestUntrustedSamplesLeaveTheLearnedLimit(t *testing.T) {
+	stale := engineSays(0, 4, 0.1)
+	stale.At = time.Now().Add(-time.Hour)
+	failed := engineSays(0, 4, 0.1)
+	failed.Err = errors.New("connection refused")
+	noQueue := engineSays(0, 4, 0.1)
+	noQueue.Have.Waiting = false
+	for name, c := range map[string]struct {
+		cfg Config
+		smp modelmetrics.Sample
+	}{
+		"stale": {Config{}, stale}, "failed": {Config{}, failed}, "no queue gauge": {Config{}, noQueue},
+		"engine_metrics off": {Config{NoEngineMetrics: true}, engineSays(0, 4, 0.1)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := New(c.cfg)
+			s.SetBackends([]string{"a"})
+			s.engineSample("a", engineSays(0, 2, 0.1))
+			s.engineSample("a", c.smp)
+			if got := s.Snapshot().Replicas[0]; got.Parallelism != 1 || got.SlotsFrom != slotsLearned {
+				t.Fatalf("slots %d from %q, want 1 from the learned limit", got.Parallelism, got.SlotsFrom)
+			}
+		})
+	}
+}
+
+// A request or two waiting in one sample are the next step's: a
+// step-based engine counts a request as waiting from its arrival to the
+// next step. Neither the slots of a batching engine nor a new engine's
+// probe are cut for it, and a one-at-a-time verdict needs it twice.
+func TestOneSampleWithRequestsWaitingIsNotFull(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 2, 0.1))
+	s.engineSample("a", engineSays(0, 8, 0.3)) // 16 slots
+	s.engineSample("a", engineSays(2, 8, 0.3))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 16 || got.SlotsFrom != slotsEngine {
+		t.Fatalf("after one sample with 2 waiting: slots %d from %q, want 16 from the engine", got.Parallelism, got.SlotsFrom)
+	}
+	s.engineSample("a", engineSays(0, 8, 0.3))
+	s.engineSample("a", engineSays(1, 8, 0.3))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 16 {
+		t.Fatalf("waiting in samples that are not consecutive: slots %d, want 16", got.Parallelism)
+	}
+
+	n := New(Config{})
+	n.SetBackends([]string{"b"})
+	l := mustAcquire(t, n)
+	defer l.Release(success(time.Millisecond))
+	n.engineSample("b", engineSays(1, 1, 0.1))
+	n.engineSample("b", engineSays(0, 2, 0.1))
+	if got := n.Snapshot().Replicas[0]; got.SlotsFrom != slotsEngine {
+		t.Fatalf("an engine that queued one request for a step, then ran two: slots from %q, want %q", got.SlotsFrom, slotsEngine)
+	}
+}
+
+// The probe needs the engine to run every request Sluice has on it: a
+// sample that shows fewer (one in transit, or a one-at-a-time server
+// caught between two requests) probes nothing.
+func TestNoProbeWhileOursAreNotAllRunning(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	l := mustAcquire(t, s)
+	defer l.Release(success(time.Millisecond))
+	s.engineSample("a", engineSays(0, 0, 0))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 1 || got.SlotsFrom != slotsLearned {
+		t.Fatalf("ours 1, engine running 0: slots %d from %q, want 1 from the learned limit", got.Parallelism, got.SlotsFrom)
+	}
+	s.engineSample("a", engineSays(0, 1, 0.1))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 2 || got.SlotsFrom != slotsEngineProbe {
+		t.Fatalf("ours 1, engine running 1: slots %d from %q, want 2 from the probe", got.Parallelism, got.SlotsFrom)
+	}
+}
