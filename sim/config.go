@@ -53,8 +53,11 @@ const (
 	// requests FIFO within Config.MaxBatchTokens, the Concurrency cap and the
 	// KV blocks (Config.KVBlocks × Config.BlockTokens, with prefix caching).
 	// A step lasts Latency.StepBase + Latency.StepPerToken × tokens
-	// scheduled in it (prefill and decode), so every request's tokens slow
-	// down as the batch grows while throughput rises. See engine.go.
+	// scheduled in it (prefill and decode) + Latency.StepPerContextToken ×
+	// the context those tokens attend to, so every request's tokens slow
+	// down as the batch grows while throughput rises.
+	// Latency.AsyncScheduling plans each step while the previous one runs.
+	// See engine.go.
 	LatencyEngine LatencyKind = "engine"
 )
 
@@ -110,8 +113,27 @@ type Latency struct {
 	StepBase time.Duration `json:"step_base,omitempty"`
 	// StepPerToken is the cost of each token scheduled in an engine step
 	// (engine only), prefill and decode tokens alike: step time = StepBase +
-	// StepPerToken × tokens.
+	// StepPerToken × tokens (+ StepPerContextToken × context).
 	StepPerToken time.Duration `json:"step_per_token,omitempty"`
+	// StepPerContextToken is the cost of each token of context that the
+	// step's requests attend to (engine only): attention reads the KV of
+	// every scheduled request, its cached prefix included, so a decode of a
+	// request holding 1,500 tokens costs 1,500 × StepPerContextToken on top
+	// of StepPerToken, and a prefill chunk costs its context up to the
+	// chunk's end. Step time = StepBase + StepPerToken × tokens scheduled +
+	// StepPerContextToken × Σ context of the scheduled requests. Default 0:
+	// the step time does not depend on context lengths.
+	StepPerContextToken time.Duration `json:"step_per_context_token,omitempty"`
+	// AsyncScheduling makes the engine plan each step while the previous
+	// one runs (engine only), as transformers' continuous batching with
+	// async batching and vLLM's async scheduling do to hide the host's work
+	// behind the GPU's: the plan of step k+1 is made when step k starts, so
+	// it admits only the requests that had arrived by then; a request
+	// arriving during step k joins step k+2 at the earliest (about one step
+	// more to its first token). An engine with nothing in flight plans at
+	// once. Default false: a step is planned when the previous one ends,
+	// with every request that has arrived.
+	AsyncScheduling bool `json:"async_scheduling,omitempty"`
 }
 
 // Faults are the injected failures of a replica. They can be changed at run
@@ -414,7 +436,7 @@ func (l Latency) Validate() error {
 			{"PrefillPerToken", l.PrefillPerToken != 0}, {"Decode", l.Decode != 0}, {"BatchSlowdown", l.BatchSlowdown != 0},
 		} {
 			if f.set {
-				return fmt.Errorf("sim: Latency.%s is not for Latency.Kind %q, which uses Latency.StepBase and Latency.StepPerToken", f.name, LatencyEngine)
+				return fmt.Errorf("sim: Latency.%s is not for Latency.Kind %q, which uses Latency.StepBase, Latency.StepPerToken and Latency.StepPerContextToken", f.name, LatencyEngine)
 			}
 		}
 		if l.StepBase < 0 {
@@ -423,13 +445,16 @@ func (l Latency) Validate() error {
 		if l.StepPerToken < 0 {
 			return fmt.Errorf("sim: Latency.StepPerToken must not be negative, got %v", l.StepPerToken)
 		}
+		if l.StepPerContextToken < 0 {
+			return fmt.Errorf("sim: Latency.StepPerContextToken must not be negative, got %v", l.StepPerContextToken)
+		}
 		return nil
 	default:
 		return fmt.Errorf("sim: Latency.Kind must be %q, %q, %q or %q, got %q",
 			LatencyFixed, LatencyLognormal, LatencyPerToken, LatencyEngine, l.Kind)
 	}
-	if l.StepBase != 0 || l.StepPerToken != 0 {
-		return fmt.Errorf("sim: Latency.StepBase and Latency.StepPerToken are for Latency.Kind %q", LatencyEngine)
+	if l.StepBase != 0 || l.StepPerToken != 0 || l.StepPerContextToken != 0 || l.AsyncScheduling {
+		return fmt.Errorf("sim: Latency.StepBase, Latency.StepPerToken, Latency.StepPerContextToken and Latency.AsyncScheduling are for Latency.Kind %q", LatencyEngine)
 	}
 	return nil
 }

@@ -23,9 +23,15 @@ import (
 //     head that does not fit holds back the rest. An admitted request
 //     starts its prefill in the same step, chunked by the budget left.
 //
-// The step then lasts StepBase + StepPerToken × tokens scheduled; when it
-// ends, the decodes get their token, and a request whose prefill completed
-// gets its first token. Arrivals during a step wait for its end.
+// The step then lasts StepBase + StepPerToken × tokens scheduled +
+// StepPerContextToken × the context they attend to (each scheduled
+// request's prompt and output tokens so far, cached prefix included, up to
+// the end of what the step computes); when it ends, the decodes get their
+// token, and a request whose prefill completed gets its first token.
+// Arrivals during a step wait for its end; with AsyncScheduling the next
+// step was planned when this one started, so they wait for the end of the
+// next one (the plan only admits requests that had arrived when the step
+// in flight started; an engine with nothing in flight plans at once).
 //
 // KV cache: KVBlocks blocks of BlockTokens tokens. Admission reserves every
 // block the request can need, ⌈(prompt + max output tokens) / BlockTokens⌉,
@@ -49,6 +55,8 @@ import (
 // freeing its place in the queue or its seat in the batch and its blocks.
 type engine struct {
 	stepBase, stepPerToken time.Duration
+	stepPerContextToken    time.Duration
+	async                  bool
 	maxSeqs                int
 	maxBatchTokens         int
 	blockTokens, kvBlocks  int
@@ -124,15 +132,17 @@ type engineStats struct {
 
 func newEngine(cfg Config, done <-chan struct{}) *engine {
 	return &engine{
-		stepBase:       cfg.Latency.StepBase,
-		stepPerToken:   cfg.Latency.StepPerToken,
-		maxSeqs:        cfg.Concurrency,
-		maxBatchTokens: cfg.MaxBatchTokens,
-		blockTokens:    cfg.BlockTokens,
-		kvBlocks:       cfg.KVBlocks,
-		done:           done,
-		blocks:         make(map[uint64]*kvBlock),
-		free:           cfg.KVBlocks,
+		stepBase:            cfg.Latency.StepBase,
+		stepPerToken:        cfg.Latency.StepPerToken,
+		stepPerContextToken: cfg.Latency.StepPerContextToken,
+		async:               cfg.Latency.AsyncScheduling,
+		maxSeqs:             cfg.Concurrency,
+		maxBatchTokens:      cfg.MaxBatchTokens,
+		blockTokens:         cfg.BlockTokens,
+		kvBlocks:            cfg.KVBlocks,
+		done:                done,
+		blocks:              make(map[uint64]*kvBlock),
+		free:                cfg.KVBlocks,
 	}
 }
 
@@ -218,6 +228,7 @@ func (e *engine) loop() {
 	timer := time.NewTimer(forever)
 	defer timer.Stop()
 	var work []stepItem
+	var inFlight time.Time // start of the step that just ended; zero before the first
 	for {
 		e.mu.Lock()
 		if e.closed {
@@ -225,15 +236,16 @@ func (e *engine) loop() {
 			e.mu.Unlock()
 			return
 		}
-		var tokens int
-		work, tokens = e.planLocked(work[:0])
+		var tokens, context int
+		work, tokens, context = e.planStepLocked(work[:0], inFlight)
 		if len(work) == 0 {
 			// Idle: the next submit starts a new loop.
 			e.loopOn = false
 			e.mu.Unlock()
 			return
 		}
-		d := e.stepBase + time.Duration(tokens)*e.stepPerToken
+		d := e.stepBase + time.Duration(tokens)*e.stepPerToken + time.Duration(context)*e.stepPerContextToken
+		inFlight = time.Now()
 		e.st.steps++
 		e.st.maxStepTokens = max(e.st.maxStepTokens, tokens)
 		e.st.busy += d
@@ -269,15 +281,35 @@ func (e *engine) exit() {
 	e.mu.Unlock()
 }
 
+// planStepLocked plans the step that follows the one that started at
+// inFlight (zero: none did). With async scheduling that plan was made when
+// the step in flight started, so it admits only the requests that had
+// arrived by then; if it has nothing to run, the engine, idle, plans again
+// at once with every request.
+func (e *engine) planStepLocked(work []stepItem, inFlight time.Time) ([]stepItem, int, int) {
+	if !e.async || inFlight.IsZero() {
+		return e.planLocked(work, time.Time{})
+	}
+	work, tokens, context := e.planLocked(work, inFlight)
+	if len(work) == 0 {
+		return e.planLocked(work, time.Time{})
+	}
+	return work, tokens, context
+}
+
 // planLocked schedules one step: decodes, then chunked prefills of running
-// requests, then FIFO admissions. It returns the step's items and tokens.
-func (e *engine) planLocked(work []stepItem) ([]stepItem, int) {
+// requests, then FIFO admissions of the requests that arrived by cutoff
+// (all of them when cutoff is zero). It returns the step's items, its
+// tokens and the context they attend to.
+func (e *engine) planLocked(work []stepItem, cutoff time.Time) ([]stepItem, int, int) {
 	budget := e.maxBatchTokens
+	context := 0
 	for _, r := range e.running {
 		if r.left == 0 {
 			// MaxBatchTokens ≥ Concurrency: every decode fits.
 			work = append(work, stepItem{r: r, n: 1, decode: true})
 			budget--
+			context += r.prompt + r.generated
 		}
 	}
 	for _, r := range e.running {
@@ -285,6 +317,7 @@ func (e *engine) planLocked(work []stepItem) ([]stepItem, int) {
 			n := min(r.left, budget)
 			work = append(work, stepItem{r: r, n: n})
 			budget -= n
+			context += r.computed + n
 		}
 	}
 	for budget > 0 && len(e.running) < e.maxSeqs {
@@ -293,14 +326,18 @@ func (e *engine) planLocked(work []stepItem) ([]stepItem, int) {
 			break
 		}
 		r := front.Value.(*engineReq)
+		if !cutoff.IsZero() && r.since.After(cutoff) {
+			break // not arrived when this step was planned (nor the ones behind it)
+		}
 		if !e.admitLocked(r) {
 			break // strict FIFO: the head holds back the rest
 		}
 		n := min(r.left, budget)
 		work = append(work, stepItem{r: r, n: n})
 		budget -= n
+		context += r.computed + n
 	}
-	return work, e.maxBatchTokens - budget
+	return work, e.maxBatchTokens - budget, context
 }
 
 // admitLocked moves the queue's head r into the batch if its blocks fit:

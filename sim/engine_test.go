@@ -58,7 +58,7 @@ func TestEngineStepPlan(t *testing.T) {
 	}
 	// Step 1: r0 is admitted and prefills 100, r1 is admitted and prefills
 	// the 50 tokens left of the budget, r2 waits (2 sequences at most).
-	work, tokens := e.planLocked(nil)
+	work, tokens, _ := e.planLocked(nil, time.Time{})
 	if tokens != 150 || len(work) != 2 || work[0].n != 100 || work[1].n != 50 {
 		t.Fatalf("step 1: %d tokens, work %+v", tokens, work)
 	}
@@ -70,14 +70,14 @@ func TestEngineStepPlan(t *testing.T) {
 		t.Fatalf("after step 1: r0 %d tokens, r1 %d tokens %d left", rs[0].generated, rs[1].generated, rs[1].left)
 	}
 	// Step 2: r0 decodes first, then r1's prefill continues.
-	work, tokens = e.planLocked(work[:0])
+	work, tokens, _ = e.planLocked(work[:0], time.Time{})
 	if tokens != 51 || !work[0].decode || work[0].r != rs[0] || work[1].n != 50 {
 		t.Fatalf("step 2: %d tokens, work %+v", tokens, work)
 	}
 	e.applyLocked(work)
 	// Steps 3, 4: both decode; r0 ends after its 4th token and frees its seat.
 	for step := 3; step <= 4; step++ {
-		work, tokens = e.planLocked(work[:0])
+		work, tokens, _ = e.planLocked(work[:0], time.Time{})
 		if tokens != 2 {
 			t.Fatalf("step %d: %d tokens, want 2 decodes", step, tokens)
 		}
@@ -87,9 +87,127 @@ func TestEngineStepPlan(t *testing.T) {
 		t.Fatalf("r0 state %d, %d tokens", rs[0].state, rs[0].generated)
 	}
 	// Step 5: r1 decodes, r2 is admitted into the freed seat.
-	work, tokens = e.planLocked(work[:0])
+	work, tokens, _ = e.planLocked(work[:0], time.Time{})
 	if tokens != 101 || e.waiting.Len() != 0 {
 		t.Fatalf("step 5: %d tokens, waiting %d", tokens, e.waiting.Len())
+	}
+}
+
+// TestEngineStepContext checks the context a step's tokens attend to:
+// a prefill chunk's context is the request's tokens up to the chunk's end
+// (its cached prefix included), a decode's its prompt and output so far.
+func TestEngineStepContext(t *testing.T) {
+	cfg := engineConfig(0, 0)
+	cfg.MaxBatchTokens = 150
+	e := engineDirect(cfg)
+	text := []byte(strings.Repeat("a", 400)) // 100 tokens, 6 full blocks of 64 characters
+	add := func() *engineReq {
+		r, fits := e.newRequest(100, 4, newPromptPrefix(text, 64, 64))
+		if !fits {
+			t.Fatal("request does not fit")
+		}
+		r.since = time.Now()
+		r.elem = e.waiting.PushBack(r)
+		return r
+	}
+	add() // r0
+	work, tokens, context := e.planLocked(nil, time.Time{})
+	if tokens != 100 || context != 100 {
+		t.Fatalf("step 1 (r0 prefills 100): %d tokens, context %d; want 100, 100", tokens, context)
+	}
+	e.applyLocked(work)
+	// r1 shares r0's 6 blocks (96 tokens) and prefills 4: its chunk attends
+	// to all 100; r0 decodes its 2nd token over 100 + 1.
+	r1 := add()
+	work, tokens, context = e.planLocked(work[:0], time.Time{})
+	if r1.cached != 96 || tokens != 1+4 || context != 101+100 {
+		t.Fatalf("step 2: r1 cached %d, %d tokens, context %d; want 96, 5, 201", r1.cached, tokens, context)
+	}
+	e.applyLocked(work)
+	work, tokens, context = e.planLocked(work[:0], time.Time{})
+	if tokens != 2 || context != 102+101 {
+		t.Fatalf("step 3 (two decodes): %d tokens, context %d; want 2, 203", tokens, context)
+	}
+}
+
+// TestEngineAsyncSchedulingAdmitsLater checks AsyncScheduling's plan: the
+// step after the one in flight admits only the requests that had arrived
+// when that step started, unless it would have nothing to run.
+func TestEngineAsyncSchedulingAdmitsLater(t *testing.T) {
+	cfg := engineConfig(0, 0)
+	cfg.Latency.AsyncScheduling = true
+	e := engineDirect(cfg)
+	start := time.Now()
+	add := func(lead byte, since time.Time) *engineReq {
+		r, fits := e.newRequest(10, 3, newPromptPrefix([]byte(strings.Repeat(string(lead), 40)), 64, 64))
+		if !fits {
+			t.Fatal("request does not fit")
+		}
+		r.since = since
+		r.elem = e.waiting.PushBack(r)
+		return r
+	}
+	a := add('a', start)
+	// Nothing in flight: a is admitted at once.
+	work, _, _ := e.planStepLocked(nil, time.Time{})
+	if len(work) != 1 || work[0].r != a {
+		t.Fatalf("first plan: %+v", work)
+	}
+	e.applyLocked(work)
+	// b arrives while the step that started at start+1ms runs: the next
+	// plan, made when that step started, decodes a and leaves b waiting.
+	inFlight := start.Add(time.Millisecond)
+	b := add('b', inFlight.Add(time.Millisecond))
+	work, _, _ = e.planStepLocked(work[:0], inFlight)
+	if len(work) != 1 || work[0].r != a || b.state != reqWaiting {
+		t.Fatalf("plan behind the step in flight: %+v, b state %d; want a's decode alone, b waiting", work, b.state)
+	}
+	e.applyLocked(work)
+	// The step after that was planned once b had arrived: b is admitted.
+	work, _, _ = e.planStepLocked(work[:0], b.since.Add(time.Millisecond))
+	if len(work) != 2 || b.state != reqRunning {
+		t.Fatalf("next plan: %+v, b state %d; want a's decode and b's prefill", work, b.state)
+	}
+	e.applyLocked(work)
+	// Without async scheduling the same arrival is admitted at once.
+	cfg.Latency.AsyncScheduling = false
+	e = engineDirect(cfg)
+	a = add('a', start)
+	work, _, _ = e.planStepLocked(nil, time.Time{})
+	e.applyLocked(work)
+	b = add('b', inFlight.Add(time.Millisecond))
+	work, _, _ = e.planStepLocked(work[:0], inFlight)
+	if len(work) != 2 || b.state != reqRunning {
+		t.Fatalf("synchronous plan: %+v, b state %d; want a's decode and b's prefill", work, b.state)
+	}
+	// An idle engine plans at once: c, arrived after the step in flight
+	// started, is admitted because nothing else would run.
+	cfg.Latency.AsyncScheduling = true
+	e = engineDirect(cfg)
+	c := add('c', inFlight.Add(time.Millisecond))
+	work, _, _ = e.planStepLocked(nil, inFlight)
+	if len(work) != 1 || work[0].r != c {
+		t.Fatalf("idle async plan: %+v; want c's prefill", work)
+	}
+}
+
+// TestEngineStepTimeWithContext checks the step time with a cost per
+// context token: a prefill of 100 and four decodes attend to 100, 101,
+// 102, 103 and 104 tokens.
+func TestEngineStepTimeWithContext(t *testing.T) {
+	const base, per, perCtx = 2 * time.Millisecond, 50 * time.Microsecond, time.Microsecond
+	cfg := engineConfig(base, per)
+	cfg.Latency.StepPerContextToken = perCtx
+	h := startSim(t, cfg)
+	rp := h.srv.Replica()
+	r := h.do(context.Background(), http.MethodPost, "/v1/completions", enginePrompt('a', 100, 5, false))
+	if r.status != http.StatusOK {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	st := rp.Stats()
+	want := 5*base + 104*per + (100+101+102+103+104)*perCtx
+	if st.Steps != 5 || st.Busy != want {
+		t.Errorf("steps %d, busy %v; want 5, %v", st.Steps, st.Busy, want)
 	}
 }
 
@@ -386,6 +504,9 @@ func TestEngineConfigValidation(t *testing.T) {
 		{"kv capacity with engine", func(c *Config) { c.KVCapacityTokens = 100 }, "KVCapacityTokens"},
 		{"kv blocks without engine", func(c *Config) { c.Latency = Latency{}; c.KVBlocks = 8 }, "KVBlocks"},
 		{"step base without engine", func(c *Config) { c.Latency = Latency{StepBase: time.Millisecond} }, "Latency.StepBase"},
+		{"negative step per context token", func(c *Config) { c.Latency.StepPerContextToken = -1 }, "Latency.StepPerContextToken"},
+		{"step per context token without engine", func(c *Config) { c.Latency = Latency{StepPerContextToken: time.Nanosecond} }, "Latency.StepPerContextToken"},
+		{"async scheduling without engine", func(c *Config) { c.Latency = Latency{AsyncScheduling: true} }, "Latency.AsyncScheduling"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok
