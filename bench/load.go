@@ -83,6 +83,20 @@ func poisson(rate float64, d time.Duration, seed uint64) []time.Duration {
 	}
 }
 
+// poissonGiven returns n arrival times over [0, d): a Poisson process
+// conditioned on its count, whose times are n uniform draws, sorted. A
+// run compared with a measured one gets the same number of requests,
+// where an unconditioned draw at the same rate may send 18% more.
+func poissonGiven(n int, d time.Duration, seed uint64) []time.Duration {
+	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = time.Duration(rng.Float64() * float64(d))
+	}
+	slices.Sort(out)
+	return out
+}
+
 // classArrival is one arrival of a workload that mixes classes (tenants,
 // priorities).
 type classArrival struct {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"slices"
 	"testing"
 	"time"
 )
@@ -108,5 +109,19 @@ func TestOnlySelectsBySubstrings(t *testing.T) {
 		if got := selected(c.name, c.only); got != c.want {
 			t.Errorf("selected(%q, %q) = %v, want %v", c.name, c.only, got, c.want)
 		}
+	}
+}
+
+// The calibration compares the simulated engine with a measured run at
+// the same number of requests: poissonGiven sends exactly n, in order,
+// within the window, and the same ones for the same seed.
+func TestPoissonGivenSendsExactlyTheCount(t *testing.T) {
+	const d = 25 * time.Second
+	a := poissonGiven(94, d, 7)
+	if len(a) != 94 || !slices.IsSorted(a) || a[0] < 0 || a[len(a)-1] >= d {
+		t.Fatalf("got %d arrivals from %v to %v, sorted %t; want 94 sorted within [0, %v)", len(a), a[0], a[len(a)-1], slices.IsSorted(a), d)
+	}
+	if b := poissonGiven(94, d, 7); !slices.Equal(a, b) {
+		t.Fatal("the same seed gave other arrivals")
 	}
 }

@@ -206,7 +206,8 @@ var engineCalibrationScenario = scenario{
 	title: "Engine calibration: direct to ONE replica at 4, 8 and 12 req/s, next to the measured H100 engine",
 	about: "The real-engine workload sent straight to one replica (no proxy) at each rate; the appendix puts every " +
 		"figure next to the real engine's (../shared/real-engine/2026-11-24-h100-transformers.md) with the ratio " +
-		"replica/real. Figures in engine time.",
+		"replica/real. Figures in engine time. At a measured rate the replica gets as many requests as the measured run sent " +
+		"(94, 206, 320: Poisson arrivals given their count), so both are compared at the same load.",
 	extras: realEngineScenario.extras,
 	run:    func(r *runner) { realEngine(r, true) },
 }
@@ -360,6 +361,11 @@ func realEngine(r *runner, calibrate bool) {
 	}
 	for ri, rate := range rates {
 		arrivals := poisson(rate/e.Scale, scaled(e.Arrivals), e.Seed*1000+uint64(ri)+1)
+		if real := measuredAt(rate); calibrate && real != nil && e.Arrivals == 25*time.Second {
+			// As many requests as the measured run sent (Poisson given its
+			// count), so the two are compared at the same load.
+			arrivals = poissonGiven(real.sent, scaled(e.Arrivals), e.Seed*1000+uint64(ri)+1)
+		}
 		bodies := engineBodies(e, prefixes, len(arrivals), e.Seed*1000+uint64(ri)+1)
 		var before []map[string]float64
 		var occ *occupancy
@@ -738,6 +744,16 @@ var measuredH100 = []realFigure{
 	{4, 0.49, 1.65, 2.35, 4.79, 6.11, 94, 94, 94, 0.87},
 	{8, 4.80, 9.60, 12.6, 8.41, 13.7, 147, 206, 206, 0.89},
 	{12, 19.7, 33.6, 36.5, 23.3, 36.6, 156, 308, 320, 0.90},
+}
+
+// measuredAt is the measured engine's row at rate, nil if none.
+func measuredAt(rate float64) *realFigure {
+	for i := range measuredH100 {
+		if measuredH100[i].rate == rate {
+			return &measuredH100[i]
+		}
+	}
+	return nil
 }
 
 // calibrationTable sets the direct runs of rep next to measuredH100.
