@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
-	"slices"
 	"testing"
 	"time"
 )
