@@ -86,21 +86,42 @@ type attempt struct {
 	req *lb.Request
 	// failed lists the replicas whose attempts at this request failed.
 	failed []string
+
+	// Storage for req and the first attempt's trace, in the record's own
+	// allocation; only the request's goroutine (Select) takes them.
+	reqStore   lb.Request
+	trace0     attemptTrace
+	trace0Used bool
+}
+
+// newTrace is a fresh trace for an attempt of a's request: the record's
+// own the first time, a new one after (an earlier attempt's transport
+// may still report on its own).
+func (a *attempt) newTrace() *attemptTrace {
+	if a.trace0Used {
+		return &attemptTrace{}
+	}
+	a.trace0Used = true
+	return &a.trace0
 }
 
 // attemptFor returns the request's attempt record for the policy keyed by
 // key, creating it (and its end-of-request hook) on first use.
 func attemptFor(r *http.Request, key string, measure latencyMeasure) *attempt {
-	ctx := r.Context()
-	if a, ok := caddyhttp.GetVar(ctx, key).(*attempt); ok {
+	rs, repl := requestStateFor(r)
+	return rs.attemptFor(r, repl, key, measure)
+}
+
+func (rs *requestState) attemptFor(r *http.Request, repl *caddy.Replacer, key string, measure latencyMeasure) *attempt {
+	if a := rs.attempt(key); a != nil {
 		return a
 	}
-	repl, _ := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
 		repl = caddy.NewReplacer()
 	}
-	a := &attempt{repl: repl, base: ctx, measure: measure}
-	caddyhttp.SetVar(ctx, key, a)
+	a := rs.newAttempt()
+	a.repl, a.base, a.measure = repl, r.Context(), measure
+	rs.addAttempt(key, a)
 	return a
 }
 
@@ -109,7 +130,12 @@ func attemptFor(r *http.Request, key string, measure latencyMeasure) *attempt {
 // Sluice already answered this request or the client is gone, and Select
 // should return nil.
 func startAttempt(r *http.Request, key string, measure latencyMeasure) *attempt {
-	a := attemptFor(r, key, measure)
+	rs, repl := requestStateFor(r)
+	return rs.startAttempt(r, repl, key, measure)
+}
+
+func (rs *requestState) startAttempt(r *http.Request, repl *caddy.Replacer, key string, measure latencyMeasure) *attempt {
+	a := rs.attemptFor(r, repl, key, measure)
 	if a.wasRefused() {
 		return nil
 	}
@@ -153,9 +179,11 @@ func (a *attempt) retry() {
 // limit (if > 0) bounds the attempt's time to first byte; stats (if not
 // nil) learns the replica's time to first byte.
 func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats *firstByteStats) bool {
-	// One allocation for everything the attempt adds to the request: its
-	// trace, its context and its body wrapper.
-	t := &attemptTrace{base: a.base, dial: l.Replica(), stats: stats, att: a}
+	// One allocation (none for the first attempt: the record's) for
+	// everything the attempt adds to the request: its trace, its context
+	// and its body wrapper.
+	t := a.newTrace()
+	t.base, t.dial, t.stats, t.att = a.base, l.Replica(), stats, a
 	t.ctx.init(a.base)
 	a.mu.Lock()
 	if a.closed || a.base.Err() != nil {

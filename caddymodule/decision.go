@@ -2,6 +2,9 @@ package caddymodule
 
 import (
 	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -44,34 +47,108 @@ const reasonCancelled = "cancelled"
 // refusedReason is the reason of a refusal of the given type.
 func refusedReason(typ string) string { return "refused:" + typ }
 
+// requestVars is r's variable table, nil outside Caddy's handler chain:
+// looked up once per Select, where each caddyhttp.GetVar and SetVar walks
+// the request's context chain again.
+func requestVars(r *http.Request) map[string]any {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	return vars
+}
+
+// setVar is caddyhttp.SetVar on a table already looked up: nil removes
+// the key if present (and stores nil otherwise, as SetVar does).
+func setVar(vars map[string]any, key string, value any) {
+	if vars == nil {
+		return
+	}
+	if value == nil {
+		if _, ok := vars[key]; ok {
+			delete(vars, key)
+			return
+		}
+	}
+	vars[key] = value
+}
+
 // addQueueWait adds d to the request's time in Sluice and returns the
 // total.
-func addQueueWait(r *http.Request, d time.Duration) time.Duration {
-	total, _ := caddyhttp.GetVar(r.Context(), varQueueWait).(time.Duration)
+func addQueueWait(vars map[string]any, d time.Duration) time.Duration {
+	total, _ := vars[varQueueWait].(time.Duration)
 	total += d
-	caddyhttp.SetVar(r.Context(), varQueueWait, total)
+	setVar(vars, varQueueWait, total)
 	return total
 }
 
 // recordDecision sets the decision's variables: replica "" (a refusal or
 // a client that left) removes the previous attempt's, so the variables
 // always describe the last attempt.
-func recordDecision(r *http.Request, replica, reason string, attempt int) {
-	ctx := r.Context()
+func recordDecision(vars map[string]any, replica, reason string, attempt int) {
 	if replica == "" {
-		caddyhttp.SetVar(ctx, varReplica, nil)
+		setVar(vars, varReplica, nil)
 	} else {
-		caddyhttp.SetVar(ctx, varReplica, replica)
+		setVar(vars, varReplica, internedValues.of(replica))
 	}
-	caddyhttp.SetVar(ctx, varReason, reason)
-	caddyhttp.SetVar(ctx, varAttempt, attempt)
+	setVar(vars, varReason, internedValues.of(reason))
+	setVar(vars, varAttempt, attempt)
 }
 
 // recordFlow sets the tenant and band flow_control admitted (or refused)
 // the request under.
-func recordFlow(r *http.Request, tenant, band string) {
-	caddyhttp.SetVar(r.Context(), varTenant, tenant)
-	caddyhttp.SetVar(r.Context(), varBand, band)
+func recordFlow(vars map[string]any, tenant, band string) {
+	setVar(vars, varTenant, tenant)
+	setVar(vars, varBand, band)
+}
+
+// internedValues holds the decision variables' string values (replica
+// addresses, reasons) as interface values, so that setting one per
+// request does not allocate: a string stored in an `any` is copied to
+// the heap each time. Bounded: past maxInterned distinct strings (a pool
+// whose replica addresses keep changing), the rest are stored as they
+// come.
+var internedValues internTable
+
+const maxInterned = 4096
+
+type internTable struct {
+	m  atomic.Pointer[map[string]any] // copied on write
+	mu sync.Mutex
+}
+
+func (t *internTable) of(s string) any {
+	if m := t.m.Load(); m != nil {
+		if v, ok := (*m)[s]; ok {
+			return v
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.m.Load()
+	if old != nil {
+		if v, ok := (*old)[s]; ok {
+			return v
+		}
+		if len(*old) >= maxInterned {
+			return s
+		}
+	}
+	next := make(map[string]any, 1+mapLen(old))
+	if old != nil {
+		for k, v := range *old {
+			next[k] = v
+		}
+	}
+	s = strings.Clone(s) // not a substring pinning a larger one
+	v := any(s)
+	next[s] = v
+	t.m.Store(&next)
+	return v
+}
+
+func mapLen(m *map[string]any) int {
+	if m == nil {
+		return 0
+	}
+	return len(*m)
 }
 
 // logDecision writes the decision's debug line from the variables, if
@@ -81,10 +158,10 @@ func logDecision(log *zap.Logger, r *http.Request, pool string, err error) {
 	if c == nil {
 		return
 	}
-	ctx := r.Context()
-	str := func(key string) string { s, _ := caddyhttp.GetVar(ctx, key).(string); return s }
-	wait, _ := caddyhttp.GetVar(ctx, varQueueWait).(time.Duration)
-	attempt, _ := caddyhttp.GetVar(ctx, varAttempt).(int)
+	vars := requestVars(r)
+	str := func(key string) string { s, _ := vars[key].(string); return s }
+	wait, _ := vars[varQueueWait].(time.Duration)
+	attempt, _ := vars[varAttempt].(int)
 	fields := []zap.Field{zap.String("pool", pool), zap.String("replica", str(varReplica)),
 		zap.String("reason", str(varReason)), zap.Duration("queue_wait", wait),
 		zap.String("tenant", str(varTenant)), zap.String("band", str(varBand)), zap.Int("attempt", attempt)}

@@ -2,7 +2,10 @@ package caddymodule
 
 import (
 	"context"
+	"io"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,5 +95,41 @@ func TestDecisionLineOnlyAtDebug(t *testing.T) {
 	logDecision(zap.New(core), r, "p", nil)
 	if logs.Len() != 0 {
 		t.Fatalf("%d lines at INFO", logs.Len())
+	}
+}
+
+// A request through a Sluice policy adds only the decision's 4 variables
+// to the request's vars map: Sluice's own per-request state (attempt
+// records, the parsed body) lives elsewhere. With Caddy's own 4
+// (trusted_proxy, client_ip, start_time, reverse_proxy's
+// proxy_protocol_info) the map then stays within the 8 entries it holds
+// before it grows, which it did on every request (a rehash and ~600 B).
+func TestSelectAddsOnlyTheDecisionsVariables(t *testing.T) {
+	pk := &scriptedPicker{answers: []answer{{replica: "10.0.0.1:8000", reason: lb.ReasonScore}}}
+	s := &selector{module: "test", pool: lb.GetPool("vars-test"), varKey: "sluice.test.vars-test.",
+		measure: measureAuto, maxBody: DefaultMaxBodyBytes, log: zap.NewNop(), state: &policyState{picker: pk}}
+	r, _, _ := newRequest(t)
+	r.Body = io.NopCloser(strings.NewReader(`{"prompt":"x","max_tokens":1}`))
+	if s.Select(nil, r, httptest.NewRecorder()) == nil {
+		t.Fatal("no upstream")
+	}
+	vars := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	var keys []string
+	for k := range vars {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	want := []string{varAttempt, varQueueWait, varReason, varReplica}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("vars after a decision: %v, want only %v", keys, want)
+	}
+	// The state is still the request's: a retry finds the same record,
+	// and the body read once.
+	a := attemptFor(r, s.varKey, measureAuto)
+	if a.req == nil || !a.req.Parsed {
+		t.Fatalf("the retry does not find the first attempt's record: %+v", a.req)
+	}
+	if ri := requestInfoFor(r, DefaultMaxBodyBytes); !ri.Parsed || ri.limit != DefaultMaxBodyBytes {
+		t.Fatal("the parsed body is not kept for the request")
 	}
 }

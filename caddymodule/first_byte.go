@@ -39,7 +39,10 @@ type firstByteStats struct {
 }
 
 func (s *firstByteStats) observe(dial string, d time.Duration) {
-	v, _ := s.m.LoadOrStore(dial, new(atomic.Int64))
+	v, ok := s.m.Load(dial)
+	if !ok { // LoadOrStore alone would allocate a counter on every call
+		v, _ = s.m.LoadOrStore(dial, new(atomic.Int64))
+	}
 	e := v.(*atomic.Int64)
 	for {
 		old := e.Load()

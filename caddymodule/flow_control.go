@@ -261,17 +261,18 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	// Only validated values reach the variables: an untrusted client's
 	// headers were removed above, so it shows the shared flow ("") and
 	// the default band.
-	recordFlow(r, req.FlowID, h.state.config().BandName(req.Priority))
+	vars := requestVars(r)
+	recordFlow(vars, req.FlowID, h.state.config().BandName(req.Priority))
 	queued := time.Now()
 	ticket, err := h.state.ctl().Enqueue(r.Context(), req)
-	addQueueWait(r, time.Since(queued))
+	addQueueWait(vars, time.Since(queued))
 	if err != nil {
 		rf, ok := refusalFor(err, time.Second)
 		reason := reasonCancelled
 		if ok {
 			reason = refusedReason(rf.Type)
 		}
-		recordDecision(r, "", reason, 0)
+		recordDecision(vars, "", reason, 0)
 		logDecision(h.log, r, h.name, err)
 		if ok {
 			caddyhttp.SetVar(r.Context(), refusedVar, rf.Type)

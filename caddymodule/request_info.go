@@ -6,18 +6,12 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/sluice-router/sluice/lb/reqtext"
 )
 
 // DefaultMaxBodyBytes bounds how much of a request body Sluice buffers to
 // read the prompt: generous for long-context prompts, bounded for memory.
 const DefaultMaxBodyBytes = 4 << 20
-
-// requestInfoVar caches the parsed request for the rest of the request's
-// life (retries, other Sluice modules).
-const requestInfoVar = "sluice.request"
 
 // requestInfo is what Sluice knows of an inference request's body.
 type requestInfo struct {
@@ -31,6 +25,13 @@ type requestInfo struct {
 	closer   io.Closer // the original body
 	limit    int64     // the largest bound buf was read with
 	complete bool      // buf is the whole body
+
+	// The first replay and the first attempt's copy, in the same
+	// allocation (later ones, rare, get their own).
+	replay0     replayBody
+	replay0Used bool
+	copy0       bytesBody
+	copy0Used   bool
 }
 
 // requestInfoFor parses r's body: it reads up to max bytes, extracts
@@ -41,10 +42,15 @@ type requestInfo struct {
 // result is cached for the request; a later caller with a larger max reads
 // further, so no module's bound decides for another.
 func requestInfoFor(r *http.Request, max int64) *requestInfo {
-	ri, ok := caddyhttp.GetVar(r.Context(), requestInfoVar).(*requestInfo)
-	if !ok {
+	rs, _ := requestStateFor(r)
+	return rs.requestInfoFor(r, max)
+}
+
+func (rs *requestState) requestInfoFor(r *http.Request, max int64) *requestInfo {
+	ri := rs.info
+	if ri == nil {
 		ri = &requestInfo{}
-		caddyhttp.SetVar(r.Context(), requestInfoVar, ri)
+		rs.info = ri
 		if r.Body == nil || r.Body == http.NoBody || r.Method == http.MethodGet || r.Method == http.MethodHead {
 			ri.complete = true
 			return ri
@@ -60,7 +66,12 @@ func requestInfoFor(r *http.Request, max int64) *requestInfo {
 	ri.buf, err = readAtMost(ri.buf, ri.rest, want, r.ContentLength)
 	ri.limit = max
 	ri.complete = err == nil && int64(len(ri.buf)-had) < want
-	rb := &replayBody{closer: ri.closer}
+	rb := &ri.replay0
+	if ri.replay0Used {
+		rb = &replayBody{}
+	}
+	ri.replay0Used = true
+	rb.closer = ri.closer
 	rb.prefix.Reset(ri.buf)
 	if !ri.complete {
 		rb.rest = ri.rest
@@ -80,7 +91,11 @@ func requestInfoFor(r *http.Request, max int64) *requestInfo {
 // sends the same bytes again. A body not read whole stays as it is.
 func (ri *requestInfo) bodyFor(r *http.Request) {
 	if ri.complete && ri.buf != nil {
-		b := &bytesBody{}
+		b := &ri.copy0
+		if ri.copy0Used {
+			b = &bytesBody{}
+		}
+		ri.copy0Used = true
 		b.Reset(ri.buf)
 		r.Body = b
 	}

@@ -85,10 +85,12 @@ func (s *selector) Cleanup() error { return s.claims.release() }
 // policy). When the request cannot be dispatched it answers the client
 // itself (JSON error, Retry-After) and returns nil.
 func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) (up *reverseproxy.Upstream) {
-	a := startAttempt(r, s.varKey, s.measure)
+	rs, repl := requestStateFor(r)
+	a := rs.startAttempt(r, repl, s.varKey, s.measure)
 	if a == nil {
 		return nil
 	}
+	vars := requestVars(r)
 	// A panic in a policy must not take the slot it holds down with the
 	// request: the lease taken but not yet handed to the attempt is
 	// released, the client gets 500 with the JSON body, the log the stack.
@@ -105,7 +107,7 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 			lease.Release(lb.Outcome{Kind: lb.Cancelled})
 		}
 		rf := refusal{http.StatusInternalServerError, "internal", "internal error in the load-balancing policy", 0}
-		recordDecision(r, "", refusedReason(rf.Type), attemptNumber(a))
+		recordDecision(vars, "", refusedReason(rf.Type), attemptNumber(a))
 		a.refuse(r, w, rf)
 		up = nil
 	}()
@@ -115,7 +117,7 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	if !s.pool.Managed() {
 		st.syncStatic(pool)
 	}
-	req := s.request(a, r)
+	req := s.request(rs, a, r)
 	req.Unavailable, req.Full = unavailable(pool, req.Unavailable, req.Full)
 	if st.view != nil {
 		st.view.remember(pool)
@@ -131,14 +133,14 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		req.Avoid = nil
 		lease, err = st.picker.Pick(a.base, req)
 	}
-	addQueueWait(r, time.Since(picking))
+	addQueueWait(vars, time.Since(picking))
 	if err != nil {
 		rf, ok := refusalFor(err, retryAfter(st.picker))
 		reason := reasonCancelled
 		if ok {
 			reason = refusedReason(rf.Type)
 		}
-		recordDecision(r, "", reason, req.Attempt+1)
+		recordDecision(vars, "", reason, req.Attempt+1)
 		logDecision(s.log, r, s.pool.Name(), err)
 		if ok {
 			a.refuse(r, w, rf)
@@ -146,14 +148,14 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		return nil
 	}
 	if s.maxBody > 0 {
-		requestInfoFor(r, s.maxBody).bodyFor(r)
+		rs.requestInfoFor(r, s.maxBody).bodyFor(r)
 	}
 	begun = true
 	if !a.begin(lease, r, st.firstByte.limit(lease.Replica(), s.firstByte), &st.firstByte) {
-		recordDecision(r, "", reasonCancelled, req.Attempt+1) // the client left: the lease went back
+		recordDecision(vars, "", reasonCancelled, req.Attempt+1) // the client left: the lease went back
 		return nil
 	}
-	recordDecision(r, lease.Replica(), req.Reason, req.Attempt+1)
+	recordDecision(vars, lease.Replica(), req.Reason, req.Attempt+1)
 	logDecision(s.log, r, s.pool.Name(), nil)
 	if s.afterPick != nil && w != nil {
 		s.afterPick(w, lease)
@@ -172,14 +174,14 @@ func attemptNumber(a *attempt) int {
 
 // request is what the policy knows of r, built at the first attempt and
 // kept (with the policy's memo) across retries.
-func (s *selector) request(a *attempt, r *http.Request) *lb.Request {
+func (s *selector) request(rs *requestState, a *attempt, r *http.Request) *lb.Request {
 	if a.req != nil {
 		a.req.Attempt++
 		return a.req
 	}
-	req := &lb.Request{}
+	req := &a.reqStore
 	if s.maxBody > 0 {
-		ri := requestInfoFor(r, s.maxBody)
+		ri := rs.requestInfoFor(r, s.maxBody)
 		req.Model, req.Text, req.Parsed, req.Tokens = ri.Model, ri.Text, ri.Parsed, ri.estimatedTokens()
 		if ri.Parsed {
 			req.Messages, req.TokenIDs = ri.Messages, ri.TokenIDs

@@ -3,6 +3,7 @@ package lb
 import (
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // Pool is a named backend set, shared by every Sluice module that names it
@@ -18,9 +19,12 @@ type Pool struct {
 	mu      sync.Mutex
 	set     []Backend
 	managed bool
-	version uint64
-	nextSub int
-	subs    map[int]func([]Backend)
+	// isManaged mirrors managed for Managed, asked on every request: a
+	// load, where the mutex was shared by every request of the pool.
+	isManaged atomic.Bool
+	version   uint64
+	nextSub   int
+	subs      map[int]func([]Backend)
 }
 
 var (
@@ -72,11 +76,7 @@ func (p *Pool) Backends() ([]Backend, bool) {
 }
 
 // Managed reports whether a set was ever given to this pool.
-func (p *Pool) Managed() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.managed
-}
+func (p *Pool) Managed() bool { return p.isManaged.Load() }
 
 // Version increases on every Set.
 func (p *Pool) Version() uint64 {
@@ -111,6 +111,7 @@ func (p *Pool) Set(bs []Backend) (added, removed []string) {
 	}
 	p.set = append([]Backend(nil), bs...)
 	p.managed = true
+	p.isManaged.Store(true)
 	p.version++
 	subs := make([]func([]Backend), 0, len(p.subs))
 	ids := make([]int, 0, len(p.subs))

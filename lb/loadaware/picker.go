@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -226,7 +227,14 @@ func (e Explanation) String() string {
 }
 
 // fallbackMemo is the rest of a request's ranking, tried on retries.
-type fallbackMemo struct{ order []string }
+type fallbackMemo struct {
+	order []string
+	small [smallPool - 1]string // order's storage in a small pool: one allocation
+}
+
+// smallPool is the pool size up to which a pick's candidates stay on the
+// stack.
+const smallPool = 8
 
 // Pick implements lb.Picker. A retry (req.Attempt > 0) takes the next
 // usable replica of the first pick's order; otherwise every usable
@@ -263,7 +271,11 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	now := time.Now()
 	addrs := *p.addrs.Load()
 	cutoff := now.Add(-cfg.RequestTimeout)
-	cands := make([]Candidate, 0, len(addrs))
+	var onStack [smallPool]Candidate
+	cands := onStack[:0]
+	if len(addrs) > smallPool {
+		cands = make([]Candidate, 0, len(addrs))
+	}
 	for _, addr := range addrs {
 		if !p.usable(addr, req) {
 			continue
@@ -294,8 +306,9 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	explain := p.explaining()
 	rank := p.policy.rank(cands, facts, explain)
 	if explain {
+		// A copy: cands may be on this call's stack.
 		p.Explain(Explanation{Picked: cands[rank.Order[0]].Addr, Hot: facts.Hot, Session: facts.SessionAddr,
-			Shift: p.policy.Shift(), Candidates: cands, Rank: rank})
+			Shift: p.policy.Shift(), Candidates: slices.Clone(cands), Rank: rank})
 	}
 	for k, i := range rank.Order {
 		addr := cands[i].Addr
@@ -304,11 +317,16 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 			continue // removed meanwhile
 		}
 		if k+1 < len(rank.Order) {
-			rest := make([]string, 0, len(rank.Order)-k-1)
+			m := &fallbackMemo{}
+			rest := m.small[:0]
+			if n := len(rank.Order) - k - 1; n > len(m.small) {
+				rest = make([]string, 0, n)
+			}
 			for _, j := range rank.Order[k+1:] {
 				rest = append(rest, cands[j].Addr)
 			}
-			req.Memo = &fallbackMemo{order: rest}
+			m.order = rest
+			req.Memo = m
 		} else {
 			req.Memo = nil // no fallback: a retry ranks afresh
 		}
