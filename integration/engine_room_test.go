@@ -27,31 +27,10 @@ import (
 // generation, and stopped where requests slowed 1.3×): on a real engine
 // that was 15× the TTFT of sending directly. Ports 9930-9949.
 func TestDefaultsNeverHoldRequestsWhileTheEngineHasRoom(t *testing.T) {
-	policies := []struct{ name, site string }{
-		{"queued_least_latency", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy queued_least_latency\n\t}"},
-		{"load_aware", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy load_aware\n\t}"},
-		{"cache_aware", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy cache_aware\n\t}"},
-		{"flow_control", "flow_control\n\treverse_proxy 127.0.0.1:%d"},
-		{"global_redis_least", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy global_redis_least {\n\t\t\tredis " + testRedis(t) +
-			"\n\t\t\tkey_prefix room" + strconv.FormatInt(time.Now().UnixNano()%1e9, 10) + "\n\t\t}\n\t}"},
-	}
-	for i, p := range policies {
+	for i, p := range defaultPolicies(t, "room") {
 		t.Run(p.name, func(t *testing.T) {
 			port, engine := 9930+2*i, 9931+2*i
-			startCaddy(t, globals+fmt.Sprintf(`
-:%d {
-	bind 127.0.0.1
-	`+p.site+`
-}
-
-:%d {
-	bind 127.0.0.1
-	inference_sim {
-		name engine-%d
-		preset calibrated_engine 0.5
-	}
-}
-`, port, engine, engine, engine))
+			startBehind(t, p.site, port, engine, "preset calibrated_engine 0.5")
 			const n = 24
 			url := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", port)
 			var wg sync.WaitGroup
@@ -85,6 +64,40 @@ func TestDefaultsNeverHoldRequestsWhileTheEngineHasRoom(t *testing.T) {
 			}
 		})
 	}
+}
+
+// defaultPolicies is every Sluice policy as a new user writes it: a site
+// body whose %d is the engine's port (global_redis_least on the test
+// Redis, under a key prefix of its own).
+func defaultPolicies(t *testing.T, prefix string) []struct{ name, site string } {
+	return []struct{ name, site string }{
+		{"queued_least_latency", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy queued_least_latency\n\t}"},
+		{"load_aware", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy load_aware\n\t}"},
+		{"cache_aware", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy cache_aware\n\t}"},
+		{"flow_control", "flow_control\n\treverse_proxy 127.0.0.1:%d"},
+		{"global_redis_least", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy global_redis_least {\n\t\t\tredis " + testRedis(t) +
+			"\n\t\t\tkey_prefix " + prefix + strconv.FormatInt(time.Now().UnixNano()%1e9, 10) + "\n\t\t}\n\t}"},
+	}
+}
+
+// startBehind starts Caddy with site (see defaultPolicies) on port in
+// front of one simulated engine on engine, configured by the
+// inference_sim options in sim.
+func startBehind(t *testing.T, site string, port, engine int, sim string) {
+	startCaddy(t, globals+fmt.Sprintf(`
+:%d {
+	bind 127.0.0.1
+	`+site+`
+}
+
+:%d {
+	bind 127.0.0.1
+	inference_sim {
+		name engine-%d
+		`+sim+`
+	}
+}
+`, port, engine, engine, engine))
 }
 
 // stream sends one streamed completion of 32 tokens and reads it to its
@@ -141,32 +154,10 @@ func engineHolds(t *testing.T, port int) int {
 // and held the rest at the edge; its engine metrics (on by default) see
 // the engine's queue empty. Ports 9540-9549.
 func TestDefaultsKeepASlowingEngineAsBusyAsItsClients(t *testing.T) {
-	policies := []struct{ name, site string }{
-		{"queued_least_latency", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy queued_least_latency\n\t}"},
-		{"load_aware", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy load_aware\n\t}"},
-		{"cache_aware", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy cache_aware\n\t}"},
-		{"flow_control", "flow_control\n\treverse_proxy 127.0.0.1:%d"},
-		{"global_redis_least", "reverse_proxy 127.0.0.1:%d {\n\t\tlb_policy global_redis_least {\n\t\t\tredis " + testRedis(t) +
-			"\n\t\t\tkey_prefix slowing" + strconv.FormatInt(time.Now().UnixNano()%1e9, 10) + "\n\t\t}\n\t}"},
-	}
-	for i, p := range policies {
+	for i, p := range defaultPolicies(t, "slowing") {
 		t.Run(p.name, func(t *testing.T) {
 			port, engine := 9540+2*i, 9541+2*i
-			startCaddy(t, globals+fmt.Sprintf(`
-:%d {
-	bind 127.0.0.1
-	`+p.site+`
-}
-
-:%d {
-	bind 127.0.0.1
-	inference_sim {
-		name engine-%d
-		max_num_seqs 16
-		latency per_token 2ms 10ms batch_slowdown 0.1333
-	}
-}
-`, port, engine, engine, engine))
+			startBehind(t, p.site, port, engine, "max_num_seqs 16\n\t\tlatency per_token 2ms 10ms batch_slowdown 0.1333")
 			const clients, each = 14, 8
 			url := fmt.Sprintf("http://127.0.0.1:%d/v1/completions", port)
 			var wg sync.WaitGroup
