@@ -15,6 +15,12 @@ func engineSays(waiting, running int, kv float64) modelmetrics.Sample {
 		Have: modelmetrics.Have{Waiting: true, Running: true, KVCache: true}, At: time.Now()}
 }
 
+// later is the sample taken d after smp.
+func later(smp modelmetrics.Sample, d time.Duration) modelmetrics.Sample {
+	smp.At = smp.At.Add(d)
+	return smp
+}
+
 func inFlight(s *State, addr string) int { return s.InFlight()[addr] }
 
 // A batching engine with room takes every request: probed one above what
@@ -62,8 +68,9 @@ func TestAnEngineThatQueuesBehindOneIsLeftToTheLearnedLimit(t *testing.T) {
 	l1 := mustAcquire(t, s)
 	s.engineSample("a", engineSays(0, 1, 0.1))
 	l2 := mustAcquire(t, s) // the probe
-	s.engineSample("a", engineSays(1, 1, 0.1))
-	s.engineSample("a", engineSays(1, 1, 0.1)) // still waiting: not the next step's
+	queued := engineSays(1, 1, 0.1)
+	s.engineSample("a", queued)
+	s.engineSample("a", later(queued, fullAfter)) // still waiting: not the next step's
 	s.engineSample("a", engineSays(0, 1, 0.1))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -91,19 +98,21 @@ func TestAFullKVCacheAtOneRunningIsOneAtATime(t *testing.T) {
 }
 
 // A batching engine that says it is full (requests waiting in it) keeps
-// what it runs of ours: the rest wait at the edge, and each of ours that
-// ends lets one through.
-func TestAFullEngineKeepsWhatItRuns(t *testing.T) {
+// what it runs of ours and one more in its own queue (one per 8
+// running): the rest wait at the edge, and each of ours that ends lets
+// one through.
+func TestAFullEngineKeepsWhatItRunsAndABuffer(t *testing.T) {
 	s := New(Config{})
 	s.SetBackends([]string{"a"})
 	s.engineSample("a", engineSays(0, 2, 0.1))
 	s.engineSample("a", engineSays(0, 8, 0.4))
 	var leases []*Lease
-	for i := 0; i < 10; i++ {
+	for i := 0; i < 11; i++ {
 		leases = append(leases, mustAcquire(t, s))
 	}
-	s.engineSample("a", engineSays(2, 8, 0.9))
-	s.engineSample("a", engineSays(2, 8, 0.9)) // twice: 8 of our 10 run
+	full := engineSays(3, 8, 0.9)
+	s.engineSample("a", full)
+	s.engineSample("a", later(full, fullAfter)) // still: 8 of our 11 run; 9 slots
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out := enqueue(t, s, ctx, 1)
@@ -111,11 +120,11 @@ func TestAFullEngineKeepsWhatItRuns(t *testing.T) {
 		leases[i].Release(success(time.Millisecond))
 		select {
 		case r := <-out:
-			t.Fatalf("dispatched with %d of ours in flight on a full engine that runs 8: %+v", inFlight(s, "a"), r)
+			t.Fatalf("dispatched with %d of ours in flight on a full engine that runs 8 (9 slots): %+v", inFlight(s, "a"), r)
 		default:
 		}
 	}
-	leases[2].Release(success(time.Millisecond)) // 7 in flight: room under 8
+	leases[2].Release(success(time.Millisecond)) // 8 in flight: room under 9
 	r := <-out
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -155,31 +164,38 @@ func TestUntrustedSamplesLeaveTheLearnedLimit(t *testing.T) {
 	}
 }
 
-// A request or two waiting in one sample are the next step's: a
+// Requests waiting for less than fullAfter are the next steps': a
 // step-based engine counts a request as waiting from its arrival to the
-// next step. Neither the slots of a batching engine nor a new engine's
-// probe are cut for it, and a one-at-a-time verdict needs it twice.
-func TestOneSampleWithRequestsWaitingIsNotFull(t *testing.T) {
+// step that admits it. Neither the slots of a batching engine nor a new
+// engine's probe are cut for them, however many samples see them, and a
+// one-at-a-time verdict needs them waiting for fullAfter.
+func TestRequestsWaitingBrieflyAreNotFull(t *testing.T) {
 	s := New(Config{})
 	s.SetBackends([]string{"a"})
 	s.engineSample("a", engineSays(0, 2, 0.1))
 	s.engineSample("a", engineSays(0, 8, 0.3)) // 16 slots
-	s.engineSample("a", engineSays(2, 8, 0.3))
-	if got := s.Snapshot().Replicas[0]; got.Parallelism != 16 || got.SlotsFrom != slotsEngine {
-		t.Fatalf("after one sample with 2 waiting: slots %d from %q, want 16 from the engine", got.Parallelism, got.SlotsFrom)
+	waiting := engineSays(2, 8, 0.3)
+	for _, d := range []time.Duration{0, 50 * time.Millisecond, 100 * time.Millisecond, fullAfter - time.Millisecond} {
+		s.engineSample("a", later(waiting, d))
 	}
-	s.engineSample("a", engineSays(0, 8, 0.3))
-	s.engineSample("a", engineSays(1, 8, 0.3))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 16 || got.SlotsFrom != slotsEngine {
+		t.Fatalf("after samples with 2 waiting for less than %v: slots %d from %q, want 16 from the engine", fullAfter, got.Parallelism, got.SlotsFrom)
+	}
+	s.engineSample("a", later(engineSays(0, 8, 0.3), fullAfter))
+	s.engineSample("a", later(waiting, fullAfter+time.Millisecond))
+	s.engineSample("a", later(waiting, 2*fullAfter))
 	if got := s.Snapshot().Replicas[0]; got.Parallelism != 16 {
-		t.Fatalf("waiting in samples that are not consecutive: slots %d, want 16", got.Parallelism)
+		t.Fatalf("waiting broken by a sample with none: slots %d, want 16", got.Parallelism)
 	}
 
 	n := New(Config{})
 	n.SetBackends([]string{"b"})
 	l := mustAcquire(t, n)
 	defer l.Release(success(time.Millisecond))
-	n.engineSample("b", engineSays(1, 1, 0.1))
-	n.engineSample("b", engineSays(0, 2, 0.1))
+	first := engineSays(1, 1, 0.1)
+	n.engineSample("b", first)
+	n.engineSample("b", later(first, 50*time.Millisecond))
+	n.engineSample("b", later(engineSays(0, 2, 0.1), 100*time.Millisecond))
 	if got := n.Snapshot().Replicas[0]; got.SlotsFrom != slotsEngine {
 		t.Fatalf("an engine that queued one request for a step, then ran two: slots from %q, want %q", got.SlotsFrom, slotsEngine)
 	}
