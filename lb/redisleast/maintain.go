@@ -14,8 +14,8 @@ import (
 // loop runs every LeaseTTL/3 while the breaker is closed, and at once
 // after Configure: renew this instance's liveness key, send pending
 // releases, replay a set Redis did not take, reap dead instances, let the
-// mode do its share (the queue dispatches free slots to waiters) and
-// refresh the global counts the metrics report; and redial if
+// mode do its share (the queue releases its orphaned records and
+// dispatches free slots to waiters) and refresh the global counts the metrics report; and redial if
 // read_timeout outgrew the connection.
 //
 // Reclaim bound: an instance that dies renewed its key at most LeaseTTL/3

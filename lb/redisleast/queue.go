@@ -447,10 +447,12 @@ func (q *globalQueue) recheck() {
 	}
 }
 
-// maintain dispatches whatever is free (slots freed by a reap, an outage,
-// a raised max_inflight) and refreshes the queue gauge.
+// maintain drops this instance's orphaned records (sweep), dispatches
+// whatever is free (slots freed by a reap, an outage, a raised
+// max_inflight) and refreshes the queue gauge.
 func (q *globalQueue) maintain(ctx context.Context) {
 	m := q.m
+	q.sweep(ctx)
 	res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
 		return kickQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.load},
 			[]string{strconv.Itoa(m.conf().MaxInflight), m.k.tag})
@@ -459,6 +461,62 @@ func (q *globalQueue) maintain(ctx context.Context) {
 		n, _ := arr[2].AsInt64()
 		q.queueLen.Store(n)
 	}
+}
+
+// sweep releases the records of this instance that are orphans: of a
+// request it neither holds a lease for nor waits for. The queue makes
+// them when it hands a slot to a token of this instance that is dead
+// here: a waiter a rollback put back in the queue after the instance
+// reconciled, or that reconcile kept because it was still waiting then,
+// though it had already left with a hand-over Redis lost. Nothing else
+// would ever release that slot (no waiter looks for it, and only a
+// version regression starts a reconcile), so every round the instance
+// reads its hash and releases what it does not know. The check is
+// repeated under own.mu (write-held): no one-call pick or release of the
+// instance is under way then, and a waiter becomes a lease under it, so
+// a record whose request is neither held nor waiting has nobody to end
+// it. The release script is idempotent: a release of the same request
+// still pending later changes nothing.
+func (q *globalQueue) sweep(ctx context.Context) {
+	m := q.m
+	ident := m.ident.Load()
+	res := m.call(ctx, func(ctx context.Context) rueidis.RedisResult {
+		return m.rc().Do(ctx, m.rc().B().Hgetall().Key(ident.inst).Build())
+	})
+	kv, err := res.AsStrMap()
+	if err != nil {
+		return
+	}
+	orphans := q.orphans(ident, kv)
+	if len(orphans) == 0 {
+		return
+	}
+	m.own.mu.Lock()
+	defer m.own.mu.Unlock()
+	if orphans = q.orphans(ident, kv); len(orphans) > 0 {
+		_ = m.execRelease(ctx, ident, orphans) // failed: the next round tries again
+	}
+}
+
+// orphans lists the requests recorded in kv (an instance hash) that ident
+// neither holds a lease for nor waits for.
+func (q *globalQueue) orphans(ident *identity, kv map[string]string) []string {
+	known := map[string]bool{}
+	held := q.m.own.snapshot(ident)
+	for i := 0; i < len(held); i += 2 {
+		known[held[i]] = true
+	}
+	waiting := q.waiters.of(ident.id + ":")
+	for i := 0; i < len(waiting); i += 2 {
+		known[waiting[i]] = true
+	}
+	var out []string
+	for id, rep := range kv {
+		if id != "#" && id != "!" && rep != "" && !known[id] {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // The queue's scripts dispatch what a release, a reap or a new member

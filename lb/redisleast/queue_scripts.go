@@ -143,8 +143,10 @@ return {3, '', v}
 `)
 
 // releaseQueueScript is releaseScript in queueing mode: it also forgets
-// the requests' assignments, takes a lost select ("?id") out of the queue
-// if it is still waiting there, and dispatches the freed slots.
+// the requests' assignments, takes a request that ended out of the queue
+// if its token is still there (a lost select, "?id"; or a waiter a
+// rollback put back after it had left with a hand-over Redis lost), and
+// dispatches the freed slots.
 //
 // KEYS: load, gone, inst:<id>, queue, waiters, assigned, avoid
 // ARGV: maxInflight, tag, instance id, request ids...
@@ -156,7 +158,7 @@ for i = 4, #ARGV do
   if string.sub(id, 1, 1) == '?' then id, lost = string.sub(id, 2), true end
   local tok = me .. ':' .. id
   redis.call('HDEL', KEYS[6], tok)
-  if lost and redis.call('HDEL', KEYS[5], tok) == 1 then
+  if redis.call('HDEL', KEYS[5], tok) == 1 then
     redis.call('LREM', KEYS[4], 1, tok)
     redis.call('HDEL', KEYS[7], tok)
   end

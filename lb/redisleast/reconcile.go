@@ -40,7 +40,9 @@ import (
 // for the one-call picks and releases, the batcher's mutex for the
 // batched ones), and the batcher has sent everything it kept, so what the
 // instance holds is exactly what Redis should hold. Other instances
-// reconcile their own records; dead ones are reaped as always.
+// reconcile their own records; dead ones are reaped as always. In the
+// queueing mode a slot handed to a token the instance no longer knows
+// after it reconciled is released by its next round (globalQueue.sweep).
 
 // ownRecords is what this instance holds in Redis, for reconciliation.
 type ownRecords struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -174,6 +175,102 @@ func testRedisRollbackDropsRestoredWaiters(t *testing.T, tg redistest.Target) {
 	}
 	l.Release(ok)
 	waitFor(t, "every record and waiter to go", func() bool { return drained(t, x, c) && queueEmpty(t, x, c) })
+}
+
+// A token of an instance that the instance no longer waits for can still
+// be in the queue: a rollback put it back after the instance reconciled,
+// or reconcile kept it because the waiter was still there, though it had
+// already left with a hand-over Redis then lost. The queue hands it a
+// slot — recorded under the instance and in the assignments — and
+// nobody would ever release that slot: no waiter looks for it, and no
+// version regression starts a reconcile. (Seen once in
+// TestRedisRollbackDuringAStorm: an assignment and its count left 30 s
+// after every request had ended.) The instance releases the records it
+// does not know at its next maintenance round, and only those.
+func TestOrphanedAssignmentIsReleased(t *testing.T) {
+	redistest.Each(t, testOrphanedAssignmentIsReleased)
+}
+
+func testOrphanedAssignmentIsReleased(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := queueConfFor(t, tg)
+	cfg.LeaseTTL = 300 * time.Millisecond // a maintenance round every 100 ms
+	st := queueStores(t, cfg, "x", "y")
+	x, y := st[0], st[1]
+	ctx := context.Background()
+	for _, s := range st {
+		if err := s.Sync(ctx, []string{"a", "b"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := sel(t, x, "b") // a lease of x's own: its record must stay
+	xid := x.ident.Load()
+	ghost := token(xid, "ghost") // a waiter x does not know
+	for _, cmd := range []rueidis.Completed{
+		c.B().Rpush().Key(x.k.queue).Element(ghost).Build(),
+		c.B().Hset().Key(x.k.waiters).FieldValue().FieldValue(ghost, xid.id).Build(),
+	} {
+		if err := c.Do(ctx, cmd).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another instance's dispatch hands it the free slot.
+	n, err := kickQueueScript.Exec(ctx, c, []string{y.k.queue, y.k.waiters, y.k.load},
+		[]string{strconv.Itoa(cfg.MaxInflight), y.k.tag}).AsIntSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n[0] != 1 {
+		if recordsOf(t, c, xid.inst)["ghost"] != "a" { // x's own kick may have run first
+			t.Fatalf("dispatch handed %d slots, and x has no record of the ghost: %v", n[0], recordsOf(t, c, xid.inst))
+		}
+	}
+	waitFor(t, "x to release the slot handed to a waiter it does not know", func() bool {
+		_, has := recordsOf(t, c, xid.inst)["ghost"]
+		return !has && hlen(t, c, x.k.assigned) == 0 && maps.Equal(mustCounts(t, x), map[string]int64{"a": 0, "b": 1})
+	})
+	if got := recordsOf(t, c, xid.inst); !maps.Equal(got, map[string]string{held.req: "b"}) {
+		t.Fatalf("x's records %v, want only its lease's (%s on b)", got, held.req)
+	}
+	held.Release(ok)
+	waitFor(t, "every record and waiter to go", func() bool { return drained(t, x, c) && queueEmpty(t, x, c) })
+}
+
+// The likely way such a token came back in the storm: a waiter handed a
+// slot, the hand-over lost by a rollback that put the token back in the
+// queue, and a reconcile that ran while the waiter was still there (it
+// keeps the instance's waiters' tokens). The request runs on the slot it
+// was told of and ends: its release takes the token out of the queue
+// too, so the queue never hands it a second slot.
+func TestReleaseTakesTheRequestsTokenOutOfTheQueue(t *testing.T) {
+	redistest.Each(t, testReleaseTakesTheRequestsTokenOutOfTheQueue)
+}
+
+func testReleaseTakesTheRequestsTokenOutOfTheQueue(t *testing.T, tg redistest.Target) {
+	c := rawFor(t, tg)
+	cfg := queueConfFor(t, tg) // max_inflight 1
+	cfg.LeaseTTL = time.Minute // no maintenance round during the test
+	x := queueStores(t, cfg, "x")[0]
+	ctx := context.Background()
+	if err := x.Sync(ctx, []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	l := sel(t, x, "a")
+	xid := x.ident.Load()
+	tok := token(xid, l.req) // back in the queue, as the rollback left it
+	for _, cmd := range []rueidis.Completed{
+		c.B().Rpush().Key(x.k.queue).Element(tok).Build(),
+		c.B().Hset().Key(x.k.waiters).FieldValue().FieldValue(tok, xid.id).Build(),
+	} {
+		if err := c.Do(ctx, cmd).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Release(ok)
+	if !drained(t, x, c) || !queueEmpty(t, x, c) {
+		dumpPool(t, c, x.k.tag)
+		t.Fatal("the release of a request whose token was queued left a record, a count or a queue entry")
+	}
 }
 
 // The symptom end to end: a Redis restarted from its last RDB snapshot,
