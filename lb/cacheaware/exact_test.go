@@ -35,14 +35,16 @@ func TestPickWithExact(t *testing.T) {
 		exact  bool
 	}{
 		{"the engine says b, the tree a", exactView{"a": {0, true}, "b": {0.8, true}}, even, "b", CacheHit, true},
-		{"a fresh and empty: its tree holding is ignored", exactView{"a": {0, true}, "b": {0, true}},
-			loads(map[string]int{"a": 3}), "b", Miss, false},
+		{"a fresh and empty: no engine holds it, so the tree's holder (its home), not the least loaded",
+			exactView{"a": {0, true}, "b": {0, true}}, loads(map[string]int{"a": 3}), "a", CacheHit, false},
+		{"a's engine holds a short leading run: a, not the least loaded", exactView{"a": {0.2, true}, "b": {0, true}},
+			loads(map[string]int{"a": 3}), "a", CacheHit, false},
 		{"a stale: the tree scores it, and beats b's exact 0.6", exactView{"a": {0.9, false}, "b": {0.6, true}}, even, "a", CacheHit, false},
 		{"the tree's 1.0 and exact 1.0 tie: exact wins", exactView{"b": {1, true}}, even, "b", CacheHit, true},
 		{"exact ties go to the less loaded", exactView{"a": {0.7, true}, "b": {0.7, true}},
 			loads(map[string]int{"a": 2}), "b", CacheHit, true},
-		{"exact at the threshold is no hit", exactView{"a": {0, true}, "b": {0.5, true}},
-			loads(map[string]int{"b": 1}), "a", Miss, false},
+		{"exact at the threshold is no exact hit: the tree's holder", exactView{"a": {0, true}, "b": {0.5, true}},
+			loads(map[string]int{"a": 1}), "a", CacheHit, false},
 		{"imbalance comes first", exactView{"a": {0, true}, "b": {1, true}},
 			loads(map[string]int{"b": 100}), "a", Imbalance, false},
 		{"no fresh replica: the tree alone", exactView{}, even, "a", CacheHit, false},
@@ -58,6 +60,33 @@ func TestPickWithExact(t *testing.T) {
 				t.Fatalf("exact hits: %+v", s)
 			}
 		})
+	}
+}
+
+// When no engine holds a leading run above the threshold, the tree's
+// holders decide (the prefix's home), the one whose engine holds most
+// first; with no tree match either, it is a miss (least load).
+func TestPickWithExactAffinity(t *testing.T) {
+	text := "a long shared prompt"
+	r := newRouter(t, Config{}, "a", "b", "c")
+	r.Insert("m", text, "a")
+	r.Insert("m", text, "b")
+	view := exactView{"a": {0.1, true}, "b": {0.3, true}, "c": {0.4, true}}
+	d := r.PickWith("m", text, loads(map[string]int{"b": 2}), view.fn())
+	if d.Addr != "b" || d.Reason != CacheHit || d.Exact || !d.Affinity {
+		t.Fatalf("holders a and b: got %+v, want b by affinity", d)
+	}
+	view = exactView{"a": {0.2, true}, "b": {0.2, true}, "c": {0.4, true}}
+	d = r.PickWith("m", text, loads(map[string]int{"a": 1, "b": 2}), view.fn())
+	if d.Addr != "a" || !d.Affinity {
+		t.Fatalf("equal holders: got %+v, want the less loaded a", d)
+	}
+	d = r.PickWith("m", "something else entirely", loads(map[string]int{"a": 1, "b": 1}), view.fn())
+	if d.Addr != "c" || d.Reason != Miss || d.Affinity {
+		t.Fatalf("no tree match: got %+v, want a miss to c", d)
+	}
+	if s := r.Stats(); s.AffinityHits != 2 || s.ExactHits != 0 || s.Hits != 2 || s.Misses != 1 {
+		t.Fatalf("stats: %+v", s)
 	}
 }
 
@@ -127,6 +156,35 @@ func TestPickerOnEngineEvents(t *testing.T) {
 	p.SetExact(nil)
 	if _, err := p.Pick(context.Background(), prompt(held)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A prefix whose blocks its home engine evicted (all but the first) goes
+// home again, not to the least-loaded replica: no engine holds enough of
+// it to route on, and re-caching it where it was keeps it in one cache
+// instead of copying it into another's.
+func TestPickerSendsAnEvictedPrefixHome(t *testing.T) {
+	ix := kvevents.NewIndex(kvevents.Config{})
+	p := newPicker(t, "a:1", "b:1")
+	p.SetExact(&kvevents.Prefixes{Index: ix, Tokenizer: kvevents.SimTokenizer{}, SpeculateFor: -1})
+	tok := func(s string) []uint32 { v, _ := kvevents.SimTokenizer{}.Tokenize("m", s); return v }
+	publish(t, ix, "a:1", 1, tok(words("warm", 16)))
+	publish(t, ix, "b:1", 1, tok(words("warm", 16)))
+
+	doc := words("doc", 128) // 8 blocks
+	first := pickFor(t, p, prompt(doc))
+	home := first.Replica()
+	// The engine held it, then evicted all but its first block.
+	publish(t, ix, home, 2, tok(doc)[:16])
+	// home is busier than the other (within the balance thresholds).
+	for i := 0; i < 3; i++ {
+		defer p.Tracker().AcquireCost(home, 10).Release(ok)
+	}
+	first.Release(ok)
+	l := pickFor(t, p, prompt(doc+" next"))
+	defer l.Release(ok)
+	if d := l.Replica(); d != home {
+		t.Fatalf("the evicted prefix left its home %s for %s (%+v)", home, d, l)
 	}
 }
 

@@ -46,6 +46,11 @@ type Decision struct {
 	// winner's events are fresh and MatchRate is its share of the prompt's
 	// tokens in its engine's cache.
 	Exact bool
+	// Affinity is true when the tree's holders decided among replicas
+	// whose engines' views are fresh: no engine held a leading run above
+	// CacheThreshold, so the prefix went where Sluice sent it before
+	// (the holder with the highest exact rate, then the least loaded).
+	Affinity bool
 }
 
 // LoadFunc gives a replica's exact in-flight count and whether it may get
@@ -132,8 +137,9 @@ func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) De
 			d.MatchRate = float64(d.MatchedChars) / float64(total)
 		}
 	}
-	var cbuf, ebuf [64]*replica
-	cand := cbuf[:0]
+	var cbuf, ebuf, abuf [64]*replica
+	cand := cbuf[:0]     // usable tree holders not scored exactly (stale)
+	affinity := abuf[:0] // usable tree holders whose engine's view is fresh
 	if hit != nil {
 		for _, h := range hit.holders {
 			if h.rep.dead || !isIn(usable, h.rep) {
@@ -141,6 +147,7 @@ func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) De
 			}
 			if exact != nil {
 				if _, fresh := exact(h.rep.addr); fresh {
+					affinity = append(affinity, h.rep)
 					continue
 				}
 			}
@@ -157,10 +164,25 @@ func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) De
 			return d
 		}
 	}
-	// No holder usable (down, or scored exactly instead): a miss below.
-	if len(cand) > 0 && d.MatchRate > r.cfg.CacheThreshold {
+	// No engine holds a leading run above the threshold. Route as the tree
+	// would: its holders are where Sluice sent this prefix before (its
+	// home), and sending it there again re-caches it where part of it may
+	// still be, instead of copying it to the least-loaded replica. A stale
+	// holder is scored by the tree's rate, a fresh one by its engine's
+	// (below the threshold); the highest first, then the least loaded.
+	if d.MatchRate > r.cfg.CacheThreshold && len(cand)+len(affinity) > 0 {
 		r.hits.Add(1)
-		d.Addr, d.Reason = choose(cand, loads, nil, turn).addr, CacheHit
+		if len(cand) > 0 {
+			d.Addr = choose(cand, loads, nil, turn).addr
+		} else {
+			r.affinityHits.Add(1)
+			d.Addr = choose(affinity, loads, func(rep *replica) int {
+				rate, _ := exact(rep.addr)
+				return -int(rate * (1 << 20)) // higher exact rate first
+			}, turn).addr
+			d.Affinity = true
+		}
+		d.Reason = CacheHit
 		return d
 	}
 
