@@ -254,7 +254,7 @@ func (h *kvHealthReport) note() string {
 		reps = append(reps, fmt.Sprintf("%s %s %d blocks", name, rp.Mode, rp.Blocks))
 	}
 	var tot []string
-	for _, k := range []string{"batches", "events", "gaps", "restarts", "cleared", "removed_unknown", "capacity_evicted"} {
+	for _, k := range []string{"batches", "events", "gaps", "restarts", "cleared", "removed_unknown", "capacity_evicted", "re_stored"} {
 		tot = append(tot, fmt.Sprintf("%s %d", k, h.Totals[k]))
 	}
 	drops := "none"
