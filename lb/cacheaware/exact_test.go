@@ -219,3 +219,128 @@ func publishBench(b *testing.B, ix *kvevents.Index, addr string, seq uint64) {
 	}
 	ix.Apply(addr, m, time.Now())
 }
+
+// A prompt no engine holds enough of goes home unless its home is under
+// cache pressure (its engine keeps storing again what it evicted) by more
+// than MovePressure over the least pressured replica: then there.
+func TestPickExactMovesOffAPressuredHome(t *testing.T) {
+	text := "a long shared prompt"
+	view := exactView{"a": {0.2, true}, "b": {0, true}, "c": {0, true}}
+	for _, c := range []struct {
+		name     string
+		pressure map[string]float64
+		want     string
+		moved    bool
+	}{
+		{"no pressure known: home", nil, "a", false},
+		{"home thrashes, c has room: c", map[string]float64{"a": 0.7, "b": 0.5, "c": 0.1}, "c", true},
+		{"within MovePressure: home", map[string]float64{"a": 0.3, "b": 0.2, "c": 0.1}, "a", false},
+		{"equally low: the less loaded", map[string]float64{"a": 0.6, "b": 0, "c": 0}, "c", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRouter(t, Config{}, "a", "b", "c")
+			r.Insert("m", text, "a")
+			var pf PressureFunc
+			if c.pressure != nil {
+				pf = func(addr string) float64 { return c.pressure[addr] }
+			}
+			d := r.PickExact("m", text, loads(map[string]int{"b": 1}), view.fn(), pf)
+			if d.Addr != c.want || d.Moved != c.moved || d.Affinity == c.moved || d.Reason != CacheHit {
+				t.Fatalf("got %+v, want %s (moved %v)", d, c.want, c.moved)
+			}
+			if s := r.Stats(); (s.Moves == 1) != c.moved || (s.AffinityHits == 1) == c.moved {
+				t.Fatalf("stats: %+v", s)
+			}
+		})
+	}
+	// An engine that holds enough decides, whatever its pressure.
+	r := newRouter(t, Config{}, "a", "b")
+	r.Insert("m", text, "b")
+	d := r.PickExact("m", text, nil, exactView{"a": {0.9, true}, "b": {0, true}}.fn(),
+		func(addr string) float64 { return map[string]float64{"a": 1}[addr] })
+	if d.Addr != "a" || !d.Exact || d.Moved {
+		t.Fatalf("exact hit: %+v", d)
+	}
+}
+
+// events feeds the index one batch of events on replica addr, with the
+// replica's next sequence number (seqs holds them).
+func events(t *testing.T, ix *kvevents.Index, seqs map[string]uint64, addr string, evs ...[]any) {
+	t.Helper()
+	batch := make([]any, len(evs))
+	for i, e := range evs {
+		batch[i] = e
+	}
+	payload, err := msgpack.Marshal([]any{1.0, batch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs[addr]++
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], seqs[addr])
+	m, err := kvevents.DecodeMessage([][]byte{[]byte("kv@" + addr + "@m"), s[:], payload}, kvevents.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix.Apply(addr, m, time.Now())
+}
+
+// stored is a BlockStored of tokens as 16-token blocks hashed base, base+1...
+func stored(base uint64, parent any, tokens []uint32) []any {
+	n := len(tokens) / 16
+	hs, toks := make([]any, n), make([]any, n*16)
+	for i := range hs {
+		hs[i] = base + uint64(i)
+	}
+	for i := range toks {
+		toks[i] = tokens[i]
+	}
+	return []any{"BlockStored", hs, parent, toks, 16, nil, "GPU"}
+}
+
+func removed(hashes ...uint64) []any {
+	hs := make([]any, len(hashes))
+	for i, h := range hashes {
+		hs[i] = h
+	}
+	return []any{"BlockRemoved", hs, "GPU"}
+}
+
+// With the real index: a replica whose engine keeps evicting and storing
+// again the same blocks is under pressure, and a prefix its home lost
+// moves to the replica with room; without that pressure it goes home.
+func TestPickerMovesAnEvictedPrefixOffAThrashingHome(t *testing.T) {
+	for _, thrash := range []bool{false, true} {
+		t.Run(fmt.Sprint("thrash=", thrash), func(t *testing.T) {
+			ix := kvevents.NewIndex(kvevents.Config{})
+			p := newPicker(t, "a:1", "b:1")
+			p.SetExact(&kvevents.Prefixes{Index: ix, Tokenizer: kvevents.SimTokenizer{}, SpeculateFor: -1})
+			tok := func(s string) []uint32 { v, _ := kvevents.SimTokenizer{}.Tokenize("m", s); return v }
+			doc := words("doc", 128) // 8 blocks
+			first := pickFor(t, p, prompt(doc))
+			home, other := first.Replica(), "a:1"
+			if home == other {
+				other = "b:1"
+			}
+			first.Release(ok)
+			seqs := map[string]uint64{}
+			events(t, ix, seqs, other, stored(500, nil, tok(words("cold", 64))))
+			// home stored doc, then evicted all but its first block; if it
+			// thrashes, it stored them again and evicted them again.
+			dt := tok(doc)
+			events(t, ix, seqs, home, stored(100, nil, dt))
+			rest := []uint64{101, 102, 103, 104, 105, 106, 107}
+			events(t, ix, seqs, home, removed(rest...))
+			if thrash {
+				events(t, ix, seqs, home, stored(101, uint64(100), dt[16:]))
+				events(t, ix, seqs, home, removed(rest...))
+			}
+			l := pickFor(t, p, prompt(doc+" next"))
+			defer l.Release(ok)
+			d := l.Replica()
+			if want := map[bool]string{false: home, true: other}[thrash]; d != want {
+				t.Fatalf("went to %s, want %s (home %s): %+v", d, want, home, p.Router().Stats())
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -98,6 +99,45 @@ type replica struct {
 	head, tail *entry // oldest first
 	n          int
 	lastEvent  time.Time
+	// Blocks stored and, of those, stored again after their removal,
+	// decayed with half-life pressureHalfLife from pressureAt: see Pressure.
+	stored, reStored float64
+	pressureAt       time.Time
+}
+
+// pressureHalfLife is how fast a replica's re-store share forgets.
+const pressureHalfLife = 10 * time.Second
+
+// countStore adds one stored block to the replica's re-store share.
+func (r *replica) countStore(now time.Time, again bool) {
+	if !r.pressureAt.IsZero() && now.After(r.pressureAt) {
+		f := math.Exp2(-float64(now.Sub(r.pressureAt)) / float64(pressureHalfLife))
+		r.stored *= f
+		r.reStored *= f
+	}
+	if now.After(r.pressureAt) {
+		r.pressureAt = now
+	}
+	r.stored++
+	if again {
+		r.reStored++
+	}
+}
+
+// Pressure returns, per replica, the share of the blocks its engine
+// stored lately (half-life 10 s) that it had removed before and stored
+// again: the engine evicting what it is then asked for, its cache too
+// small for what it is sent. 0 for a replica the index has not heard of.
+func (ix *Index) Pressure(replicas []string) []float64 {
+	out := make([]float64, len(replicas))
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for i, name := range replicas {
+		if r := ix.replicas[name]; r != nil && r.stored > 0 {
+			out[i] = r.reStored / r.stored
+		}
+	}
+	return out
 }
 
 // entry is one engine block: the keys it completes (evicted with it) and
@@ -293,7 +333,7 @@ func (ix *Index) Apply(name string, m Message, now time.Time) {
 		src := source{rank: rank, medium: ev.Medium}
 		switch ev.Kind {
 		case BlockStored:
-			ix.store(r, src, ev)
+			ix.store(r, src, ev, now)
 		case BlockRemoved:
 			blocks := r.sources[src]
 			for _, h := range ev.BlockHashes {
@@ -312,7 +352,7 @@ func (ix *Index) Apply(name string, m Message, now time.Time) {
 	ix.enforce(r)
 }
 
-func (ix *Index) store(r *replica, src source, ev *Event) {
+func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) {
 	blocks := r.sources[src]
 	if blocks == nil {
 		if len(r.sources) >= maxSourcesPerReplica {
@@ -349,8 +389,10 @@ func (ix *Index) store(r *replica, src source, ev *Event) {
 			keys, state = t.keys, t.state
 			ix.unlinkTomb(t)
 			ix.c.reStored++
+			r.countStore(now, true)
 		} else {
 			keys, state = ix.keyer.extend(state, ev.TokenIDs[i*bs:(i+1)*bs], nil)
+			r.countStore(now, false)
 		}
 		if old := blocks[h]; old != nil {
 			ix.remove(r, old)

@@ -350,3 +350,27 @@ func TestIndexTombsBounded(t *testing.T) {
 		t.Fatalf("after Forget: %d", ix.tombs)
 	}
 }
+
+// Pressure is the share of the blocks a replica stored lately that it had
+// removed before, forgetting with a 10 s half-life.
+func TestIndexPressure(t *testing.T) {
+	ix := NewIndex(Config{})
+	prompt := seqTokens(0, 64) // 4 blocks
+	storeChain(t, ix, "a", topicA, 1, 100, nil, prompt, 16)
+	const topicB = "kv@10.0.0.2:8000@m"
+	storeChain(t, ix, "b", topicB, 1, 100, nil, prompt, 16)
+	if got := ix.Pressure([]string{"a", "b", "c"}); got[0] != 0 || got[1] != 0 || got[2] != 0 {
+		t.Fatalf("new blocks only: %v", got)
+	}
+	ix.Apply("a", mustMessage(t, topicA, 2, batchPayload(t, vllmRemoved(101, 102, 103))), t0)
+	ix.Apply("a", mustMessage(t, topicA, 3, batchPayload(t, vllmStored(anyHashes(101, 102, 103), uint64(100), prompt[16:], 16))), t0)
+	if got := ix.Pressure([]string{"a", "b"}); got[0] != 3.0/7 || got[1] != 0 {
+		t.Fatalf("3 of 7 stored again: %v", got)
+	}
+	// 10 s later the first 7 count half: with 4 new blocks, 1.5 of 7.5.
+	ix.Apply("a", mustMessage(t, topicA, 4, batchPayload(t, vllmStored(anyHashes(200, 201, 202, 203), nil, seqTokens(500, 64), 16))),
+		t0.Add(10*time.Second))
+	if got := ix.Pressure([]string{"a"}); got[0] < 1.5/7.5-1e-9 || got[0] > 1.5/7.5+1e-9 {
+		t.Fatalf("after a half-life: %v", got)
+	}
+}
