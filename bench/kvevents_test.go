@@ -51,12 +51,9 @@ func TestQuickKVEvents(t *testing.T) {
 		ran[s.System] = s
 	}
 	k := kvBenchShape(true)
-	for ci, cache := range k.caches {
+	for _, cache := range k.caches {
 		want := []string{"oracle_header_hash", "sluice_cache_aware_kv_events", "sluice_cache_aware_tree",
 			"caddy_least_conn", "sluice_cache_aware_tree_redis_x4"}
-		if ci == len(k.caches)-1 {
-			want = append(want, "sluice_cache_aware_kv_events_thr005")
-		}
 		for _, w := range want {
 			name := w + "@" + strconv.Itoa(cache) + "blk"
 			s, ok := ran[name]

@@ -279,7 +279,7 @@ func kvEventsStats(kl *kvListener, fresh time.Duration) *KVEventsStats {
 		Drops: s.Drops, Guard: kl.l.GuardStats(), Totals: map[string]uint64{
 			"batches": s.Batches, "events": s.Events, "unknown_events": s.UnknownEvents, "gaps": s.Gaps,
 			"restarts": s.Restarts, "cleared": s.Cleared, "removed_unknown": s.RemovedUnknown,
-			"capacity_evicted": s.CapacityEvicted, "blocks": uint64(s.Blocks),
+			"capacity_evicted": s.CapacityEvicted, "re_stored": s.ReStored, "blocks": uint64(s.Blocks),
 		}}
 	now := time.Now()
 	for name, r := range s.Replicas {

@@ -11,6 +11,16 @@ type Exact interface {
 	Lookup(req *lb.Request, addrs []string) (rates []float64, fresh []bool, routed func(addr string))
 }
 
+// Pressured is an Exact that also knows each replica's cache pressure:
+// the share (0..1) of the blocks its engine stored lately that it had
+// evicted before (lb/kvevents.Index.Pressure).
+type Pressured interface {
+	Pressure(addrs []string) []float64
+}
+
+// PressureFunc gives a present replica's cache pressure (0..1).
+type PressureFunc func(addr string) float64
+
 // ExactFunc gives, for a present replica, its exact match rate and
 // whether that view is fresh (false: score it by the tree).
 type ExactFunc func(addr string) (rate float64, fresh bool)
@@ -37,19 +47,30 @@ func (r *Router) Addrs() []string {
 
 // lookupExact asks the exact view about a parsed request's prompt for
 // every present replica.
-func (p *Picker) lookupExact(req *lb.Request) (ExactFunc, func(string)) {
+func (p *Picker) lookupExact(req *lb.Request) (ExactFunc, PressureFunc, func(string)) {
 	e := p.exact.Load()
 	if e == nil || !req.Parsed || req.Text == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	addrs := p.router.Addrs()
 	rates, fresh, routed := (*e).Lookup(req, addrs)
 	if rates == nil || len(rates) != len(addrs) || len(fresh) != len(addrs) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	idx := make(map[string]int, len(addrs))
 	for i, a := range addrs {
 		idx[a] = i
+	}
+	var pressure PressureFunc
+	if pe, ok := (*e).(Pressured); ok {
+		if q := pe.Pressure(addrs); len(q) == len(addrs) {
+			pressure = func(addr string) float64 {
+				if i, ok := idx[addr]; ok {
+					return q[i]
+				}
+				return 0
+			}
+		}
 	}
 	return func(addr string) (float64, bool) {
 		i, ok := idx[addr]
@@ -57,7 +78,7 @@ func (p *Picker) lookupExact(req *lb.Request) (ExactFunc, func(string)) {
 			return 0, false
 		}
 		return rates[i], fresh[i]
-	}, routed
+	}, pressure, routed
 }
 
 // bestExact returns the fresh usable replicas with the highest exact rate

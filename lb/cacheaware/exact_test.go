@@ -35,14 +35,16 @@ func TestPickWithExact(t *testing.T) {
 		exact  bool
 	}{
 		{"the engine says b, the tree a", exactView{"a": {0, true}, "b": {0.8, true}}, even, "b", CacheHit, true},
-		{"a fresh and empty: its tree holding is ignored", exactView{"a": {0, true}, "b": {0, true}},
-			loads(map[string]int{"a": 3}), "b", Miss, false},
+		{"a fresh and empty: no engine holds it, so the tree's holder (its home), not the least loaded",
+			exactView{"a": {0, true}, "b": {0, true}}, loads(map[string]int{"a": 3}), "a", CacheHit, false},
+		{"a's engine holds a short leading run: a, not the least loaded", exactView{"a": {0.2, true}, "b": {0, true}},
+			loads(map[string]int{"a": 3}), "a", CacheHit, false},
 		{"a stale: the tree scores it, and beats b's exact 0.6", exactView{"a": {0.9, false}, "b": {0.6, true}}, even, "a", CacheHit, false},
 		{"the tree's 1.0 and exact 1.0 tie: exact wins", exactView{"b": {1, true}}, even, "b", CacheHit, true},
 		{"exact ties go to the less loaded", exactView{"a": {0.7, true}, "b": {0.7, true}},
 			loads(map[string]int{"a": 2}), "b", CacheHit, true},
-		{"exact at the threshold is no hit", exactView{"a": {0, true}, "b": {0.5, true}},
-			loads(map[string]int{"b": 1}), "a", Miss, false},
+		{"exact at the threshold is no exact hit: the tree's holder", exactView{"a": {0, true}, "b": {0.5, true}},
+			loads(map[string]int{"a": 1}), "a", CacheHit, false},
 		{"imbalance comes first", exactView{"a": {0, true}, "b": {1, true}},
 			loads(map[string]int{"b": 100}), "a", Imbalance, false},
 		{"no fresh replica: the tree alone", exactView{}, even, "a", CacheHit, false},
@@ -58,6 +60,33 @@ func TestPickWithExact(t *testing.T) {
 				t.Fatalf("exact hits: %+v", s)
 			}
 		})
+	}
+}
+
+// When no engine holds a leading run above the threshold, the tree's
+// holders decide (the prefix's home), the one whose engine holds most
+// first; with no tree match either, it is a miss (least load).
+func TestPickWithExactAffinity(t *testing.T) {
+	text := "a long shared prompt"
+	r := newRouter(t, Config{}, "a", "b", "c")
+	r.Insert("m", text, "a")
+	r.Insert("m", text, "b")
+	view := exactView{"a": {0.1, true}, "b": {0.3, true}, "c": {0.4, true}}
+	d := r.PickWith("m", text, loads(map[string]int{"b": 2}), view.fn())
+	if d.Addr != "b" || d.Reason != CacheHit || d.Exact || !d.Affinity {
+		t.Fatalf("holders a and b: got %+v, want b by affinity", d)
+	}
+	view = exactView{"a": {0.2, true}, "b": {0.2, true}, "c": {0.4, true}}
+	d = r.PickWith("m", text, loads(map[string]int{"a": 1, "b": 2}), view.fn())
+	if d.Addr != "a" || !d.Affinity {
+		t.Fatalf("equal holders: got %+v, want the less loaded a", d)
+	}
+	d = r.PickWith("m", "something else entirely", loads(map[string]int{"a": 1, "b": 1}), view.fn())
+	if d.Addr != "c" || d.Reason != Miss || d.Affinity {
+		t.Fatalf("no tree match: got %+v, want a miss to c", d)
+	}
+	if s := r.Stats(); s.AffinityHits != 2 || s.ExactHits != 0 || s.Hits != 2 || s.Misses != 1 {
+		t.Fatalf("stats: %+v", s)
 	}
 }
 
@@ -130,6 +159,35 @@ func TestPickerOnEngineEvents(t *testing.T) {
 	}
 }
 
+// A prefix whose blocks its home engine evicted (all but the first) goes
+// home again, not to the least-loaded replica: no engine holds enough of
+// it to route on, and re-caching it where it was keeps it in one cache
+// instead of copying it into another's.
+func TestPickerSendsAnEvictedPrefixHome(t *testing.T) {
+	ix := kvevents.NewIndex(kvevents.Config{})
+	p := newPicker(t, "a:1", "b:1")
+	p.SetExact(&kvevents.Prefixes{Index: ix, Tokenizer: kvevents.SimTokenizer{}, SpeculateFor: -1})
+	tok := func(s string) []uint32 { v, _ := kvevents.SimTokenizer{}.Tokenize("m", s); return v }
+	publish(t, ix, "a:1", 1, tok(words("warm", 16)))
+	publish(t, ix, "b:1", 1, tok(words("warm", 16)))
+
+	doc := words("doc", 128) // 8 blocks
+	first := pickFor(t, p, prompt(doc))
+	home := first.Replica()
+	// The engine held it, then evicted all but its first block.
+	publish(t, ix, home, 2, tok(doc)[:16])
+	// home is busier than the other (within the balance thresholds).
+	for i := 0; i < 3; i++ {
+		defer p.Tracker().AcquireCost(home, 10).Release(ok)
+	}
+	first.Release(ok)
+	l := pickFor(t, p, prompt(doc+" next"))
+	defer l.Release(ok)
+	if d := l.Replica(); d != home {
+		t.Fatalf("the evicted prefix left its home %s for %s (%+v)", home, d, l)
+	}
+}
+
 // BenchmarkPickerPick4KBExact is BenchmarkPickerPick4KB with kv_events's
 // exact view (the sim's tokenizer, an index where every replica published
 // recently): the cost the exact view adds to a pick.
@@ -160,4 +218,129 @@ func publishBench(b *testing.B, ix *kvevents.Index, addr string, seq uint64) {
 		b.Fatal(err)
 	}
 	ix.Apply(addr, m, time.Now())
+}
+
+// A prompt no engine holds enough of goes home unless its home is under
+// cache pressure (its engine keeps storing again what it evicted) by more
+// than MovePressure over the least pressured replica: then there.
+func TestPickExactMovesOffAPressuredHome(t *testing.T) {
+	text := "a long shared prompt"
+	view := exactView{"a": {0.2, true}, "b": {0, true}, "c": {0, true}}
+	for _, c := range []struct {
+		name     string
+		pressure map[string]float64
+		want     string
+		moved    bool
+	}{
+		{"no pressure known: home", nil, "a", false},
+		{"home thrashes, c has room: c", map[string]float64{"a": 0.7, "b": 0.5, "c": 0.1}, "c", true},
+		{"within MovePressure: home", map[string]float64{"a": 0.3, "b": 0.2, "c": 0.1}, "a", false},
+		{"equally low: the less loaded", map[string]float64{"a": 0.6, "b": 0, "c": 0}, "c", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRouter(t, Config{}, "a", "b", "c")
+			r.Insert("m", text, "a")
+			var pf PressureFunc
+			if c.pressure != nil {
+				pf = func(addr string) float64 { return c.pressure[addr] }
+			}
+			d := r.PickExact("m", text, loads(map[string]int{"b": 1}), view.fn(), pf)
+			if d.Addr != c.want || d.Moved != c.moved || d.Affinity == c.moved || d.Reason != CacheHit {
+				t.Fatalf("got %+v, want %s (moved %v)", d, c.want, c.moved)
+			}
+			if s := r.Stats(); (s.Moves == 1) != c.moved || (s.AffinityHits == 1) == c.moved {
+				t.Fatalf("stats: %+v", s)
+			}
+		})
+	}
+	// An engine that holds enough decides, whatever its pressure.
+	r := newRouter(t, Config{}, "a", "b")
+	r.Insert("m", text, "b")
+	d := r.PickExact("m", text, nil, exactView{"a": {0.9, true}, "b": {0, true}}.fn(),
+		func(addr string) float64 { return map[string]float64{"a": 1}[addr] })
+	if d.Addr != "a" || !d.Exact || d.Moved {
+		t.Fatalf("exact hit: %+v", d)
+	}
+}
+
+// events feeds the index one batch of events on replica addr, with the
+// replica's next sequence number (seqs holds them).
+func events(t *testing.T, ix *kvevents.Index, seqs map[string]uint64, addr string, evs ...[]any) {
+	t.Helper()
+	batch := make([]any, len(evs))
+	for i, e := range evs {
+		batch[i] = e
+	}
+	payload, err := msgpack.Marshal([]any{1.0, batch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs[addr]++
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], seqs[addr])
+	m, err := kvevents.DecodeMessage([][]byte{[]byte("kv@" + addr + "@m"), s[:], payload}, kvevents.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix.Apply(addr, m, time.Now())
+}
+
+// stored is a BlockStored of tokens as 16-token blocks hashed base, base+1...
+func stored(base uint64, parent any, tokens []uint32) []any {
+	n := len(tokens) / 16
+	hs, toks := make([]any, n), make([]any, n*16)
+	for i := range hs {
+		hs[i] = base + uint64(i)
+	}
+	for i := range toks {
+		toks[i] = tokens[i]
+	}
+	return []any{"BlockStored", hs, parent, toks, 16, nil, "GPU"}
+}
+
+func removed(hashes ...uint64) []any {
+	hs := make([]any, len(hashes))
+	for i, h := range hashes {
+		hs[i] = h
+	}
+	return []any{"BlockRemoved", hs, "GPU"}
+}
+
+// With the real index: a replica whose engine keeps evicting and storing
+// again the same blocks is under pressure, and a prefix its home lost
+// moves to the replica with room; without that pressure it goes home.
+func TestPickerMovesAnEvictedPrefixOffAThrashingHome(t *testing.T) {
+	for _, thrash := range []bool{false, true} {
+		t.Run(fmt.Sprint("thrash=", thrash), func(t *testing.T) {
+			ix := kvevents.NewIndex(kvevents.Config{})
+			p := newPicker(t, "a:1", "b:1")
+			p.SetExact(&kvevents.Prefixes{Index: ix, Tokenizer: kvevents.SimTokenizer{}, SpeculateFor: -1})
+			tok := func(s string) []uint32 { v, _ := kvevents.SimTokenizer{}.Tokenize("m", s); return v }
+			doc := words("doc", 128) // 8 blocks
+			first := pickFor(t, p, prompt(doc))
+			home, other := first.Replica(), "a:1"
+			if home == other {
+				other = "b:1"
+			}
+			first.Release(ok)
+			seqs := map[string]uint64{}
+			events(t, ix, seqs, other, stored(500, nil, tok(words("cold", 64))))
+			// home stored doc, then evicted all but its first block; if it
+			// thrashes, it stored them again and evicted them again.
+			dt := tok(doc)
+			events(t, ix, seqs, home, stored(100, nil, dt))
+			rest := []uint64{101, 102, 103, 104, 105, 106, 107}
+			events(t, ix, seqs, home, removed(rest...))
+			if thrash {
+				events(t, ix, seqs, home, stored(101, uint64(100), dt[16:]))
+				events(t, ix, seqs, home, removed(rest...))
+			}
+			l := pickFor(t, p, prompt(doc+" next"))
+			defer l.Release(ok)
+			d := l.Replica()
+			if want := map[bool]string{false: home, true: other}[thrash]; d != want {
+				t.Fatalf("went to %s, want %s (home %s): %+v", d, want, home, p.Router().Stats())
+			}
+		})
+	}
 }

@@ -8,6 +8,7 @@ type Collector struct {
 	routers                 func() map[string]*Router
 	decisions, chars, nodes *prometheus.Desc
 	evicted, exactHits      *prometheus.Desc
+	affinityHits            *prometheus.Desc
 }
 
 // NewCollector reports the routers returned by routers (pool name → router).
@@ -20,6 +21,8 @@ func NewCollector(routers func() map[string]*Router) *Collector {
 		nodes:     prometheus.NewDesc("sluice_cache_aware_tree_nodes", "Nodes in the pool's approximate radix trees.", pool, nil),
 		evicted:   prometheus.NewDesc("sluice_cache_aware_evicted_chars_total", "Characters freed from the trees by LRU eviction.", pool, nil),
 		exactHits: prometheus.NewDesc("sluice_cache_aware_exact_hits_total", "cache_hit picks the exact index (engine KV events) chose.", pool, nil),
+		affinityHits: prometheus.NewDesc("sluice_cache_aware_affinity_hits_total",
+			"cache_hit picks with kv_events where no engine held enough of the prompt and the tree's holder (the prefix's home) got it.", pool, nil),
 	}
 }
 
@@ -30,6 +33,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.nodes
 	ch <- c.evicted
 	ch <- c.exactHits
+	ch <- c.affinityHits
 }
 
 // Collect implements prometheus.Collector.
@@ -46,5 +50,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, float64(s.Nodes), pool)
 		ch <- prometheus.MustNewConstMetric(c.evicted, prometheus.CounterValue, float64(s.EvictedChars), pool)
 		ch <- prometheus.MustNewConstMetric(c.exactHits, prometheus.CounterValue, float64(s.ExactHits), pool)
+		ch <- prometheus.MustNewConstMetric(c.affinityHits, prometheus.CounterValue, float64(s.AffinityHits), pool)
 	}
 }

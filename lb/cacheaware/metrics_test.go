@@ -44,6 +44,7 @@ func TestCollector(t *testing.T) {
 		"sluice_cache_aware_tree_chars":                8,
 		"sluice_cache_aware_tree_nodes":                1,
 		"sluice_cache_aware_evicted_chars_total":       10,
+		"sluice_cache_aware_affinity_hits_total":       0,
 	}
 	for k, v := range want {
 		if got[k] != v {

@@ -46,6 +46,15 @@ type Decision struct {
 	// winner's events are fresh and MatchRate is its share of the prompt's
 	// tokens in its engine's cache.
 	Exact bool
+	// Affinity is true when the tree's holders decided among replicas
+	// whose engines' views are fresh: no engine held a leading run above
+	// CacheThreshold, so the prefix went where Sluice sent it before
+	// (the holder with the highest exact rate, then the least loaded).
+	Affinity bool
+	// Moved is true when such a prompt went to the least pressured
+	// replica instead of its home, whose engine kept evicting what it was
+	// sent (see PickExact).
+	Moved bool
 }
 
 // LoadFunc gives a replica's exact in-flight count and whether it may get
@@ -78,6 +87,26 @@ func (r *Router) Pick(model, text string, load LoadFunc) Decision {
 // above CacheThreshold it is a hit among the replicas that reach it. exact
 // is called under the router's read lock: it must be quick.
 func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) Decision {
+	return r.PickExact(model, text, load, exact, nil)
+}
+
+// MovePressure: when no engine holds enough of a prompt to route on and
+// its home (the tree's holder) is under cache pressure by this much more
+// than the least pressured replica, the prompt goes to that replica
+// instead (see PickExact).
+const MovePressure = 0.25
+
+// PickExact is PickWith with each replica's cache pressure (nil: none
+// known): the share of the blocks its engine stored lately that it had
+// evicted before. A prompt no engine holds a leading run above
+// CacheThreshold of would go home by the tree (Decision.Affinity); if the
+// home's pressure exceeds the least pressured usable replica's by more
+// than MovePressure, the home keeps evicting what it is sent (more
+// prefixes live there than its cache holds), and the prompt goes to that
+// replica instead (Decision.Moved): it is prefilled anyway (its home held
+// at most CacheThreshold of it), and from then on it is held where there
+// is room.
+func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, pressure PressureFunc) Decision {
 	text = validText(text)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -132,8 +161,9 @@ func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) De
 			d.MatchRate = float64(d.MatchedChars) / float64(total)
 		}
 	}
-	var cbuf, ebuf [64]*replica
-	cand := cbuf[:0]
+	var cbuf, ebuf, abuf [64]*replica
+	cand := cbuf[:0]     // usable tree holders not scored exactly (stale)
+	affinity := abuf[:0] // usable tree holders whose engine's view is fresh
 	if hit != nil {
 		for _, h := range hit.holders {
 			if h.rep.dead || !isIn(usable, h.rep) {
@@ -141,6 +171,7 @@ func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) De
 			}
 			if exact != nil {
 				if _, fresh := exact(h.rep.addr); fresh {
+					affinity = append(affinity, h.rep)
 					continue
 				}
 			}
@@ -157,10 +188,30 @@ func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) De
 			return d
 		}
 	}
-	// No holder usable (down, or scored exactly instead): a miss below.
-	if len(cand) > 0 && d.MatchRate > r.cfg.CacheThreshold {
+	// No engine holds a leading run above the threshold. Route as the tree
+	// would: its holders are where Sluice sent this prefix before (its
+	// home), and sending it there again re-caches it where part of it may
+	// still be, instead of copying it to the least-loaded replica. A stale
+	// holder is scored by the tree's rate, a fresh one by its engine's
+	// (below the threshold); the highest first, then the least loaded.
+	if d.MatchRate > r.cfg.CacheThreshold && len(cand)+len(affinity) > 0 {
 		r.hits.Add(1)
-		d.Addr, d.Reason = choose(cand, loads, nil, turn).addr, CacheHit
+		if len(cand) > 0 {
+			d.Addr = choose(cand, loads, nil, turn).addr
+		} else {
+			home := choose(affinity, loads, func(rep *replica) int {
+				rate, _ := exact(rep.addr)
+				return -int(rate * (1 << 20)) // higher exact rate first
+			}, turn)
+			if to := r.relieve(home, usable, loads, pressure, turn); to != nil {
+				r.moves.Add(1)
+				d.Addr, d.Moved = to.addr, true
+			} else {
+				r.affinityHits.Add(1)
+				d.Addr, d.Affinity = home.addr, true
+			}
+		}
+		d.Reason = CacheHit
 		return d
 	}
 
@@ -171,6 +222,21 @@ func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) De
 	}
 	d.Addr, d.Reason = choose(usable, loads, key, turn).addr, Miss
 	return d
+}
+
+// relieve returns the least pressured usable replica (the less loaded of
+// equals) when home's pressure exceeds its own by more than MovePressure;
+// nil otherwise.
+func (r *Router) relieve(home *replica, usable []*replica, loads []int, pressure PressureFunc, turn uint64) *replica {
+	if pressure == nil {
+		return nil
+	}
+	const scale = 1 << 20
+	low := choose(usable, loads, func(rep *replica) int { return int(pressure(rep.addr) * scale) }, turn)
+	if pressure(home.addr)-pressure(low.addr) > MovePressure {
+		return low
+	}
+	return nil
 }
 
 func isIn(reps []*replica, rep *replica) bool {

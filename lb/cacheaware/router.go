@@ -45,6 +45,8 @@ type Router struct {
 	rr                       atomic.Uint64 // rotates tie-breaks
 	hits, misses, imbalanced atomic.Uint64
 	exactHits                atomic.Uint64 // hits the exact view chose
+	affinityHits             atomic.Uint64 // hits the tree's holders decided among fresh replicas
+	moves                    atomic.Uint64 // such picks sent off a pressured home instead
 
 	// reconf tells Run that Configure changed the settings, so a new
 	// eviction interval applies now rather than after the old one ends.
@@ -252,6 +254,8 @@ type Stats struct {
 
 	Hits, Misses, Imbalanced uint64 // Pick decisions by reason
 	ExactHits                uint64 // the hits the exact view (engine KV events) chose
+	AffinityHits             uint64 // the hits no engine held enough for, sent to the tree's holder (see Decision.Affinity)
+	Moves                    uint64 // the hits no engine held enough for, sent off a pressured home (see Decision.Moved)
 	EvictedChars             uint64 // runes freed by eviction (not by replica removal)
 	EvictedHoldings          uint64 // (replica, node) holdings evicted
 }
@@ -264,7 +268,7 @@ func (r *Router) Stats() Stats {
 		Chars: r.size, MaxChars: r.cfg.MaxTreeSize, Nodes: r.nodes, Models: len(r.trees),
 		ReplicaChars: make(map[string]int, len(r.order)),
 		Hits:         r.hits.Load(), Misses: r.misses.Load(), Imbalanced: r.imbalanced.Load(),
-		ExactHits:    r.exactHits.Load(),
+		ExactHits: r.exactHits.Load(), AffinityHits: r.affinityHits.Load(), Moves: r.moves.Load(),
 		EvictedChars: r.evictedChars, EvictedHoldings: r.evictedHoldings,
 	}
 	for _, rep := range r.order {

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -49,7 +50,34 @@ type Index struct {
 	total    int
 	seqs     map[seqKey]uint64
 	c        counters
+	// tombs: engine blocks removed recently, oldest first, all replicas
+	// (see tomb).
+	tombHead, tombTail *tomb
+	tombs              int
 }
+
+// tomb remembers an engine block the engine removed: its hash, keys and
+// keying state. An engine's block hash names the whole prefix up to that
+// block (vLLM, SGLang and llm-d-inference-sim chain each hash from its
+// parent's), so when the engine stores the same hash again the block has
+// the same keys, whatever parent its event names: llm-d-inference-sim
+// v0.10.2 evicts from the middle of a prompt and re-stores the missing
+// blocks in one event whose parent is the last block it still held.
+type tomb struct {
+	r          *replica
+	key        tombKey
+	keys       []uint64
+	state      chain
+	prev, next *tomb
+}
+
+type tombKey struct {
+	src  source
+	hash BlockHash
+}
+
+// maxTombs bounds the removed blocks remembered, all replicas.
+func (ix *Index) maxTombs() int { return max(ix.cfg.MaxBlocksTotal/4, 1024) }
 
 type seqKey struct {
 	topic string
@@ -67,9 +95,49 @@ type replica struct {
 	keys       map[uint64]int32     // Sluice key -> engine blocks that complete it
 	spec       map[uint64]time.Time // speculative keys (just routed there) -> expiry
 	sources    map[source]map[BlockHash]*entry
+	tombs      map[tombKey]*tomb
 	head, tail *entry // oldest first
 	n          int
 	lastEvent  time.Time
+	// Blocks stored and, of those, stored again after their removal,
+	// decayed with half-life pressureHalfLife from pressureAt: see Pressure.
+	stored, reStored float64
+	pressureAt       time.Time
+}
+
+// pressureHalfLife is how fast a replica's re-store share forgets.
+const pressureHalfLife = 10 * time.Second
+
+// countStore adds one stored block to the replica's re-store share.
+func (r *replica) countStore(now time.Time, again bool) {
+	if !r.pressureAt.IsZero() && now.After(r.pressureAt) {
+		f := math.Exp2(-float64(now.Sub(r.pressureAt)) / float64(pressureHalfLife))
+		r.stored *= f
+		r.reStored *= f
+	}
+	if now.After(r.pressureAt) {
+		r.pressureAt = now
+	}
+	r.stored++
+	if again {
+		r.reStored++
+	}
+}
+
+// Pressure returns, per replica, the share of the blocks its engine
+// stored lately (half-life 10 s) that it had removed before and stored
+// again: the engine evicting what it is then asked for, its cache too
+// small for what it is sent. 0 for a replica the index has not heard of.
+func (ix *Index) Pressure(replicas []string) []float64 {
+	out := make([]float64, len(replicas))
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for i, name := range replicas {
+		if r := ix.replicas[name]; r != nil && r.stored > 0 {
+			out[i] = r.reStored / r.stored
+		}
+	}
+	return out
 }
 
 // entry is one engine block: the keys it completes (evicted with it) and
@@ -124,7 +192,7 @@ func (ix *Index) Match(keys []uint64, replicas []string) []int {
 }
 
 func (ix *Index) newReplica(name string) *replica {
-	r := &replica{keys: make(map[uint64]int32), sources: make(map[source]map[BlockHash]*entry)}
+	r := &replica{keys: make(map[uint64]int32), sources: make(map[source]map[BlockHash]*entry), tombs: make(map[tombKey]*tomb)}
 	ix.replicas[name] = r
 	return r
 }
@@ -212,6 +280,9 @@ func (ix *Index) Forget(name string) {
 	defer ix.mu.Unlock()
 	if r := ix.replicas[name]; r != nil {
 		ix.total -= r.n
+		for _, t := range r.tombs {
+			ix.unlinkTomb(t)
+		}
 		delete(ix.replicas, name)
 	}
 }
@@ -262,11 +333,12 @@ func (ix *Index) Apply(name string, m Message, now time.Time) {
 		src := source{rank: rank, medium: ev.Medium}
 		switch ev.Kind {
 		case BlockStored:
-			ix.store(r, src, ev)
+			ix.store(r, src, ev, now)
 		case BlockRemoved:
 			blocks := r.sources[src]
 			for _, h := range ev.BlockHashes {
 				if e := blocks[h]; e != nil {
+					ix.bury(r, e)
 					ix.remove(r, e)
 				} else {
 					ix.c.removedUnknown++
@@ -280,7 +352,7 @@ func (ix *Index) Apply(name string, m Message, now time.Time) {
 	ix.enforce(r)
 }
 
-func (ix *Index) store(r *replica, src source, ev *Event) {
+func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) {
 	blocks := r.sources[src]
 	if blocks == nil {
 		if len(r.sources) >= maxSourcesPerReplica {
@@ -290,6 +362,11 @@ func (ix *Index) store(r *replica, src source, ev *Event) {
 		blocks = make(map[BlockHash]*entry)
 		r.sources[src] = blocks
 	}
+	bs := ev.BlockSize
+	if bs <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
+		ix.c.drop(ReasonTokenCount) // DecodeMessage never yields one; a hand-made Event might
+		return
+	}
 	state := ix.keyer.start()
 	if ev.Parent != NoHash {
 		switch p := blocks[ev.Parent]; {
@@ -297,20 +374,26 @@ func (ix *Index) store(r *replica, src source, ev *Event) {
 			state = p.state
 		case ev.Parent == IntHash(0):
 			// the sim's positional form says "no parent" with 0
+		case len(ev.BlockHashes) > 0 && r.tombs[tombKey{src, ev.BlockHashes[0]}] != nil:
+			// the parent is unknown but the first block is known: its keys
 		default:
 			// evicted here, or stored before we listened: the chain is unknown
 			ix.c.drop(ReasonParent)
 			return
 		}
 	}
-	bs := ev.BlockSize
-	if bs <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
-		ix.c.drop(ReasonTokenCount) // DecodeMessage never yields one; a hand-made Event might
-		return
-	}
 	for i, h := range ev.BlockHashes {
 		var keys []uint64
-		keys, state = ix.keyer.extend(state, ev.TokenIDs[i*bs:(i+1)*bs], nil)
+		if t := r.tombs[tombKey{src, h}]; t != nil {
+			// Stored again: the keys it had. The next block chains from it.
+			keys, state = t.keys, t.state
+			ix.unlinkTomb(t)
+			ix.c.reStored++
+			r.countStore(now, true)
+		} else {
+			keys, state = ix.keyer.extend(state, ev.TokenIDs[i*bs:(i+1)*bs], nil)
+			r.countStore(now, false)
+		}
 		if old := blocks[h]; old != nil {
 			ix.remove(r, old)
 		}
@@ -355,6 +438,43 @@ func (ix *Index) remove(r *replica, e *entry) {
 	e.prev, e.next = nil, nil
 	r.n--
 	ix.total--
+}
+
+// bury remembers a block the engine removed (see tomb), dropping the
+// oldest remembered ones beyond maxTombs.
+func (ix *Index) bury(r *replica, e *entry) {
+	k := tombKey{e.src, e.hash}
+	if old := r.tombs[k]; old != nil {
+		ix.unlinkTomb(old)
+	}
+	t := &tomb{r: r, key: k, keys: e.keys, state: e.state, prev: ix.tombTail}
+	if ix.tombTail != nil {
+		ix.tombTail.next = t
+	} else {
+		ix.tombHead = t
+	}
+	ix.tombTail = t
+	r.tombs[k] = t
+	ix.tombs++
+	for ix.tombs > ix.maxTombs() {
+		ix.unlinkTomb(ix.tombHead)
+	}
+}
+
+func (ix *Index) unlinkTomb(t *tomb) {
+	delete(t.r.tombs, t.key)
+	if t.prev != nil {
+		t.prev.next = t.next
+	} else {
+		ix.tombHead = t.next
+	}
+	if t.next != nil {
+		t.next.prev = t.prev
+	} else {
+		ix.tombTail = t.prev
+	}
+	t.prev, t.next = nil, nil
+	ix.tombs--
 }
 
 // clearRank drops every block of one data-parallel rank, all media.

@@ -290,3 +290,87 @@ func TestPrefixesShortPromptLeftToTheTree(t *testing.T) {
 		t.Fatalf("16 tokens: %v", r)
 	}
 }
+
+// A block the engine removed and stores again keeps its keys: with the
+// parent its event names (vLLM: the right one, and the next block chains
+// from it) or another (llm-d-inference-sim refilling a hole in a prompt
+// names the last block it still held).
+func TestIndexReStoredBlockKeepsItsKeys(t *testing.T) {
+	ix := NewIndex(Config{})
+	prompt := seqTokens(0, 80) // 5 blocks
+	storeChain(t, ix, "a", topicA, 1, 100, nil, prompt[:64], 16)
+	ix.Apply("a", mustMessage(t, topicA, 2, batchPayload(t, vllmRemoved(101))), t0)
+	if got := match(ix, prompt, "a"); got[0] != 1 {
+		t.Fatalf("after the removal: %v", got)
+	}
+	// The sim's shape: the hole (101) and a new block (104) in one event
+	// whose parent is the last held block (103).
+	ix.Apply("a", mustMessage(t, topicA, 3, batchPayload(t,
+		vllmStored(anyHashes(101, 104), uint64(103), append(append([]uint32(nil), prompt[16:32]...), prompt[64:]...), 16))), t0)
+	if got := match(ix, prompt[:64], "a"); got[0] != 4 {
+		t.Fatalf("hole refilled: %v", got)
+	}
+	// vLLM's shape: the tail removed, then stored again with its own
+	// parent and a new block after it.
+	ix.Apply("a", mustMessage(t, topicA, 4, batchPayload(t, vllmRemoved(103, 104))), t0)
+	ix.Apply("a", mustMessage(t, topicA, 5, batchPayload(t, vllmStored(anyHashes(103, 105), uint64(102), prompt[48:80], 16))), t0)
+	if got := match(ix, prompt, "a"); got[0] != 5 {
+		t.Fatalf("tail stored again: %v", got)
+	}
+	// A removed block with an unknown parent: its own keys, not a drop.
+	ix.Apply("a", mustMessage(t, topicA, 6, batchPayload(t, vllmRemoved(101, 102, 103, 105))), t0)
+	ix.Apply("a", mustMessage(t, topicA, 7, batchPayload(t, vllmStored(anyHashes(101), uint64(999), prompt[16:32], 16))), t0)
+	if got := match(ix, prompt, "a"); got[0] != 2 {
+		t.Fatalf("unknown parent: %v", got)
+	}
+	if s := ix.Stats(); s.ReStored != 3 || s.Drops[ReasonParent] != 0 || s.RemovedUnknown != 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+}
+
+// The removed blocks remembered are bounded over all replicas, oldest
+// first, and a replica that leaves takes its own with it.
+func TestIndexTombsBounded(t *testing.T) {
+	ix := NewIndex(Config{MaxBlocksTotal: 4096}) // 1024 remembered
+	for i := 0; i < 3; i++ {
+		name := fmt.Sprint("r", i)
+		topic := fmt.Sprintf("kv@10.0.1.%d:8000@m", i)
+		storeChain(t, ix, name, topic, 1, 0, nil, seqTokens(i*100000, 16*800), 16)
+		hs := make([]uint64, 800)
+		for j := range hs {
+			hs[j] = uint64(j)
+		}
+		ix.Apply(name, mustMessage(t, topic, 2, batchPayload(t, vllmRemoved(hs...))), t0)
+	}
+	if ix.tombs != 1024 || len(ix.replicas["r0"].tombs) != 0 || len(ix.replicas["r2"].tombs) != 800 {
+		t.Fatalf("tombs %d: r0 %d, r1 %d, r2 %d", ix.tombs, len(ix.replicas["r0"].tombs), len(ix.replicas["r1"].tombs), len(ix.replicas["r2"].tombs))
+	}
+	ix.Forget("r2")
+	if ix.tombs != 224 || len(ix.replicas["r1"].tombs) != 224 {
+		t.Fatalf("after Forget: %d", ix.tombs)
+	}
+}
+
+// Pressure is the share of the blocks a replica stored lately that it had
+// removed before, forgetting with a 10 s half-life.
+func TestIndexPressure(t *testing.T) {
+	ix := NewIndex(Config{})
+	prompt := seqTokens(0, 64) // 4 blocks
+	storeChain(t, ix, "a", topicA, 1, 100, nil, prompt, 16)
+	const topicB = "kv@10.0.0.2:8000@m"
+	storeChain(t, ix, "b", topicB, 1, 100, nil, prompt, 16)
+	if got := ix.Pressure([]string{"a", "b", "c"}); got[0] != 0 || got[1] != 0 || got[2] != 0 {
+		t.Fatalf("new blocks only: %v", got)
+	}
+	ix.Apply("a", mustMessage(t, topicA, 2, batchPayload(t, vllmRemoved(101, 102, 103))), t0)
+	ix.Apply("a", mustMessage(t, topicA, 3, batchPayload(t, vllmStored(anyHashes(101, 102, 103), uint64(100), prompt[16:], 16))), t0)
+	if got := ix.Pressure([]string{"a", "b"}); got[0] != 3.0/7 || got[1] != 0 {
+		t.Fatalf("3 of 7 stored again: %v", got)
+	}
+	// 10 s later the first 7 count half: with 4 new blocks, 1.5 of 7.5.
+	ix.Apply("a", mustMessage(t, topicA, 4, batchPayload(t, vllmStored(anyHashes(200, 201, 202, 203), nil, seqTokens(500, 64), 16))),
+		t0.Add(10*time.Second))
+	if got := ix.Pressure([]string{"a"}); got[0] < 1.5/7.5-1e-9 || got[0] > 1.5/7.5+1e-9 {
+		t.Fatalf("after a half-life: %v", got)
+	}
+}

@@ -225,3 +225,41 @@ func TestLLMDSimRestartClears(t *testing.T) {
 		}
 	}
 }
+
+// The sim evicts among one request's blocks in map order, so a prompt
+// loses blocks from its middle; served again, it stores the missing
+// blocks in one event whose parent is the last block it still held, not
+// each block's own. Engine hashes name whole prefixes, so the index keys a
+// re-stored hash as it had before its removal: afterwards it holds the
+// whole prompt, as the engine does.
+func TestLLMDSimReStoredBlocksKeepTheirKeys(t *testing.T) {
+	bin := llmdSim(t)
+	const httpPort, zmqPort = 9163, 5563
+	pod := fmt.Sprintf("127.0.0.1:%d", httpPort)
+	ix := NewIndex(Config{})
+	l, err := Listen(ListenerConfig{Addr: fmt.Sprintf("tcp://127.0.0.1:%d", zmqPort), Index: ix,
+		Resolve: func(p string) (string, bool) { return p, p == pod }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	startSim(t, bin, httpPort, zmqPort, 8)
+	held := func(tokens []uint32) int { return ix.Match(ix.Keys(tokens), []string{pod})[0] }
+
+	a := prompt("alpha", 80)
+	ta := tokenize(t, pod, a)
+	waitFor(t, "prompt A's 5 blocks in the index", func() bool { complete(t, pod, a); return held(ta) == 5 })
+	for round := 0; round < 4; round++ {
+		// 5 blocks of another prompt: 2 of A's go (which two is the
+		// sim's pick), then A again brings them back.
+		other := prompt(fmt.Sprintf("other%d_", round), 80)
+		to := tokenize(t, pod, other)
+		complete(t, pod, other)
+		waitFor(t, "the other prompt in", func() bool { return held(to) == 5 })
+		complete(t, pod, a)
+		waitFor(t, fmt.Sprintf("round %d: A wholly held again", round), func() bool { return held(ta) == 5 })
+	}
+	if s := ix.Stats(); s.ReStored == 0 || s.Drops[ReasonParent] != 0 {
+		t.Fatalf("stats: %+v", s)
+	}
+}

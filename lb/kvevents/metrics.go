@@ -8,6 +8,7 @@ type counters struct {
 	gaps, restarts, cleared  uint64
 	removedUnknown           uint64
 	capacityEvicted          uint64
+	reStored                 uint64
 	drops                    map[Reason]uint64
 }
 
@@ -25,6 +26,7 @@ type Stats struct {
 	Cleared         uint64            // AllBlocksCleared events
 	RemovedUnknown  uint64            // BlockRemoved of a block the index did not hold
 	CapacityEvicted uint64            // blocks dropped by MaxBlocksPerReplica/MaxBlocksTotal
+	ReStored        uint64            // blocks stored again after their removal (keyed as before)
 	Drops           map[Reason]uint64 // messages or events dropped, by reason
 	Blocks          int               // engine blocks held, all replicas
 	Replicas        map[string]ReplicaStats
@@ -44,7 +46,7 @@ func (ix *Index) Stats() Stats {
 	s := Stats{
 		Batches: ix.c.batches, Events: ix.c.events, UnknownEvents: ix.c.unknown,
 		Gaps: ix.c.gaps, Restarts: ix.c.restarts, Cleared: ix.c.cleared,
-		RemovedUnknown: ix.c.removedUnknown, CapacityEvicted: ix.c.capacityEvicted,
+		RemovedUnknown: ix.c.removedUnknown, CapacityEvicted: ix.c.capacityEvicted, ReStored: ix.c.reStored,
 		Drops:    make(map[Reason]uint64, len(ix.c.drops)),
 		Blocks:   ix.total,
 		Replicas: make(map[string]ReplicaStats, len(ix.replicas)),

@@ -87,6 +87,11 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 	return rates, fresh, routed
 }
 
+// Pressure is the index's re-store share per replica (Index.Pressure):
+// the policy moves a prefix its home lost off a replica whose engine keeps
+// evicting what it is then asked for.
+func (p *Prefixes) Pressure(addrs []string) []float64 { return p.Index.Pressure(addrs) }
+
 // parseIDs reads the first prompt of a token-id prompt (lb.Request.Text:
 // decimal ids, space-separated; prompts joined by "\n").
 func parseIDs(text string) ([]uint32, bool) {
