@@ -439,7 +439,7 @@ func realEngine(r *runner, calibrate bool) {
 					if err != nil {
 						return nil, err
 					}
-					if live, err = r.startLLMDSims(llmdBin, ports, llmdArgs(e)); err != nil {
+					if live, err = r.startLLMDSims(llmdBin, ports, func(int) []string { return llmdArgs(e) }); err != nil {
 						return nil, err
 					}
 					return start(f)

@@ -176,7 +176,11 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 			var closers []func()
 			var kvStats func() *KVEventsStats
 			if kv.enabled() {
-				release, stats, err := attachKVEvents(pool, kv, pk)
+				var relayConn *redisconn.Config
+				if p.shared() {
+					relayConn = &conn
+				}
+				release, stats, err := attachKVEvents(pool, kv, pk, relayConn)
 				if err != nil {
 					return nil, err
 				}

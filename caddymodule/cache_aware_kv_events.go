@@ -10,6 +10,8 @@ import (
 
 	"github.com/sluice-router/sluice/lb/cacheaware"
 	"github.com/sluice-router/sluice/lb/kvevents"
+	"github.com/sluice-router/sluice/lb/redisconn"
+	"github.com/sluice-router/sluice/lb/streamrelay"
 )
 
 // kvEventsOptions are cache_aware's exact-index settings: engines publish
@@ -125,7 +127,7 @@ var kvEventsCollector = kvevents.NewCollector(func() map[string]kvevents.Source 
 	out := map[string]kvevents.Source{}
 	kvListeners.Range(func(_, v any) bool {
 		k := v.(*kvListener)
-		out[k.pool] = kvevents.Source{Index: k.ix, Listener: k.l, Tokenize: k.tokenizeStats}
+		out[k.pool] = kvevents.Source{Index: k.ix, Listener: k.l, Tokenize: k.tokenizeStats, Relay: k.relayStats}
 		return true
 	})
 	return out
@@ -145,6 +147,71 @@ type kvListener struct {
 	pickers []*cacheaware.Picker // the states using it: a pod is a replica of any of them
 	// engine tokenizers of those states (one per state with kv_events_tokenizer engine)
 	tokenizers map[*cacheaware.Picker]*kvevents.EngineTokenizer
+	// relays to the other instances, one per Redis connection the states
+	// share their trees through (connectionKey), kept while a state uses
+	// it: a reload that keeps the connection keeps the relay, so no
+	// message is relayed twice.
+	relays map[string]*kvRelay
+}
+
+// kvRelay is a relay and the states using it.
+type kvRelay struct {
+	r     *kvevents.Relay
+	users int
+}
+
+// relay returns the relay through conn, started on first use, and what
+// releases it.
+func (k *kvListener) relay(conn redisconn.Config) (*kvevents.Relay, func()) {
+	key := connectionKey(conn)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	kr := k.relays[key]
+	if kr == nil {
+		if k.relays == nil {
+			k.relays = map[string]*kvRelay{}
+		}
+		kr = &kvRelay{r: kvevents.NewRelay(streamrelay.Config{Conn: conn, Key: kvevents.RelayKey(conn.KeyPrefix, k.pool)}, k.l)}
+		k.relays[key] = kr
+	}
+	kr.users++
+	var once sync.Once
+	return kr.r, func() {
+		once.Do(func() {
+			k.mu.Lock()
+			kr.users--
+			last := kr.users == 0
+			if last {
+				delete(k.relays, key)
+			}
+			k.mu.Unlock()
+			if last {
+				kr.r.Close()
+			}
+		})
+	}
+}
+
+// relayStats sums the relays' counters (nil: none).
+func (k *kvListener) relayStats() *streamrelay.Stats {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.relays) == 0 {
+		return nil
+	}
+	sum := streamrelay.Stats{Connected: true}
+	for _, kr := range k.relays {
+		st := kr.r.Stats()
+		sum.Published += st.Published
+		sum.Applied += st.Applied
+		sum.Dropped += st.Dropped
+		sum.Errors += st.Errors
+		sum.Pending += st.Pending
+		sum.LagMillis = max(sum.LagMillis, st.LagMillis)
+		sum.Connected = sum.Connected && st.Connected
+		sum.Instance = st.Instance
+	}
+	return &sum
 }
 
 // tokenizeStats sums the engine tokenizers' counters (nil: none).
@@ -166,7 +233,16 @@ func (k *kvListener) tokenizeStats() *kvevents.EngineStats {
 }
 
 // Destruct implements caddy.Destructor.
-func (k *kvListener) Destruct() error { return k.l.Close() }
+func (k *kvListener) Destruct() error {
+	k.mu.Lock()
+	relays := k.relays
+	k.relays = nil
+	k.mu.Unlock()
+	for _, kr := range relays {
+		kr.r.Close()
+	}
+	return k.l.Close()
+}
 
 // resolve maps a topic's pod to the replica with that dial address.
 func (k *kvListener) resolve(pod string) (string, bool) {
@@ -181,8 +257,10 @@ func (k *kvListener) resolve(pod string) (string, bool) {
 }
 
 // attachKVEvents gives pk the exact view of the listener on o.KVEvents
-// (bound on first use) and returns what releases it.
-func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker) (release func(), stats func() *KVEventsStats, err error) {
+// (bound on first use) and returns what releases it. With conn (the tree
+// shared through Redis), the events the listener receives are relayed to
+// the pool's other instances and theirs applied here.
+func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, conn *redisconn.Config) (release func(), stats func() *KVEventsStats, err error) {
 	hp, err := kvevents.ParseListenAddr(o.KVEvents)
 	if err != nil {
 		return nil, nil, err
@@ -220,11 +298,17 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker) (rele
 		kl.tokenizers[pk] = engine
 	}
 	kl.mu.Unlock()
+	var relay *kvevents.Relay
+	unrelay := func() {}
+	if conn != nil {
+		relay, unrelay = kl.relay(*conn)
+	}
 	pk.SetExact(&kvevents.Prefixes{Index: kl.ix, Tokenizer: tok, FreshFor: time.Duration(o.KVEventsFresh)})
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
 			pk.SetExact(nil)
+			unrelay()
 			kl.mu.Lock()
 			kl.pickers = slices.DeleteFunc(kl.pickers, func(p *cacheaware.Picker) bool { return p == pk })
 			delete(kl.tokenizers, pk)
@@ -242,6 +326,10 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker) (rele
 	stats = func() *KVEventsStats {
 		s := kvEventsStats(kl, fresh)
 		s.Tokenizer = o.tokenizer()
+		if relay != nil {
+			rs := relay.Stats()
+			s.Relay = &rs
+		}
 		if engine != nil {
 			es := engine.Stats()
 			s.Tokenize = &es
@@ -264,6 +352,9 @@ type KVEventsStats struct {
 	// counters (cache hits, requests, failures by reason).
 	Tokenizer string                `json:"tokenizer"`
 	Tokenize  *kvevents.EngineStats `json:"tokenize,omitempty"`
+	// Relay: the events relayed to and from the pool's other instances
+	// through Redis (with redis set).
+	Relay *streamrelay.Stats `json:"relay,omitempty"`
 }
 
 // KVEventsReplica is one replica's part of KVEventsStats.
@@ -289,5 +380,24 @@ func kvEventsStats(kl *kvListener, fresh time.Duration) *KVEventsStats {
 		}
 		out.Replicas[name] = KVEventsReplica{Mode: mode, Blocks: r.Blocks, LastEvent: r.LastEvent}
 	}
+	return out
+}
+
+// KVEventsListeners reports the kv_events listeners of pool (one per
+// listen address: several when one process serves the pool on several
+// sites), by address, with fresh meaning fresh (0: the default 30 s).
+func KVEventsListeners(pool string, fresh time.Duration) map[string]*KVEventsStats {
+	if fresh <= 0 {
+		fresh = 30 * time.Second
+	}
+	out := map[string]*KVEventsStats{}
+	kvListeners.Range(func(_, v any) bool {
+		if k := v.(*kvListener); k.pool == pool {
+			s := kvEventsStats(k, fresh)
+			s.Relay = k.relayStats()
+			out[s.Listen] = s
+		}
+		return true
+	})
 	return out
 }

@@ -4,6 +4,8 @@ import (
 	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-router/sluice/lb/streamrelay"
 )
 
 // Source is one pool's index and listener, for the collector.
@@ -13,6 +15,8 @@ type Source struct {
 	// Tokenize gives the engine tokenizers' counters (nil, or nil
 	// answer: none).
 	Tokenize func() *EngineStats
+	// Relay gives the relay's counters (nil, or nil answer: none).
+	Relay func() *streamrelay.Stats
 }
 
 // Collector exports every pool's KV-events counters and index size. It
@@ -25,6 +29,8 @@ type Collector struct {
 	last                            *prometheus.Desc
 	tokLookups, tokRequests         *prometheus.Desc
 	tokFailures, tokBytes           *prometheus.Desc
+	relayPub, relayApplied          *prometheus.Desc
+	relayDropped, relayConnected    *prometheus.Desc
 }
 
 // NewCollector reports the sources returned by sources (pool name → source).
@@ -47,13 +53,20 @@ func NewCollector(sources func() map[string]Source) *Collector {
 		tokFailures: prometheus.NewDesc("sluice_kv_events_tokenize_failures_total",
 			"Tokenize requests whose answer was not used, and misses not asked (busy), by reason.", []string{"pool", "reason"}, nil),
 		tokBytes: prometheus.NewDesc("sluice_kv_events_tokenize_cache_bytes", "Bytes the engine tokenizer's cache holds.", pool, nil),
+		relayPub: prometheus.NewDesc("sluice_kv_events_relay_published_total",
+			"Event messages this instance's socket received and relayed to the pool's other instances through Redis.", pool, nil),
+		relayApplied: prometheus.NewDesc("sluice_kv_events_relay_received_total",
+			"Event messages other instances relayed that this instance read (then checked and applied as its socket's).", pool, nil),
+		relayDropped: prometheus.NewDesc("sluice_kv_events_relay_dropped_total",
+			"Event messages dropped unrelayed (buffer full while Redis was slow or away): the other instances see a gap.", pool, nil),
+		relayConnected: prometheus.NewDesc("sluice_kv_events_relay_connected", "1 while the pool's KV-event stream in Redis answers.", pool, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.batches, c.events, c.gaps, c.restarts, c.drops, c.guard, c.blocks, c.evicted, c.last,
-		c.tokLookups, c.tokRequests, c.tokFailures, c.tokBytes} {
+		c.tokLookups, c.tokRequests, c.tokFailures, c.tokBytes, c.relayPub, c.relayApplied, c.relayDropped, c.relayConnected} {
 		ch <- d
 	}
 }
@@ -94,6 +107,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 					counter(c.tokFailures, ts.Failures[r], pool, r)
 				}
 				ch <- prometheus.MustNewConstMetric(c.tokBytes, prometheus.GaugeValue, float64(ts.Bytes), pool)
+			}
+		}
+		if src.Relay != nil {
+			if rs := src.Relay(); rs != nil {
+				counter(c.relayPub, rs.Published, pool)
+				counter(c.relayApplied, rs.Applied, pool)
+				counter(c.relayDropped, rs.Dropped, pool)
+				conn := 0.0
+				if rs.Connected {
+					conn = 1
+				}
+				ch <- prometheus.MustNewConstMetric(c.relayConnected, prometheus.GaugeValue, conn, pool)
 			}
 		}
 		for name, r := range s.Replicas {

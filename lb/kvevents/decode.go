@@ -160,6 +160,7 @@ const (
 	ReasonHash        Reason = "hash"         // a hash that is not an int or bytes within bounds
 	ReasonUnknownPod  Reason = "unknown_pod"  // the topic's pod is no replica of the pool
 	ReasonParent      Reason = "unknown_parent"
+	ReasonDuplicate   Reason = "duplicate" // the sequence number of the message before, again
 )
 
 // DecodeError is a dropped message with its counted reason.

@@ -297,8 +297,10 @@ func (ix *Index) CountDrop(r Reason) {
 // Apply applies one decoded message from the replica its topic names. A
 // sequence gap or a sequence going back (publisher restart) clears that
 // replica's cache for the message's rank first: the events in between are
-// lost (no replay here), so what the index held may be stale.
-func (ix *Index) Apply(name string, m Message, now time.Time) {
+// lost (no replay here), so what the index held may be stale. A message
+// with the last sequence again is a duplicate (one that reached this
+// instance twice, through the relay too) and is dropped. False: dropped.
+func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	rank := m.Batch.DPRank
@@ -306,7 +308,11 @@ func (ix *Index) Apply(name string, m Message, now time.Time) {
 	last, seen := ix.seqs[sk]
 	if !seen && len(ix.seqs) >= maxTopics {
 		ix.c.drop(ReasonTooMany)
-		return
+		return false
+	}
+	if seen && m.Seq == last {
+		ix.c.drop(ReasonDuplicate)
+		return false
 	}
 	r := ix.replicas[name]
 	if r == nil {
@@ -350,6 +356,7 @@ func (ix *Index) Apply(name string, m Message, now time.Time) {
 		}
 	}
 	ix.enforce(r)
+	return true
 }
 
 func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) {

@@ -7,8 +7,10 @@ import (
 	"io"
 	"log"
 	"net"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -31,7 +33,13 @@ type Listener struct {
 	done    chan struct{}
 	once    sync.Once
 	now     func() time.Time
+	// taps receive every message that reached the index from the socket
+	// (not the injected ones): the relay to other instances.
+	tapMu sync.Mutex
+	taps  atomic.Pointer[[]*tap]
 }
+
+type tap struct{ fn func(frames [][]byte) }
 
 // ListenerConfig configures Listen.
 type ListenerConfig struct {
@@ -97,22 +105,57 @@ func (l *Listener) run(ctx context.Context) {
 			}
 			continue // one publisher's connection ended
 		}
-		l.handle(msg.Frames)
+		if l.handle(msg.Frames) {
+			if ts := l.taps.Load(); ts != nil {
+				for _, t := range *ts {
+					t.fn(msg.Frames)
+				}
+			}
+		}
 	}
 }
 
-func (l *Listener) handle(frames [][]byte) {
+// handle applies one message; false when it was dropped.
+func (l *Listener) handle(frames [][]byte) bool {
 	m, err := DecodeMessage(frames, l.lim)
 	if err != nil {
 		l.ix.CountDrop(ReasonOf(err))
-		return
+		return false
 	}
 	name, ok := l.resolve(m.Pod)
 	if !ok {
 		l.ix.CountDrop(ReasonUnknownPod)
-		return
+		return false
 	}
-	l.ix.Apply(name, m, l.now())
+	return l.ix.Apply(name, m, l.now())
+}
+
+// Inject applies a message that reached this instance another way (from
+// another instance, through the relay), with the same checks as one from
+// the socket. Taps do not see it.
+func (l *Listener) Inject(frames [][]byte) { l.handle(frames) }
+
+// Tap makes fn receive the frames of every message from the socket that
+// the index applied, on the listener's goroutine (fn must not block or
+// keep the frames); the returned func removes it.
+func (l *Listener) Tap(fn func(frames [][]byte)) (untap func()) {
+	t := &tap{fn}
+	l.tapMu.Lock()
+	defer l.tapMu.Unlock()
+	var next []*tap
+	if ts := l.taps.Load(); ts != nil {
+		next = append(next, *ts...)
+	}
+	next = append(next, t)
+	l.taps.Store(&next)
+	return func() {
+		l.tapMu.Lock()
+		defer l.tapMu.Unlock()
+		if ts := l.taps.Load(); ts != nil {
+			next := slices.DeleteFunc(slices.Clone(*ts), func(x *tap) bool { return x == t })
+			l.taps.Store(&next)
+		}
+	}
 }
 
 // GuardStats counts connections the socket guard cut off.

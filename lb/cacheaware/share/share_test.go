@@ -183,10 +183,23 @@ func TestBufferBounded(t *testing.T) {
 	if st.Pending != 8 || st.Dropped != 92 || st.Published != 0 || st.Connected {
 		t.Errorf("stats %+v, want 8 pending, 92 dropped", st)
 	}
-	for _, e := range s.take(8) {
-		if n := len([]rune(e.text)); n != 16 {
-			t.Errorf("entry of %d runes, want 16 (MaxText)", n)
-		}
+}
+
+// A published entry holds at most MaxText characters of the prompt.
+func TestPublishedTextBounded(t *testing.T) {
+	tg := redistest.Targets(t)[0]
+	pool := uniquePool(t)
+	s := New(Config{Conn: tg.Conn, Pool: pool, MaxText: 16}, func(string, string, string) {})
+	defer s.Close()
+	s.Publish("m", strings.Repeat("é", 1000), "r1:1")
+	waitFor(t, "published", func() bool { return s.Stats().Published == 1 })
+	cl := redistest.Client(t, tg.Conn)
+	es, err := cl.Do(context.Background(), cl.B().Xrange().Key(Key("", pool)).Start("-").End("+").Build()).AsXRange()
+	if err != nil || len(es) != 1 {
+		t.Fatalf("stream: %v %v", es, err)
+	}
+	if n := len([]rune(es[0].FieldValues["t"])); n != 16 {
+		t.Errorf("entry of %d runes, want 16 (MaxText)", n)
 	}
 }
 
@@ -201,7 +214,7 @@ func testStreamTrimmed(t *testing.T, tg redistest.Target) {
 		s.Publish("m", fmt.Sprint("text ", i), "r1:1")
 	}
 	waitFor(t, "published", func() bool { return s.Stats().Published == 2000 })
-	cl := *s.cl.Load()
+	cl := redistest.Client(t, tg.Conn)
 	n, err := cl.Do(context.Background(), cl.B().Xlen().Key(Key("", pool)).Build()).AsInt64()
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +238,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	s2.Close() // idempotent
 	waitFor(t, "no sharer goroutine", func() bool {
 		buf := make([]byte, 1<<20)
-		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "share.(*Sharer)")
+		return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "streamrelay.(*Relay)")
 	})
 }
 
@@ -279,7 +292,7 @@ func testModelNameBounded(t *testing.T, tg redistest.Target) {
 	defer s.Close()
 	s.Publish(huge, "a prompt", "r1:1")
 	waitFor(t, "published", func() bool { return s.Stats().Published == 1 })
-	cl := *s.cl.Load()
+	cl := redistest.Client(t, tg.Conn)
 	entries, err := cl.Do(context.Background(), cl.B().Xrange().Key(Key("", pool)).Start("-").End("+").Build()).AsXRange()
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("stream: %v %v", entries, err)
