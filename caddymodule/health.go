@@ -52,6 +52,10 @@ type replicaMetrics struct {
 	KVCacheUsage *float64 `json:"kv_cache_usage,omitempty"`
 	AgeSeconds   *float64 `json:"age_seconds,omitempty"`
 	Error        string   `json:"error,omitempty"`
+	// While scrapes fail: how many in a row, and the seconds until the
+	// next one (the scraper backs off).
+	ConsecutiveFailures int      `json:"consecutive_failures,omitempty"`
+	NextScrapeSeconds   *float64 `json:"next_scrape_seconds,omitempty"`
 }
 
 // stateHealth is what one shared state tells the health report about its
@@ -152,8 +156,9 @@ func health(name string) healthReport {
 
 // scrapedMetrics is what sc last read of the replica at addr.
 func scrapedMetrics(sc *modelmetrics.Scraper, addr string) *replicaMetrics {
-	smp, fr := sc.Get(addr)
-	m := &replicaMetrics{Freshness: fr.String()}
+	st := sc.Stats(addr)
+	smp := st.Sample
+	m := &replicaMetrics{Freshness: st.Freshness.String(), ConsecutiveFailures: st.ConsecutiveFailures}
 	if smp.Have.Waiting {
 		m.Waiting = &smp.Waiting
 	}
@@ -169,6 +174,10 @@ func scrapedMetrics(sc *modelmetrics.Scraper, addr string) *replicaMetrics {
 	}
 	if smp.Err != nil {
 		m.Error = smp.Err.Error()
+	}
+	if !st.NextScrape.IsZero() {
+		in := max(time.Until(st.NextScrape), 0).Seconds()
+		m.NextScrapeSeconds = &in
 	}
 	return m
 }

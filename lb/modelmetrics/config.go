@@ -22,6 +22,11 @@ type Config struct {
 	// asks for (default 50ms, as often as GIE's endpoint picker reads
 	// every replica; at most Interval).
 	MinRefresh time.Duration
+	// MaxBackoff caps the wait after failed scrapes: a target whose scrape
+	// fails is tried again after Interval, then twice as long per further
+	// failure up to this, and every Interval again after a success
+	// (default 30s; at least Interval).
+	MaxBackoff time.Duration
 	// Path of the metrics endpoint on each target (default "/metrics").
 	Path string
 	// Client, if set, makes the requests; by default the scraper uses its
@@ -43,6 +48,10 @@ func (c Config) WithDefaults() Config {
 	if c.MinRefresh <= 0 {
 		c.MinRefresh = min(50*time.Millisecond, c.Interval)
 	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 30 * time.Second
+	}
+	c.MaxBackoff = max(c.MaxBackoff, c.Interval)
 	if c.Path == "" {
 		c.Path = "/metrics"
 	}
@@ -60,6 +69,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("modelmetrics: min_refresh must be positive, got %v", c.MinRefresh)
 	case c.Staleness < 0:
 		return fmt.Errorf("modelmetrics: staleness must be positive, got %v", c.Staleness)
+	case c.MaxBackoff < 0:
+		return fmt.Errorf("modelmetrics: max_backoff must be positive, got %v", c.MaxBackoff)
 	case c.Path != "" && c.Path[0] != '/':
 		return fmt.Errorf("modelmetrics: path must start with /, got %q", c.Path)
 	}

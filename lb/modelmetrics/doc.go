@@ -23,5 +23,6 @@
 // A replica whose last scrape failed (transport error, timeout, non-200,
 // unparsable body, none of the names above) or whose last good scrape is
 // older than Config.Staleness is Stale, and one never scraped is Unknown:
-// a dead replica never looks idle.
+// a dead replica never looks idle. A failing replica is scraped less often
+// (see Config.MaxBackoff) and stays Stale until a scrape succeeds.
 package modelmetrics

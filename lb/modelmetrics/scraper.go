@@ -29,6 +29,10 @@ type Scraper struct {
 	retick  chan struct{} // Configure changed the interval
 	refresh chan struct{} // Refresh: a round now, at most every MinRefresh
 
+	refreshMu  sync.Mutex          // guards the two below
+	refreshAll bool                // Refresh asked for every target
+	refreshSet map[string]struct{} // RefreshTargets asked for these
+
 	onSample atomic.Pointer[func(addr string, smp Sample)]
 
 	ok, failed atomic.Uint64
@@ -38,7 +42,7 @@ type target struct {
 	addr, url string
 	busy      atomic.Bool // a scrape is running: the next round skips the target
 	tried     atomic.Bool // a scrape was started at least once
-	last      atomic.Pointer[Sample]
+	last      atomic.Pointer[outcome]
 	buf       []byte // body buffer, reused; owned by the running scrape
 }
 
@@ -46,7 +50,7 @@ type target struct {
 func New(cfg Config) *Scraper {
 	cfg = cfg.WithDefaults()
 	s := &Scraper{client: cfg.Client, now: time.Now, wake: make(chan struct{}, 1), retick: make(chan struct{}, 1),
-		refresh: make(chan struct{}, 1)}
+		refresh: make(chan struct{}, 1), refreshSet: map[string]struct{}{}}
 	s.cfg.Store(&cfg)
 	if s.client == nil {
 		// No proxy from the environment: replicas are internal addresses.
@@ -119,8 +123,9 @@ func (s *Scraper) Configure(cfg Config) {
 	}
 }
 
-// Run scrapes every target each Interval until ctx is done, then waits
-// for the scrapes in progress and returns. Call it once.
+// Run scrapes every target each Interval (a failing one less often, see
+// Config.MaxBackoff) until ctx is done, then waits for the scrapes in
+// progress and returns. Call it once.
 func (s *Scraper) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer func() {
@@ -131,7 +136,7 @@ func (s *Scraper) Run(ctx context.Context) {
 	}()
 	tick := time.NewTicker(s.Config().Interval)
 	defer tick.Stop()
-	// A Refresh within MinRefresh of the last full round is held on this
+	// A Refresh within MinRefresh of the last round is held on this
 	// timer (nil channel: none pending) and runs when the gap has passed.
 	var held *time.Timer
 	var heldC <-chan time.Time
@@ -141,7 +146,21 @@ func (s *Scraper) Run(ctx context.Context) {
 		}
 	}()
 	last := s.now()
-	s.round(ctx, &wg, false)
+	s.round(ctx, &wg, nil)
+	spare := map[string]struct{}{}
+	refreshRound := func() {
+		all, want := s.takeRefresh(spare)
+		switch {
+		case all:
+			last = s.now()
+			s.round(ctx, &wg, nil)
+		case len(want) > 0: // else an earlier round took them
+			last = s.now()
+			s.round(ctx, &wg, func(t *target) bool { _, ok := want[t.addr]; return ok })
+		}
+		clear(want)
+		spare = want
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -150,9 +169,9 @@ func (s *Scraper) Run(ctx context.Context) {
 			tick.Reset(s.Config().Interval)
 		case <-tick.C:
 			last = s.now()
-			s.round(ctx, &wg, false)
+			s.round(ctx, &wg, nil)
 		case <-s.wake:
-			s.round(ctx, &wg, true)
+			s.round(ctx, &wg, func(t *target) bool { return !t.tried.Load() })
 		case <-s.refresh:
 			if heldC != nil {
 				continue // one is already due
@@ -166,25 +185,11 @@ func (s *Scraper) Run(ctx context.Context) {
 				heldC = held.C
 				continue
 			}
-			last = s.now()
-			s.round(ctx, &wg, false)
+			refreshRound()
 		case <-heldC:
 			heldC = nil
-			last = s.now()
-			s.round(ctx, &wg, false)
+			refreshRound()
 		}
-	}
-}
-
-// Refresh asks a running Run for a round of every target now rather than
-// at the next Interval: for a caller holding requests on what the last
-// samples said. Rounds come at most every Config.MinRefresh; a Refresh
-// within it is served when it has passed, and Refreshes meanwhile are
-// merged into that one. It never blocks.
-func (s *Scraper) Refresh() {
-	select {
-	case s.refresh <- struct{}{}:
-	default: // one is pending
 	}
 }
 
@@ -199,17 +204,23 @@ func (s *Scraper) OnSample(fn func(addr string, smp Sample)) {
 	s.onSample.Store(&fn)
 }
 
-// round starts one scrape per target (only never-tried ones with onlyNew),
-// skipping targets whose previous scrape is still running.
-func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup, onlyNew bool) {
+// round starts one scrape per target that want accepts (nil: all),
+// skipping targets whose previous scrape is still running or whose
+// back-off has not passed.
+func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup, want func(*target) bool) {
 	if ctx.Err() != nil {
 		return
 	}
+	now, interval := s.now(), s.Config().Interval
 	for _, t := range *s.targets.Load() {
-		if onlyNew && t.tried.Load() {
+		if want != nil && !want(t) {
 			continue
 		}
 		if !t.busy.CompareAndSwap(false, true) {
+			continue
+		}
+		if !t.last.Load().dueAt(now, interval) { // read while busy: no scrape can change it
+			t.busy.Store(false)
 			continue
 		}
 		t.tried.Store(true)
@@ -217,35 +228,39 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup, onlyNew bool) {
 		go func() {
 			defer wg.Done()
 			defer t.busy.Store(false)
-			s.scrape(ctx, t)
+			s.scrape(ctx, t, now)
 		}()
 	}
 }
 
-// scrape reads one target and stores the outcome. A failure keeps the last
-// values but sets Err, so the target reads Stale, never idle.
-func (s *Scraper) scrape(runCtx context.Context, t *target) {
+// scrape reads one target, started at start, and stores the outcome. A
+// failure keeps the last values but sets Err, so the target reads Stale,
+// never idle, and backs the target off.
+func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) {
 	ctx, cancel := context.WithTimeout(runCtx, s.Config().Timeout)
 	defer cancel()
 	v, err := s.fetch(ctx, t)
 	if err != nil && runCtx.Err() != nil {
 		return // shutting down: says nothing about the replica
 	}
-	var next Sample
+	var next outcome
 	if err != nil {
 		if prev := t.last.Load(); prev != nil {
 			next = *prev
 		}
-		next.Err = err
+		next.smp.Err = err
+		next.fails++
+		cfg := s.Config()
+		next.due = start.Add(backoff(cfg.Interval, cfg.MaxBackoff, next.fails))
 		s.failed.Add(1)
 	} else {
-		next = v
-		next.At = s.now()
+		next.smp = v
+		next.smp.At = s.now()
 		s.ok.Add(1)
 	}
 	t.last.Store(&next)
 	if fn := s.onSample.Load(); fn != nil {
-		(*fn)(t.addr, next)
+		(*fn)(t.addr, next.smp)
 	}
 }
 
@@ -293,7 +308,7 @@ func (s *Scraper) Get(addr string) (Sample, Freshness) {
 	if p == nil {
 		return Sample{}, Unknown
 	}
-	return *p, s.freshness(p)
+	return p.smp, s.freshness(&p.smp)
 }
 
 func (s *Scraper) freshness(p *Sample) Freshness {
@@ -308,6 +323,25 @@ type TargetStats struct {
 	Addr      string
 	Sample    Sample
 	Freshness Freshness
+	// ConsecutiveFailures counts the failed scrapes since the last good
+	// one; while it is above zero the target is not scraped before
+	// NextScrape (the back-off, see Config.MaxBackoff).
+	ConsecutiveFailures int
+	NextScrape          time.Time
+}
+
+// Stats is addr's view (Unknown and zero if it is not a target).
+func (s *Scraper) Stats(addr string) TargetStats {
+	st := TargetStats{Addr: addr}
+	t := (*s.targets.Load())[addr]
+	if t == nil {
+		return st
+	}
+	if p := t.last.Load(); p != nil {
+		st.Sample, st.Freshness = p.smp, s.freshness(&p.smp)
+		st.ConsecutiveFailures, st.NextScrape = p.fails, p.due
+	}
+	return st
 }
 
 // Snapshot lists every current target.
@@ -315,8 +349,7 @@ func (s *Scraper) Snapshot() []TargetStats {
 	m := *s.targets.Load()
 	out := make([]TargetStats, 0, len(m))
 	for addr := range m {
-		v, f := s.Get(addr)
-		out = append(out, TargetStats{Addr: addr, Sample: v, Freshness: f})
+		out = append(out, s.Stats(addr))
 	}
 	return out
 }

@@ -87,7 +87,7 @@ func run(t *testing.T, s *Scraper) (stop func()) {
 // scrapeOnce runs one synchronous round over all targets, without Run.
 func scrapeOnce(s *Scraper) {
 	var wg sync.WaitGroup
-	s.round(context.Background(), &wg, false)
+	s.round(context.Background(), &wg, nil)
 	wg.Wait()
 }
 
@@ -274,10 +274,10 @@ func TestNoSecondScrapeOfATargetWhileOneRuns(t *testing.T) {
 
 	var wg sync.WaitGroup
 	ctx := context.Background()
-	s.round(ctx, &wg, false)
+	s.round(ctx, &wg, nil)
 	<-entered
 	for range 3 {
-		s.round(ctx, &wg, false)
+		s.round(ctx, &wg, nil)
 	}
 	close(release)
 	wg.Wait()
@@ -285,7 +285,7 @@ func TestNoSecondScrapeOfATargetWhileOneRuns(t *testing.T) {
 		t.Fatalf("%d scrapes of one target at once, want 1", n)
 	}
 	// Once it finished, the next round scrapes again.
-	s.round(ctx, &wg, false)
+	s.round(ctx, &wg, nil)
 	wg.Wait()
 	if n := hits.Load(); n != 2 {
 		t.Fatalf("scrapes after the first finished: %d, want 2", n)
@@ -384,7 +384,7 @@ func BenchmarkGet(b *testing.B) {
 	}
 	s.SetTargets(targets)
 	for _, t := range *s.targets.Load() {
-		t.last.Store(&Sample{Waiting: 1, Running: 2, KVCacheUsage: 0.5, Have: Have{true, true, true}, At: time.Now().Add(time.Hour)})
+		t.last.Store(&outcome{smp: Sample{Waiting: 1, Running: 2, KVCacheUsage: 0.5, Have: Have{true, true, true}, At: time.Now().Add(time.Hour)}})
 	}
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()

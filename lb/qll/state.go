@@ -42,6 +42,7 @@ type State struct {
 	// samples come in through engineSample. Never nil; with the engine
 	// signals off it has no targets.
 	engine *modelmetrics.Scraper
+	ask    []string // askEngineLocked's buffer
 
 	counters Counters
 	// observeWait, when set, receives every dispatched request's queue wait.
@@ -153,18 +154,23 @@ func (s *State) engineTargetsLocked() {
 	s.engine.SetTargets(targets)
 }
 
-// askEngineLocked asks for fresh samples when requests wait at the edge
-// and a replica's engine could say it has room.
+// askEngineLocked asks, while requests wait at the edge, for fresh
+// samples of the replicas that a sample could let take one: usable (no
+// sample lets a down, excluded or capped replica take one), at their
+// slots, and exporting their queue (wantsSample). Asking for every
+// replica scraped the rest every MinRefresh for nothing.
 func (s *State) askEngineLocked() {
 	if s.queue.Len() == 0 {
 		return
 	}
+	now := s.now()
+	s.ask = s.ask[:0]
 	for _, r := range s.order {
-		if r.eng.wantsSample() {
-			s.engine.Refresh()
-			return
+		if r.eng.wantsSample() && s.usableLocked(r, now) && r.inFlight >= s.slotsLocked(r, now) {
+			s.ask = append(s.ask, r.addr)
 		}
 	}
+	s.engine.RefreshTargets(s.ask...)
 }
 
 // Configure swaps the config in place (on reload), keeping statistics and

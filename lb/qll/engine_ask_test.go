@@ -1,0 +1,79 @@
+package qll
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/modelmetrics"
+)
+
+// metricsReplica serves a fixed metrics body and counts its scrapes.
+type metricsReplica struct {
+	*httptest.Server
+	hits atomic.Int64
+}
+
+func newMetricsReplica(t *testing.T, body string) *metricsReplica {
+	m := &metricsReplica{}
+	m.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.hits.Add(1)
+		fmt.Fprint(w, body)
+	}))
+	t.Cleanup(m.Close)
+	return m
+}
+
+func (m *metricsReplica) addr() string { return strings.TrimPrefix(m.URL, "http://") }
+
+// While requests wait at the edge only the replicas holding them whose
+// fresh sample could give them slots are scraped again: not one that
+// exports no queue (its samples never decide its slots), nor one that is
+// down (no slot would make it take a request).
+func TestWaitersRefreshOnlyTheReplicasThatCouldTakeThem(t *testing.T) {
+	queue := "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n"
+	a := newMetricsReplica(t, queue)
+	b := newMetricsReplica(t, "vllm:kv_cache_usage_perc 0.1\n") // no queue
+	c := newMetricsReplica(t, queue)
+	// No tick during the test: only the first scrapes and refreshes.
+	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	s.SetBackends([]string{a.addr(), b.addr(), c.addr()})
+	waitFor(t, "the first samples", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return b.hits.Load() == 1 && !s.replicas[a.addr()].eng.until.IsZero() && !s.replicas[c.addr()].eng.until.IsZero()
+	})
+
+	// One request on each (one slot each while nothing has answered); c
+	// fails its own and is down.
+	leases := map[string]*Lease{}
+	for range 3 {
+		l := mustAcquire(t, s)
+		leases[l.Addr] = l
+	}
+	leases[c.addr()].Release(lb.Outcome{Kind: lb.Failure})
+	defer leases[a.addr()].Release(success(time.Millisecond))
+	defer leases[b.addr()].Release(success(time.Millisecond))
+	if snap := s.Snapshot(); !snap.Replicas[2].Down {
+		t.Fatalf("c not down: %+v", snap.Replicas[2])
+	}
+
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	enqueue(t, s, wctx, 1)
+	waitFor(t, "a refreshed", func() bool { return a.hits.Load() >= 2 })
+	time.Sleep(100 * time.Millisecond) // a round asking for all would have reached b and c by now
+	if nb, nc := b.hits.Load(), c.hits.Load(); nb != 1 || nc != 1 {
+		t.Fatalf("scrapes of b %d, of c %d: want 1 each (the first), only a could take the waiter", nb, nc)
+	}
+}
