@@ -12,6 +12,11 @@ type outcome struct {
 	due   time.Time // no round scrapes the target before then; zero after a success
 }
 
+// recoveringBackoff caps, in Intervals, the back-off of a target that
+// exported metrics before: a replica restarting should be read again soon
+// after it is back (the long back-off is for one that never exports them).
+const recoveringBackoff = 4
+
 // backoff is the wait after fails (at least 1) consecutive failures:
 // Interval, doubled per further failure, at most maxWait.
 func backoff(interval, maxWait time.Duration, fails int) time.Duration {

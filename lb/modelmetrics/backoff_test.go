@@ -64,6 +64,35 @@ func TestAFailingTargetBacksOffAndRecovers(t *testing.T) {
 	}
 }
 
+// A replica that exported metrics before and fails now is restarting or
+// overloaded, not metric-less: it is retried at most every
+// recoveringBackoff Intervals, so its signals come back soon after it does.
+func TestATargetThatAnsweredBeforeBacksOffLess(t *testing.T) {
+	r := newFakeReplica(t, vllmBody(1, 1, 0.1))
+	var now atomic.Int64
+	start := time.Unix(1000, 0)
+	now.Store(start.UnixNano())
+	s := New(Config{Interval: time.Second, MaxBackoff: 30 * time.Second})
+	s.now = func() time.Time { return time.Unix(0, now.Load()) }
+	s.SetTargets(map[string]string{"r": r.URL})
+	defer s.own.CloseIdleConnections()
+	var scrapedAt []int
+	for i := 0; i < 30; i++ {
+		if i == 2 {
+			r.status.Store(http.StatusServiceUnavailable)
+		}
+		now.Store(start.Add(time.Duration(i) * time.Second).UnixNano())
+		before := r.hits.Load()
+		scrapeOnce(s)
+		if r.hits.Load() > before {
+			scrapedAt = append(scrapedAt, i)
+		}
+	}
+	if want := []int{0, 1, 2, 3, 5, 9, 13, 17, 21, 25, 29}; !equalInts(scrapedAt, want) {
+		t.Fatalf("scraped at ticks %v, want %v", scrapedAt, want)
+	}
+}
+
 func equalInts(a, b []int) bool {
 	if len(a) != len(b) {
 		return false

@@ -251,7 +251,12 @@ func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) {
 		next.smp.Err = err
 		next.fails++
 		cfg := s.Config()
-		next.due = start.Add(backoff(cfg.Interval, cfg.MaxBackoff, next.fails))
+		wait := cfg.MaxBackoff
+		if !next.smp.At.IsZero() {
+			// It exported metrics before: restarting, not metric-less.
+			wait = min(wait, recoveringBackoff*cfg.Interval)
+		}
+		next.due = start.Add(backoff(cfg.Interval, wait, next.fails))
 		s.failed.Add(1)
 	} else {
 		next.smp = v
