@@ -280,6 +280,20 @@ func (r *Relay) publishLoop(ctx context.Context, cl rueidis.Client) {
 	}
 }
 
+// wait records a failed read and sleeps the back-off, doubling it; false
+// when ctx ended.
+func (r *Relay) wait(ctx context.Context, err error, back *time.Duration) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	r.fail(err)
+	if !sleep(ctx, *back) {
+		return false
+	}
+	*back = min(2**back, maxBackoff)
+	return true
+}
+
 func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 	defer r.wg.Done()
 	back := firstBackoff
@@ -290,14 +304,9 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 			// between two reads).
 			es, err := cl.Do(ctx, cl.B().Xrevrange().Key(r.cfg.Key).End("+").Start("-").Count(1).Build()).AsXRange()
 			if err != nil && !rueidis.IsRedisNil(err) {
-				if ctx.Err() != nil {
+				if !r.wait(ctx, err, &back) {
 					return
 				}
-				r.fail(err)
-				if !sleep(ctx, back) {
-					return
-				}
-				back = min(2*back, maxBackoff)
 				continue
 			}
 			if len(es) > 0 {
@@ -310,14 +319,9 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 		cmd := cl.B().Xread().Count(defaultBatch).Block(blockMillis).Streams().Key(r.cfg.Key).Id(last).Build()
 		streams, err := cl.Do(ctx, cmd).AsXRead()
 		if err != nil && !rueidis.IsRedisNil(err) {
-			if ctx.Err() != nil {
+			if !r.wait(ctx, err, &back) {
 				return
 			}
-			r.fail(err)
-			if !sleep(ctx, back) {
-				return
-			}
-			back = min(2*back, maxBackoff)
 			continue
 		}
 		r.connected.Store(true)
