@@ -239,6 +239,7 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 //	    kv_events_tokenize_timeout     <duration|seconds>
 //	    kv_events_tokenize_cache       <bytes>
 //	    kv_events_tokenize_concurrency <n>
+//	    kv_events_replay_port <port>           # the engines' replay socket (vLLM replay_endpoint)
 //	    max_body_bytes        <bytes>
 //	    max_fails             <n>
 //	    fail_duration         <duration|seconds>

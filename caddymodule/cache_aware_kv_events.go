@@ -38,6 +38,13 @@ type kvEventsOptions struct {
 	// KVEventsFresh: a replica with no event batch for longer is scored by
 	// the tree (default 30s).
 	KVEventsFresh caddy.Duration `json:"kv_events_fresh,omitempty" sluice:"positive"`
+	// KVEventsReplayPort: each replica's engine serves its replay socket
+	// (vLLM's --kv-events-config replay_endpoint, e.g. tcp://*:5558) on this
+	// port of the replica's dial host (plus the data-parallel rank, as vLLM
+	// offsets it). A sequence gap is then filled from the engine's buffer
+	// when it still holds the lost messages, and clears the replica's
+	// entries only when not. 0 (the default): no replay, a gap clears.
+	KVEventsReplayPort int `json:"kv_events_replay_port,omitempty" sluice:"min=1"`
 }
 
 // The values of kv_events_tokenizer.
@@ -78,7 +85,13 @@ func (o kvEventsOptions) validate() error {
 		if o.KVEventsTokenizer != "" || o.KVEventsFresh != 0 || engineSet {
 			return fmt.Errorf("kv_events_tokenizer, kv_events_fresh and kv_events_tokenize_* need kv_events")
 		}
+		if o.KVEventsReplayPort != 0 {
+			return fmt.Errorf("kv_events_replay_port needs kv_events")
+		}
 		return nil
+	}
+	if o.KVEventsReplayPort < 0 || o.KVEventsReplayPort > 65535 {
+		return fmt.Errorf("kv_events_replay_port %d: want a port, 1 to 65535", o.KVEventsReplayPort)
 	}
 	if _, err := kvevents.ParseListenAddr(o.KVEvents); err != nil {
 		return err
@@ -115,6 +128,9 @@ func (o kvEventsOptions) variant() string {
 		c := o.engineConfig()
 		v += fmt.Sprintf(",%s,%d,%d", c.Timeout, c.MaxBytes, c.Concurrency)
 	}
+	if o.KVEventsReplayPort != 0 {
+		v += fmt.Sprintf(",replay=%d", o.KVEventsReplayPort)
+	}
 	return v
 }
 
@@ -147,6 +163,8 @@ type kvListener struct {
 	pickers []*cacheaware.Picker // the states using it: a pod is a replica of any of them
 	// engine tokenizers of those states (one per state with kv_events_tokenizer engine)
 	tokenizers map[*cacheaware.Picker]*kvevents.EngineTokenizer
+	// kv_events_replay_port of those states that set it
+	replayPorts map[*cacheaware.Picker]int
 	// relays to the other instances, one per Redis connection the states
 	// share their trees through (connectionKey), kept while a state uses
 	// it: a reload that keeps the connection keeps the relay, so no
@@ -244,6 +262,19 @@ func (k *kvListener) Destruct() error {
 	return k.l.Close()
 }
 
+// replayPort is the kv_events_replay_port of the newest state whose pool
+// has pod (a reload's new state is attached after the old one), 0: none.
+func (k *kvListener) replayPort(pod string) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for i := len(k.pickers) - 1; i >= 0; i-- {
+		if p := k.pickers[i]; slices.Contains(p.Router().Addrs(), pod) {
+			return k.replayPorts[p]
+		}
+	}
+	return 0
+}
+
 // resolve maps a topic's pod to the replica with that dial address.
 func (k *kvListener) resolve(pod string) (string, bool) {
 	k.mu.Lock()
@@ -268,7 +299,8 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, conn 
 	var kl *kvListener
 	v, _, err := kvListeners.LoadOrNew(hp, func() (caddy.Destructor, error) {
 		k := &kvListener{pool: pool, ix: kvevents.NewIndex(kvevents.Config{})}
-		l, err := kvevents.Listen(kvevents.ListenerConfig{Addr: o.KVEvents, Index: k.ix, Resolve: k.resolve})
+		l, err := kvevents.Listen(kvevents.ListenerConfig{Addr: o.KVEvents, Index: k.ix, Resolve: k.resolve,
+			ReplayPort: k.replayPort})
 		if err != nil {
 			return nil, err
 		}
@@ -297,6 +329,12 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, conn 
 		}
 		kl.tokenizers[pk] = engine
 	}
+	if o.KVEventsReplayPort > 0 {
+		if kl.replayPorts == nil {
+			kl.replayPorts = map[*cacheaware.Picker]int{}
+		}
+		kl.replayPorts[pk] = o.KVEventsReplayPort
+	}
 	kl.mu.Unlock()
 	var relay *kvevents.Relay
 	unrelay := func() {}
@@ -312,6 +350,7 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, conn 
 			kl.mu.Lock()
 			kl.pickers = slices.DeleteFunc(kl.pickers, func(p *cacheaware.Picker) bool { return p == pk })
 			delete(kl.tokenizers, pk)
+			delete(kl.replayPorts, pk)
 			kl.mu.Unlock()
 			if engine != nil {
 				engine.Close()
@@ -341,7 +380,7 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, conn 
 
 // KVEventsStats is what health shows of the exact index: per replica,
 // whether it is scored exactly now (fresh events), its blocks and last
-// event; the counters of batches, gaps and drops.
+// event; the counters of batches, gaps, replays and drops.
 type KVEventsStats struct {
 	Listen   string                     `json:"listen"`
 	Replicas map[string]KVEventsReplica `json:"replicas"`
@@ -371,6 +410,8 @@ func kvEventsStats(kl *kvListener, fresh time.Duration) *KVEventsStats {
 			"batches": s.Batches, "events": s.Events, "unknown_events": s.UnknownEvents, "gaps": s.Gaps,
 			"restarts": s.Restarts, "cleared": s.Cleared, "removed_unknown": s.RemovedUnknown,
 			"capacity_evicted": s.CapacityEvicted, "re_stored": s.ReStored, "blocks": uint64(s.Blocks),
+			"replays_recovered": s.Replays.Recovered, "replays_too_old": s.Replays.TooOld,
+			"replays_failed": s.Replays.Failed,
 		}}
 	now := time.Now()
 	for name, r := range s.Replicas {

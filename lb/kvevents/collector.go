@@ -31,6 +31,7 @@ type Collector struct {
 	tokFailures, tokBytes           *prometheus.Desc
 	relayPub, relayApplied          *prometheus.Desc
 	relayDropped, relayConnected    *prometheus.Desc
+	replays                         *prometheus.Desc
 }
 
 // NewCollector reports the sources returned by sources (pool name → source).
@@ -60,12 +61,15 @@ func NewCollector(sources func() map[string]Source) *Collector {
 		relayDropped: prometheus.NewDesc("sluice_kv_events_relay_dropped_total",
 			"Event messages dropped unrelayed (buffer full while Redis was slow or away): the other instances see a gap.", pool, nil),
 		relayConnected: prometheus.NewDesc("sluice_kv_events_relay_connected", "1 while the pool's KV-event stream in Redis answers.", pool, nil),
+		replays: prometheus.NewDesc("sluice_kv_events_replays_total",
+			"Sequence gaps met on a publisher with a replay socket (kv_events_replay_port), by result (recovered: filled from the engine's buffer; too_old: the buffer no longer held the first lost message; failed: no or a bad answer, over the time or hold bounds, or no replay slot). too_old and failed clear as a gap without replay.",
+			[]string{"pool", "result"}, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.batches, c.events, c.gaps, c.restarts, c.drops, c.guard, c.blocks, c.evicted, c.last,
+	for _, d := range []*prometheus.Desc{c.batches, c.events, c.gaps, c.restarts, c.replays, c.drops, c.guard, c.blocks, c.evicted, c.last,
 		c.tokLookups, c.tokRequests, c.tokFailures, c.tokBytes, c.relayPub, c.relayApplied, c.relayDropped, c.relayConnected} {
 		ch <- d
 	}
@@ -82,6 +86,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.events, s.Events, pool)
 		counter(c.gaps, s.Gaps, pool)
 		counter(c.restarts, s.Restarts, pool)
+		counter(c.replays, s.Replays.Recovered, pool, ReplayRecovered)
+		counter(c.replays, s.Replays.TooOld, pool, ReplayTooOld)
+		counter(c.replays, s.Replays.Failed, pool, ReplayFailed)
 		counter(c.evicted, s.CapacityEvicted, pool)
 		reasons := make([]string, 0, len(s.Drops))
 		for r := range s.Drops {

@@ -161,6 +161,10 @@ const (
 	ReasonUnknownPod  Reason = "unknown_pod"  // the topic's pod is no replica of the pool
 	ReasonParent      Reason = "unknown_parent"
 	ReasonDuplicate   Reason = "duplicate" // the sequence number of the message before, again
+	// ReasonReplay: a replay answer that is not the asked topic's next
+	// message (another topic or rank, a sequence before the one asked) or
+	// not in the replay protocol's shape.
+	ReasonReplay Reason = "replay_mismatch"
 )
 
 // DecodeError is a dropped message with its counted reason.

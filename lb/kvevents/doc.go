@@ -13,8 +13,11 @@
 //
 // Sequence numbers are tracked per topic and data-parallel rank: a gap or a
 // sequence going back (publisher restart) clears that rank's entries, since
-// the events in between are lost. Memory is bounded per replica and in total
-// (oldest blocks dropped first, counted).
+// the events in between are lost. Where the engine serves a replay socket
+// (vLLM's and SGLang's replay_endpoint), the Listener first asks it for the
+// lost messages and clears only if it cannot get them (replay.go). Memory
+// is bounded per replica and in total (oldest blocks dropped first,
+// counted).
 //
 // No Caddy import: the cache_aware adapter wires an Index and a Listener.
 package kvevents

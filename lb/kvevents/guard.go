@@ -105,15 +105,17 @@ func (l *guardListener) Accept() (net.Conn, error) {
 			continue
 		}
 		_ = c.SetReadDeadline(time.Now().Add(l.lim.handshake))
-		return &guardConn{Conn: c, l: l, lim: l.lim, greeting: 64}, nil
+		return &guardConn{Conn: c, g: l.g, onClose: func() { l.active.Add(-1) }, lim: l.lim, greeting: 64}, nil
 	}
 }
 
 // guardConn follows ZMTP 3 framing on the bytes read: a 64-byte greeting,
 // then frames of [flags, size (1 byte, or 8 with the LONG flag), body].
+// g (counters) and onClose are nil on the replay's dialed connections.
 type guardConn struct {
 	net.Conn
-	l        *guardListener
+	g        *guardState
+	onClose  func()
 	lim      guardLimits
 	closed   atomic.Bool
 	greeting int    // greeting bytes still to come
@@ -130,20 +132,22 @@ var errGuard = errors.New("kv_events: ZMTP frame over the limits")
 func (c *guardConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if ferr := c.scan(p[:n]); ferr != nil {
-		c.l.g.oversize.Add(1)
+		if c.g != nil {
+			c.g.oversize.Add(1)
+		}
 		_ = c.Close()
 		return 0, ferr
 	}
 	var ne net.Error
-	if err != nil && !c.shaken && errors.As(err, &ne) && ne.Timeout() {
-		c.l.g.timeouts.Add(1)
+	if err != nil && !c.shaken && c.g != nil && errors.As(err, &ne) && ne.Timeout() {
+		c.g.timeouts.Add(1)
 	}
 	return n, err
 }
 
 func (c *guardConn) Close() error {
-	if c.closed.CompareAndSwap(false, true) {
-		c.l.active.Add(-1)
+	if c.closed.CompareAndSwap(false, true) && c.onClose != nil {
+		c.onClose()
 	}
 	return c.Conn.Close()
 }

@@ -297,7 +297,8 @@ func (ix *Index) CountDrop(r Reason) {
 // Apply applies one decoded message from the replica its topic names. A
 // sequence gap or a sequence going back (publisher restart) clears that
 // replica's cache for the message's rank first: the events in between are
-// lost (no replay here), so what the index held may be stale. A message
+// lost, so what the index held may be stale. (A Listener with replay
+// fills a gap from the engine's buffer before it gets here: replay.go.) A message
 // with the last sequence again is a duplicate (one that reached this
 // instance twice, through the relay too) and is dropped. False: dropped.
 func (ix *Index) Apply(name string, m Message, now time.Time) bool {

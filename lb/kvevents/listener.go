@@ -37,6 +37,17 @@ type Listener struct {
 	// (not the injected ones): the relay to other instances.
 	tapMu sync.Mutex
 	taps  atomic.Pointer[[]*tap]
+
+	// Replays (replay.go). rmu orders what reaches the index and the taps:
+	// a topic's messages held while its replay runs, the replayed ones.
+	ctx           context.Context
+	replayPort    func(pod string) int
+	replayTimeout time.Duration
+	rmu           sync.Mutex
+	pending       map[seqKey]*replay
+	inflight      int
+	heldBytes     int
+	replays       sync.WaitGroup
 }
 
 type tap struct{ fn func(frames [][]byte) }
@@ -48,6 +59,13 @@ type ListenerConfig struct {
 	Resolve Resolver
 	Limits  Limits
 	Log     io.Writer // the ZMQ library's connection errors; nil discards them
+	// ReplayPort gives the port on which the engine of a topic's pod
+	// (host:port) serves its replay socket (vLLM's replay_endpoint) at the
+	// pod's host, offset by the data-parallel rank; 0 (or a nil func):
+	// none, a gap clears the rank's entries at once. See replay.go.
+	ReplayPort func(pod string) int
+	// ReplayTimeout bounds one replay (default DefaultReplayTimeout).
+	ReplayTimeout time.Duration
 }
 
 // Listen validates the address, binds it and starts feeding the index.
@@ -87,7 +105,11 @@ func Listen(cfg ListenerConfig) (*Listener, error) {
 		return nil, fmt.Errorf("kv_events: cannot listen on %s: %s", addr, msg)
 	}
 	l := &Listener{ix: ix, resolve: resolve, lim: lim, addr: hp, guard: guard, sock: sock, cancel: cancel,
-		done: make(chan struct{}), now: time.Now}
+		done: make(chan struct{}), now: time.Now, ctx: ctx, replayPort: cfg.ReplayPort,
+		replayTimeout: cfg.ReplayTimeout, pending: make(map[seqKey]*replay)}
+	if l.replayTimeout <= 0 {
+		l.replayTimeout = DefaultReplayTimeout
+	}
 	go l.run(ctx)
 	return l, nil
 }
@@ -105,39 +127,58 @@ func (l *Listener) run(ctx context.Context) {
 			}
 			continue // one publisher's connection ended
 		}
-		if l.handle(msg.Frames) {
-			if ts := l.taps.Load(); ts != nil {
-				for _, t := range *ts {
-					t.fn(msg.Frames)
-				}
-			}
-		}
+		l.handle(msg.Frames, true)
 	}
 }
 
-// handle applies one message; false when it was dropped.
-func (l *Listener) handle(frames [][]byte) bool {
+// handle applies one message (socket: from the socket, so the taps see
+// it once applied), or holds it while its topic's replay runs.
+func (l *Listener) handle(frames [][]byte, socket bool) {
 	m, err := DecodeMessage(frames, l.lim)
 	if err != nil {
 		l.ix.CountDrop(ReasonOf(err))
-		return false
+		return
 	}
 	name, ok := l.resolve(m.Pod)
 	if !ok {
 		l.ix.CountDrop(ReasonUnknownPod)
+		return
+	}
+	l.rmu.Lock()
+	defer l.rmu.Unlock()
+	if l.replayPort != nil && l.hold(name, m, frames, socket) {
+		return
+	}
+	l.apply(name, m, frames, socket)
+}
+
+// apply applies one message and, from the socket, gives it to the taps
+// (rmu held, so a topic's messages reach them in the index's order).
+// False: dropped.
+func (l *Listener) apply(name string, m Message, frames [][]byte, socket bool) bool {
+	if !l.ix.Apply(name, m, l.now()) {
 		return false
 	}
-	return l.ix.Apply(name, m, l.now())
+	if socket {
+		if ts := l.taps.Load(); ts != nil {
+			for _, t := range *ts {
+				t.fn(frames)
+			}
+		}
+	}
+	return true
 }
 
 // Inject applies a message that reached this instance another way (from
 // another instance, through the relay), with the same checks as one from
 // the socket. Taps do not see it.
-func (l *Listener) Inject(frames [][]byte) { l.handle(frames) }
+func (l *Listener) Inject(frames [][]byte) { l.handle(frames, false) }
 
 // Tap makes fn receive the frames of every message from the socket that
-// the index applied, on the listener's goroutine (fn must not block or
-// keep the frames); the returned func removes it.
+// the index applied, replayed ones included, in the index's order (per
+// topic, the engine's sequence order), one call at a time, on the
+// listener's goroutine or a replay's (fn must not block or keep the
+// frames); the returned func removes it.
 func (l *Listener) Tap(fn func(frames [][]byte)) (untap func()) {
 	t := &tap{fn}
 	l.tapMu.Lock()
@@ -171,13 +212,15 @@ func (l *Listener) GuardStats() GuardStats {
 		HandshakeTimeouts: l.guard.timeouts.Load()}
 }
 
-// Close stops the listener and waits for its goroutine.
+// Close stops the listener and its replays and waits for their
+// goroutines; messages held for a replay are dropped.
 func (l *Listener) Close() error {
 	var err error
 	l.once.Do(func() {
 		err = l.sock.Close()
 		l.cancel()
 		<-l.done
+		l.replays.Wait()
 		l.drain()
 		guardRegistry.Delete(l.addr)
 	})

@@ -9,6 +9,7 @@ type counters struct {
 	removedUnknown           uint64
 	capacityEvicted          uint64
 	reStored                 uint64
+	replays                  ReplayStats
 	drops                    map[Reason]uint64
 }
 
@@ -27,6 +28,7 @@ type Stats struct {
 	RemovedUnknown  uint64            // BlockRemoved of a block the index did not hold
 	CapacityEvicted uint64            // blocks dropped by MaxBlocksPerReplica/MaxBlocksTotal
 	ReStored        uint64            // blocks stored again after their removal (keyed as before)
+	Replays         ReplayStats       // gaps met with a replay socket, by outcome (replay.go)
 	Drops           map[Reason]uint64 // messages or events dropped, by reason
 	Blocks          int               // engine blocks held, all replicas
 	Replicas        map[string]ReplicaStats
@@ -47,6 +49,7 @@ func (ix *Index) Stats() Stats {
 		Batches: ix.c.batches, Events: ix.c.events, UnknownEvents: ix.c.unknown,
 		Gaps: ix.c.gaps, Restarts: ix.c.restarts, Cleared: ix.c.cleared,
 		RemovedUnknown: ix.c.removedUnknown, CapacityEvicted: ix.c.capacityEvicted, ReStored: ix.c.reStored,
+		Replays:  ix.c.replays,
 		Drops:    make(map[Reason]uint64, len(ix.c.drops)),
 		Blocks:   ix.total,
 		Replicas: make(map[string]ReplicaStats, len(ix.replicas)),
