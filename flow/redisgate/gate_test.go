@@ -175,6 +175,14 @@ func TestFewerUnitsThanInstancesTakeTurns(t *testing.T) {
 		eventually(t, "both instances to queue their requests", func() bool {
 			return a.ctl.Snapshot().Queued == each && b.ctl.Snapshot().Queued == each
 		})
+		// and both wants to be in Redis: until b's claim records its want,
+		// nothing tells a that b waits (on a loaded machine b's claim came
+		// after a had taken 5 in a row).
+		cl := redistest.Client(t, tg.Conn)
+		eventually(t, "both wants recorded in Redis", func() bool {
+			w, err := cl.Do(context.Background(), cl.B().Hgetall().Key(KeysFor(tg.Conn.KeyPrefix, pool).Want).Build()).AsStrMap()
+			return err == nil && w["a"] != "" && w["b"] != ""
+		})
 		blocker.Release()
 		wg.Wait()
 		// While both have requests waiting, the longest run of one
