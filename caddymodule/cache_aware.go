@@ -188,7 +188,7 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 			}
 			var sh *share.Sharer
 			if p.shared() {
-				sh = share.New(share.Config{Conn: conn, Pool: pool}, pk.ApplyPeer)
+				sh = share.New(share.Config{Conn: conn, Pool: pool}, pk.Router().Insert)
 				pk.OnInsert(sh.Publish)
 				closers = append(closers, sh.Close)
 			}

@@ -1,10 +1,6 @@
 package cacheaware
 
-import (
-	"time"
-
-	"github.com/sluice-router/sluice/lb"
-)
+import "github.com/sluice-router/sluice/lb"
 
 // Exact is an exact view of what each replica's engine caches (engine KV
 // events: lb/kvevents.Prefixes). Lookup returns, per addr, the share of
@@ -20,24 +16,6 @@ type Exact interface {
 // evicted before (lb/kvevents.Index.Pressure).
 type Pressured interface {
 	Pressure(addrs []string) []float64
-}
-
-// PeerSpeculator is an Exact that also counts other instances' routing
-// decisions as just routed (lb/kvevents.Prefixes.SpeculatePeer).
-type PeerSpeculator interface {
-	SpeculatePeer(model, text, addr string, at time.Time)
-}
-
-// ApplyPeer records another instance's routing decision, made at at: in
-// the tree, and in the exact view as just routed there when it keeps such
-// entries. The shared tree's readers call it (lb/cacheaware/share).
-func (p *Picker) ApplyPeer(model, text, addr string, at time.Time) {
-	p.router.Insert(model, text, addr)
-	if e := p.exact.Load(); e != nil {
-		if ps, ok := (*e).(PeerSpeculator); ok {
-			ps.SpeculatePeer(model, text, addr, at)
-		}
-	}
 }
 
 // PressureFunc gives a present replica's cache pressure (0..1).

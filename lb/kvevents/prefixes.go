@@ -87,37 +87,6 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 	return rates, fresh, routed
 }
 
-// SpeculatePeer counts another instance's routing decision (the model,
-// prompt text and replica its shared tree published, at when it was made)
-// as held by that replica until SpeculateFor after it was made, as this
-// instance's own decisions are: behind several instances a burst of a new
-// prefix then stays on one replica until its engine's events arrive. A
-// decision older than that, or whose prompt the tokenizer cannot key
-// without asking an engine, changes nothing.
-func (p *Prefixes) SpeculatePeer(model, text, addr string, at time.Time) {
-	ttl := p.SpeculateFor
-	if ttl == 0 {
-		ttl = 2 * time.Second
-	}
-	now := p.now()
-	if ttl < 0 || at.IsZero() || now.Sub(at) >= ttl || text == "" {
-		return
-	}
-	var tokens []uint32
-	var ok bool
-	if pt, isPrompt := p.Tokenizer.(PromptTokenizer); isPrompt {
-		tokens, _, ok = pt.TokenizePrompt(Prompt{Model: model, Text: text}) // no replicas: its cache only
-	} else {
-		tokens, ok = p.Tokenizer.Tokenize(model, text)
-	}
-	if !ok {
-		return
-	}
-	if keys := p.Index.Keys(tokens); len(keys) > 0 {
-		p.Index.Speculate(addr, keys, now, ttl-now.Sub(at))
-	}
-}
-
 // Pressure is the index's re-store share per replica (Index.Pressure):
 // the policy moves a prefix its home lost off a replica whose engine keeps
 // evicting what it is then asked for.

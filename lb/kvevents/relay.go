@@ -1,8 +1,6 @@
 package kvevents
 
 import (
-	"time"
-
 	"github.com/sluice-router/sluice/lb/redisconn"
 	"github.com/sluice-router/sluice/lb/streamrelay"
 )
@@ -37,7 +35,7 @@ const (
 func NewRelay(cfg streamrelay.Config, l *Listener) *Relay {
 	cfg.FromNow = l.ix.Stats().Batches > 0
 	r := &Relay{}
-	r.r = streamrelay.New(cfg, func(f map[string]string, _ time.Time) {
+	r.r = streamrelay.New(cfg, func(f map[string]string) {
 		// Outside input: DecodeMessage checks every frame as it checks
 		// the socket's (a missing field is an empty frame, dropped).
 		l.Inject([][]byte{[]byte(f[relayTopic]), []byte(f[relaySeq]), []byte(f[relayPayload])})

@@ -70,9 +70,8 @@ func (c Config) withDefaults() Config {
 }
 
 // ApplyFunc receives another instance's record: its fields as read from
-// Redis (outside input: the user bounds and checks them) and when it was
-// published (its stream id's time; zero when the id has none).
-type ApplyFunc func(fields map[string]string, at time.Time)
+// Redis (outside input: the user bounds and checks them).
+type ApplyFunc func(fields map[string]string)
 
 // record is a flat field, value, field, value... list.
 type record []string
@@ -329,13 +328,11 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 		back = firstBackoff
 		for _, e := range streams[r.cfg.Key] {
 			if e.FieldValues[InstanceField] != r.cfg.Instance {
-				var at time.Time
+				r.apply(e.FieldValues)
+				r.applied.Add(1)
 				if ms, ok := idMillis(e.ID); ok {
-					at = time.UnixMilli(ms)
 					r.lag.Store(max(time.Now().UnixMilli()-ms, 0))
 				}
-				r.apply(e.FieldValues, at)
-				r.applied.Add(1)
 			}
 			id := e.ID
 			r.lastID.Store(&id)

@@ -8,7 +8,6 @@ package share
 
 import (
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/sluice-router/sluice/lb/redisconn"
@@ -44,8 +43,8 @@ func Key(prefix, pool string) string {
 }
 
 // ApplyFunc records another instance's routing decision locally
-// (cacheaware.Router.Insert); at is when it was published (zero: unknown).
-type ApplyFunc func(model, text, addr string, at time.Time)
+// (cacheaware.Router.Insert).
+type ApplyFunc func(model, text, addr string)
 
 // Stats are the sharer's counters and state.
 type Stats = streamrelay.Stats
@@ -64,10 +63,10 @@ func New(cfg Config, apply ApplyFunc) *Sharer {
 	s := &Sharer{maxText: cfg.MaxText}
 	conn := cfg.Conn.WithDefaults()
 	s.r = streamrelay.New(streamrelay.Config{Conn: conn, Key: Key(conn.KeyPrefix, cfg.Pool), Instance: cfg.Instance,
-		StreamLen: cfg.StreamLen, Buffer: cfg.Buffer}, func(f map[string]string, at time.Time) {
+		StreamLen: cfg.StreamLen, Buffer: cfg.Buffer}, func(f map[string]string) {
 		// A peer's entries are bounded as our own are (the stream is
 		// outside input).
-		apply(cutBytes(f["m"], MaxModelBytes), cut(f["t"], s.maxText), f["a"], at)
+		apply(cutBytes(f["m"], MaxModelBytes), cut(f["t"], s.maxText), f["a"])
 	})
 	return s
 }
@@ -125,10 +124,4 @@ func cut(s string, max int) string {
 		return s
 	}
 	return strings.Clone(s[:i])
-}
-
-// Insert is the ApplyFunc that records a peer's decision with insert
-// (cacheaware.Router.Insert), whatever its age.
-func Insert(insert func(model, text, addr string)) ApplyFunc {
-	return func(model, text, addr string, _ time.Time) { insert(model, text, addr) }
 }
