@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -284,6 +285,58 @@ func (h *kvHealthReport) note() string {
 	return fmt.Sprintf("kv_events index at the end: %s; %s; drops: %s", strings.Join(reps, ", "), strings.Join(tot, ", "), drops)
 }
 
+// kvMetricsPath is where the Sluice proxies of kv-events serve Caddy's
+// metrics (/metrics goes through to the engines).
+const kvMetricsPath = "/_sluice/metrics"
+
+// cacheAwareDecisions sums the cache_aware decision counters over the
+// proxies ("" when they have none): which rule placed the requests.
+func cacheAwareDecisions(ctx context.Context, proxies []string) string {
+	sum := map[string]float64{}
+	for _, u := range proxies {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u+kvMetricsPath, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cancel()
+			continue
+		}
+		sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			name := ""
+			switch {
+			case strings.HasPrefix(line, "sluice_cache_aware_decisions_total{"):
+				if i := strings.Index(line, `reason="`); i >= 0 {
+					name = line[i+8:]
+					name = name[:strings.IndexByte(name, '"')]
+				}
+			case strings.HasPrefix(line, "sluice_cache_aware_exact_hits_total{"):
+				name = "exact"
+			case strings.HasPrefix(line, "sluice_cache_aware_affinity_hits_total{"):
+				name = "affinity"
+			case strings.HasPrefix(line, "sluice_cache_aware_moves_total{"):
+				name = "moved"
+			}
+			if f := strings.Fields(line); name != "" && len(f) == 2 {
+				v, _ := strconv.ParseFloat(f[1], 64)
+				sum[name] += v
+			}
+		}
+		resp.Body.Close()
+		cancel()
+	}
+	if len(sum) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, k := range []string{"cache_hit", "exact", "affinity", "moved", "miss", "imbalance"} {
+		parts = append(parts, fmt.Sprintf("%s %.0f", k, sum[k]))
+	}
+	return "cache_aware decisions (all proxies): " + strings.Join(parts, ", ")
+}
+
 func kvEvents(r *runner) {
 	k := kvBenchShape(r.opt.Quick)
 	bin, binErr := LLMDSimBinary(r.ctx)
@@ -359,6 +412,9 @@ func kvEvents(r *runner) {
 						}
 					}
 					delete(s.Extra, "rate")
+					if d := cacheAwareDecisions(r.ctx, proxyURLs); d != "" {
+						s.Notes = append(s.Notes, d)
+					}
 					for _, u := range proxyURLs {
 						h, herr := kvHealthOf(r.ctx, u)
 						if herr != nil || h == nil {
@@ -379,8 +435,8 @@ func kvEvents(r *runner) {
 				}}
 		}
 		custom := func(f kvFleet, pool, policy string) string {
-			return fmt.Sprintf("custom_router %s {\n\tbackends %s\n}\nreverse_proxy {\n\tdynamic custom_router %s\n\t%s\n}",
-				pool, strings.Join(f.urls(), " "), pool, strings.ReplaceAll(policy, "\n", "\n\t"))
+			return fmt.Sprintf("custom_router %s {\n\tbackends %s\n}\nmetrics %s\nreverse_proxy {\n\tdynamic custom_router %s\n\t%s\n}",
+				pool, strings.Join(f.urls(), " "), kvMetricsPath, pool, strings.ReplaceAll(policy, "\n", "\n\t"))
 		}
 		pool := fmt.Sprintf("kvb%d", ci)
 		keyPrefix := fmt.Sprintf("bench-kv-%d-%d", ci, time.Now().UnixNano()%1e9)

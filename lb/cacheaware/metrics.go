@@ -8,7 +8,7 @@ type Collector struct {
 	routers                 func() map[string]*Router
 	decisions, chars, nodes *prometheus.Desc
 	evicted, exactHits      *prometheus.Desc
-	affinityHits            *prometheus.Desc
+	affinityHits, moves     *prometheus.Desc
 }
 
 // NewCollector reports the routers returned by routers (pool name → router).
@@ -23,6 +23,8 @@ func NewCollector(routers func() map[string]*Router) *Collector {
 		exactHits: prometheus.NewDesc("sluice_cache_aware_exact_hits_total", "cache_hit picks the exact index (engine KV events) chose.", pool, nil),
 		affinityHits: prometheus.NewDesc("sluice_cache_aware_affinity_hits_total",
 			"cache_hit picks with kv_events where no engine held enough of the prompt and the tree's holder (the prefix's home) got it.", pool, nil),
+		moves: prometheus.NewDesc("sluice_cache_aware_moves_total",
+			"cache_hit picks with kv_events that sent a prompt off its home, whose engine kept evicting what it was sent, to the least pressured replica.", pool, nil),
 	}
 }
 
@@ -34,6 +36,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.evicted
 	ch <- c.exactHits
 	ch <- c.affinityHits
+	ch <- c.moves
 }
 
 // Collect implements prometheus.Collector.
@@ -51,5 +54,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.evicted, prometheus.CounterValue, float64(s.EvictedChars), pool)
 		ch <- prometheus.MustNewConstMetric(c.exactHits, prometheus.CounterValue, float64(s.ExactHits), pool)
 		ch <- prometheus.MustNewConstMetric(c.affinityHits, prometheus.CounterValue, float64(s.AffinityHits), pool)
+		ch <- prometheus.MustNewConstMetric(c.moves, prometheus.CounterValue, float64(s.Moves), pool)
 	}
 }
