@@ -59,7 +59,7 @@ func NewCollector(sources func() map[string]Source) *Collector {
 		relayApplied: prometheus.NewDesc("sluice_kv_events_relay_received_total",
 			"Event messages other instances relayed that this instance read (then checked and applied as its socket's).", pool, nil),
 		relayDropped: prometheus.NewDesc("sluice_kv_events_relay_dropped_total",
-			"Event messages dropped unrelayed (buffer full while Redis was slow or away): the other instances see a gap.", pool, nil),
+			"Event messages dropped unrelayed (buffer full while Redis was slow or away, or a payload over 1 MiB): the other instances see a gap.", pool, nil),
 		relayConnected: prometheus.NewDesc("sluice_kv_events_relay_connected", "1 while the pool's KV-event stream in Redis answers.", pool, nil),
 		replays: prometheus.NewDesc("sluice_kv_events_replays_total",
 			"Sequence gaps met on a publisher with a replay socket (kv_events_replay_port), by result (recovered: filled from the engine's buffer; too_old: the buffer no longer held the first lost message; failed: no or a bad answer, over the time or hold bounds, or no replay slot). too_old and failed clear as a gap without replay.",

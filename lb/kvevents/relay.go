@@ -22,6 +22,12 @@ type Relay struct {
 	untap func()
 }
 
+// MaxRelayPayload bounds the payload of a relayed message: the stream
+// keeps about 10,000 of them in the Redis other features share. A larger
+// one (a step storing some 200,000 tokens at once) is not relayed and is
+// counted dropped; the other instances see a gap there.
+const MaxRelayPayload = 1 << 20
+
 // Record fields.
 const (
 	relayTopic   = "t"
@@ -41,6 +47,10 @@ func NewRelay(cfg streamrelay.Config, l *Listener) *Relay {
 		l.Inject([][]byte{[]byte(f[relayTopic]), []byte(f[relaySeq]), []byte(f[relayPayload])})
 	})
 	r.untap = l.Tap(func(frames [][]byte) {
+		if len(frames[2]) > MaxRelayPayload {
+			r.r.CountDropped() // the others see a gap
+			return
+		}
 		r.r.Publish(relayTopic, string(frames[0]), relaySeq, string(frames[1]), relayPayload, string(frames[2]))
 	})
 	return r

@@ -188,3 +188,37 @@ func testRelayHostile(t *testing.T, tg redistest.Target) {
 		t.Errorf("drops %v, want 2 topic, 1 seq, 1 malformed, 1 unknown_pod", d)
 	}
 }
+
+// A message over MaxRelayPayload reaches this instance's index but is not
+// put in the stream (counted dropped): the stream lives in a Redis other
+// features share.
+func TestRelayKeepsOversizedMessagesOutOfRedis(t *testing.T) {
+	tg := redistest.Targets(t)[0]
+	pool := relayPool(t)
+	a := newRelayInstance(t, tg, pool, 5576)
+	pub := newPub(t, "tcp://127.0.0.1:5576")
+	defer pub.Close()
+	const pod = "127.0.0.1:9176"
+	// 16,384 blocks of 16 tokens with ids past 2^16: over 1 MiB of msgpack.
+	big := seqTokens(1<<20, 16384*16)
+	hashes := make([]any, 16384)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	payload := batchPayload(t, vllmStored(hashes, nil, big, 16))
+	if len(payload) <= 1<<20 {
+		t.Fatalf("test payload of %d bytes is not over the bound", len(payload))
+	}
+	seq := uint64(1)
+	waitFor(t, "the big batch on a", func() bool {
+		send(t, pub, "kv@"+pod+"@m", seq, payload)
+		seq++
+		return a.holds(big[:32], pod) == 2
+	})
+	waitFor(t, "the drop counted", func() bool { return a.r.Stats().Dropped >= 1 })
+	cl := redistest.Client(t, tg.Conn)
+	n, err := cl.Do(context.Background(), cl.B().Xlen().Key(RelayKey("", pool)).Build()).AsInt64()
+	if err != nil || n != 0 || a.r.Stats().Published != 0 {
+		t.Errorf("stream holds %d records (%v), published %d: want none", n, err, a.r.Stats().Published)
+	}
+}

@@ -152,6 +152,10 @@ func (r *Relay) Publish(fieldValues ...string) {
 	}
 }
 
+// CountDropped counts a record the user did not publish (too large for
+// the stream, say) in Dropped, as the others see it missing.
+func (r *Relay) CountDropped() { r.dropped.Add(1) }
+
 func (r *Relay) take(max int) []record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
