@@ -68,14 +68,17 @@ func ParseBackend(s string) (Backend, error) {
 		return Backend{}, fmt.Errorf("%q: bad port %q", s, port)
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
-		if why := forbiddenIP(ip.Unmap()); why != "" {
+		// The zone (fe80::1%eth0) names an interface, not another address:
+		// "::%0" is the unspecified address all the same.
+		if why := forbiddenIP(ip.WithZone("").Unmap()); why != "" {
 			return Backend{}, fmt.Errorf("%q: %s addresses are never backends", s, why)
 		}
 	} else if !validHostname(host) {
 		return Backend{}, fmt.Errorf("%q: host %q is neither an IP address nor a host name", s, host)
 	}
 	dial := net.JoinHostPort(strings.ToLower(host), port)
-	return Backend{URL: u.Scheme + "://" + dial, Dial: dial}, nil
+	// url.URL writes an IPv6 zone's '%' as %25, so the URL parses back.
+	return Backend{URL: (&url.URL{Scheme: u.Scheme, Host: dial}).String(), Dial: dial}, nil
 }
 
 // Dials returns the dial addresses of bs, in order.

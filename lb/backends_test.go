@@ -22,6 +22,24 @@ func TestParseBackends(t *testing.T) {
 	}
 }
 
+// An IPv6 zone is the interface, not another address: a zoned forbidden
+// address is still refused, and an accepted zoned one's URL parses back
+// (the fuzzer found "http://[::%250]:1" accepted as http://[::%0]:1).
+func TestParseBackendIPv6Zones(t *testing.T) {
+	for _, s := range []string{"http://[::%250]:1", "http://[::%25eth0]:80", "http://[ff02::1%25eth0]:80"} {
+		if b, err := ParseBackend(s); err == nil {
+			t.Errorf("%q accepted as %+v", s, b)
+		}
+	}
+	b, err := ParseBackend("http://[fd00::1%25eth0]:8000")
+	if err != nil || b.Dial != "[fd00::1%eth0]:8000" || b.URL != "http://[fd00::1%25eth0]:8000" {
+		t.Fatalf("zoned ULA: %+v %v", b, err)
+	}
+	if again, err := ParseBackend(b.URL); err != nil || again != b {
+		t.Fatalf("%q does not parse back: %+v %v", b.URL, again, err)
+	}
+}
+
 func TestParseBackendsNamesTheBadEntry(t *testing.T) {
 	for _, bad := range []string{"", "10.0.0.1:80", "ftp://h:1", "http://h", "http://h:0", "http://h:99999",
 		"http://:80", "http://u:p@h:80", "http://h:80/v1", "http://h:80?x=1"} {
