@@ -2,6 +2,7 @@ package modelmetrics
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -40,7 +41,7 @@ func TestAFailingTargetBacksOffAndRecovers(t *testing.T) {
 			t.Fatalf("tick %d: backed-off target reads %v %+v, want stale with its 404", i, fr, v)
 		}
 	}
-	if want := []int{0, 1, 3, 7, 15, 23, 31, 39}; !equalInts(scrapedAt, want) {
+	if want := []int{0, 1, 3, 7, 15, 23, 31, 39}; !slices.Equal(scrapedAt, want) {
 		t.Fatalf("404 target scraped at ticks %v, want %v", scrapedAt, want)
 	}
 	if n := good.hits.Load(); n != 40 {
@@ -56,7 +57,7 @@ func TestAFailingTargetBacksOffAndRecovers(t *testing.T) {
 	for i := 40; i < 52; i++ {
 		tick(i)
 	}
-	if want := []int{47, 48, 49, 50, 51}; !equalInts(scrapedAt, want) {
+	if want := []int{47, 48, 49, 50, 51}; !slices.Equal(scrapedAt, want) {
 		t.Fatalf("after it answers, scraped at ticks %v, want %v", scrapedAt, want)
 	}
 	if st := s.Stats("bad"); st.ConsecutiveFailures != 0 || !st.NextScrape.IsZero() || st.Freshness != Fresh {
@@ -88,21 +89,9 @@ func TestATargetThatAnsweredBeforeBacksOffLess(t *testing.T) {
 			scrapedAt = append(scrapedAt, i)
 		}
 	}
-	if want := []int{0, 1, 2, 3, 5, 9, 13, 17, 21, 25, 29}; !equalInts(scrapedAt, want) {
+	if want := []int{0, 1, 2, 3, 5, 9, 13, 17, 21, 25, 29}; !slices.Equal(scrapedAt, want) {
 		t.Fatalf("scraped at ticks %v, want %v", scrapedAt, want)
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // The wait doubles from Interval and stops at MaxBackoff.
