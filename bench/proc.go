@@ -187,24 +187,44 @@ func freePort() (int, error) {
 }
 
 func freePorts(n int) ([]int, error) {
-	// Hold all listeners until every port is picked, so they differ.
+	// Hold all listeners until every port is picked, so they differ, and
+	// never hand out a port twice in this process: a port released here
+	// is free until its user binds it, and a later call (the proxies of
+	// the same system) would otherwise get it again (CI: a kv-events
+	// engine found its port taken by a proxy started before it).
 	var lns []net.Listener
 	defer func() {
 		for _, ln := range lns {
 			ln.Close()
 		}
 	}()
+	handedMu.Lock()
+	defer handedMu.Unlock()
 	var ports []int
-	for range n {
+	for len(ports) < n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
 		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+		if len(lns) > n+1024 {
+			return nil, fmt.Errorf("free ports: no new port in %d tries", len(lns))
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		if handed[p] {
+			continue
+		}
+		handed[p] = true
+		ports = append(ports, p)
 	}
 	return ports, nil
 }
+
+// handed are the ports freePorts returned so far in this process.
+var (
+	handedMu sync.Mutex
+	handed   = map[int]bool{}
+)
 
 // tail returns the last lines of a log file, for error messages.
 func tail(path string) string {
