@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -172,6 +173,7 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 		fingerprint: fmt.Sprintf("%+v %+v %s", rc, tc, variant),
 		build: func(key stateKey) (*policyState, error) {
 			pk := cacheaware.NewPicker(rc, tc)
+			pk.Router().SeedTurns(rand.Uint64()) // instances must not take turns in lockstep
 			health := func() stateHealth { return trackerHealth(pk.Tracker()) }
 			var closers []func()
 			var kvStats func() *KVEventsStats
@@ -188,7 +190,7 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 			}
 			var sh *share.Sharer
 			if p.shared() {
-				sh = share.New(share.Config{Conn: conn, Pool: pool}, pk.Router().Insert)
+				sh = share.New(share.Config{Conn: conn, Pool: pool}, pk.PeerRouted)
 				pk.OnInsert(sh.Publish)
 				closers = append(closers, sh.Close)
 			}

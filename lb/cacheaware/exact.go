@@ -18,6 +18,27 @@ type Pressured interface {
 	Pressure(addrs []string) []float64
 }
 
+// PeerSpeculator is an Exact that takes another instance's routing
+// decisions as its own speculative entries (lb/kvevents.Prefixes).
+type PeerSpeculator interface {
+	SpeculatePeer(model, text, addr string)
+}
+
+// PeerRouted records a routing decision another instance made (received
+// through the shared tree): into the tree, and into the exact view's
+// speculative entries, so that every instance knows where the prompt went
+// before its engine's events say so. A decision replayed from history
+// (history true: this instance just started) goes into the tree only: it
+// is no news of what an engine is computing now.
+func (p *Picker) PeerRouted(model, text, addr string, history bool) {
+	p.router.Insert(model, text, addr)
+	if e := p.exact.Load(); e != nil && !history {
+		if ps, ok := (*e).(PeerSpeculator); ok {
+			ps.SpeculatePeer(model, text, addr)
+		}
+	}
+}
+
 // PressureFunc gives a present replica's cache pressure (0..1).
 type PressureFunc func(addr string) float64
 

@@ -188,6 +188,42 @@ func TestPickerSendsAnEvictedPrefixHome(t *testing.T) {
 	}
 }
 
+// Two instances act as one before the engines' events arrive: b's engine
+// holds 80% of a prompt (a shared head), and instance 1 just sent the whole
+// prompt to a, whose engine is computing it. Instance 1 sends the next
+// copy to a (its own speculative entry says a holds it all); instance 2,
+// told of that decision through the shared tree (PeerRouted), does the
+// same instead of sending it to b's partial copy.
+func TestPeerRoutedCountsAsSpeculation(t *testing.T) {
+	tok := func(s string) []uint32 { v, _ := kvevents.SimTokenizer{}.Tokenize("m", s); return v }
+	head, doc := words("head", 128), words("head", 128)+" "+words("tail", 32) // 80% shared
+	var inst []*Picker
+	for range 2 {
+		ix := kvevents.NewIndex(kvevents.Config{})
+		p := newPicker(t, "a:1", "b:1")
+		p.SetExact(&kvevents.Prefixes{Index: ix, Tokenizer: kvevents.SimTokenizer{}})
+		publish(t, ix, "a:1", 1, tok(words("warm", 16)))
+		publish(t, ix, "b:1", 1, tok(head))
+		inst = append(inst, p)
+	}
+	// Instance 1 routes the prompt as b's engine's partial copy would not
+	// have it: b is busy (within the balance thresholds), a is chosen.
+	inst[0].Router().Insert("m", doc, "a:1")
+	rates, _, routed := (*inst[0].exact.Load()).Lookup(prompt(doc), []string{"a:1", "b:1"})
+	if rates[1] <= 0.5 {
+		t.Fatalf("b's share %v: the test needs it above the threshold", rates)
+	}
+	routed("a:1")
+	inst[1].PeerRouted("m", doc, "a:1", false)
+	for i, p := range inst {
+		l := pickFor(t, p, prompt(doc))
+		if l.Replica() != "a:1" {
+			t.Fatalf("instance %d sent the prompt to %s, not where it was just routed", i+1, l.Replica())
+		}
+		l.Release(ok)
+	}
+}
+
 // BenchmarkPickerPick4KBExact is BenchmarkPickerPick4KB with kv_events's
 // exact view (the sim's tokenizer, an index where every replica published
 // recently): the cost the exact view adds to a pick.

@@ -216,11 +216,23 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 	}
 
 	r.misses.Add(1)
-	var key func(*replica) int
+	smallest := func(rep *replica) int { return rep.chars }
 	if r.cfg.MissPolicy == MissSmallestTree {
-		key = func(rep *replica) int { return rep.chars }
+		d.Addr, d.Reason = choose(usable, loads, smallest, turn).addr, Miss
+		return d
 	}
-	d.Addr, d.Reason = choose(usable, loads, key, turn).addr, Miss
+	// Least load; among the least loaded, the smallest tree. A new prefix
+	// then goes where the fewest prompts live, so prefixes spread evenly
+	// over the caches instead of by the luck of the turn, and instances
+	// sharing a tree (whose own loads are a fraction of the pool's) agree.
+	var lbuf [64]*replica
+	least := lbuf[:0]
+	for _, rep := range usable {
+		if loads[rep.idx] == minL {
+			least = append(least, rep)
+		}
+	}
+	d.Addr, d.Reason = choose(least, loads, smallest, turn).addr, Miss
 	return d
 }
 

@@ -1,6 +1,7 @@
 package cacheaware
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -102,12 +103,55 @@ func TestPickTiesGoToLessLoaded(t *testing.T) {
 	if seen["a"] != 5 || seen["b"] != 5 {
 		t.Fatalf("equal ties not rotated: %v", seen)
 	}
+	// A miss among equally loaded replicas goes to the smallest tree (c
+	// holds nothing): new prefixes spread over the caches.
+	for range 3 {
+		if d := r.Pick("m", "unmatched", nil); d.Addr != "c" || d.Reason != Miss {
+			t.Fatalf("miss with equal loads: got %+v, want the smallest tree c", d)
+		}
+	}
+	// Less load still comes first.
+	if d := r.Pick("m", "unmatched", loads(map[string]int{"c": 1})); d.Addr == "c" {
+		t.Fatalf("miss went to the loaded replica c: %+v", d)
+	}
+	// Equal loads and trees: misses rotate.
+	r = newRouter(t, Config{}, "a", "b", "c")
 	seen = map[string]int{}
 	for range 9 {
 		seen[r.Pick("m", "unmatched", nil).Addr]++
 	}
 	if seen["a"] != 3 || seen["b"] != 3 || seen["c"] != 3 {
 		t.Fatalf("equal misses not rotated: %v", seen)
+	}
+}
+
+// Misses spread new prefixes by the trees when loads are equal: four
+// instances sharing their inserts (as through Redis), taking new prompts
+// in turn, put 2 of 8 on each of 4 replicas, whatever their rotations.
+// Before, each went by its own turn, and instances whose turns were in
+// step sent their first prefixes to the same replica.
+func TestMissesSpreadPrefixesOverTheTrees(t *testing.T) {
+	for _, seeds := range [][4]uint64{{0, 0, 0, 0}, {5, 5, 5, 5}, {0, 1, 2, 3}, {3, 7, 7, 1}} {
+		var inst []*Router
+		for _, seed := range seeds {
+			r := newRouter(t, Config{}, "a", "b", "c", "d")
+			r.SeedTurns(seed)
+			inst = append(inst, r)
+		}
+		per := map[string]int{}
+		for i := range 8 {
+			text := fmt.Sprintf("system prompt %d: %s", i, strings.Repeat("x", 100))
+			d := inst[i%len(inst)].Pick("m", text, nil)
+			for _, r := range inst {
+				r.Insert("m", text, d.Addr)
+			}
+			per[d.Addr]++
+		}
+		for _, a := range []string{"a", "b", "c", "d"} {
+			if per[a] != 2 {
+				t.Fatalf("seeds %v: prefixes per replica %v, want 2 each", seeds, per)
+			}
+		}
 	}
 }
 

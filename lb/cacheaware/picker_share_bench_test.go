@@ -13,7 +13,7 @@ import (
 // here, so the buffer drops its oldest: the request path's whole cost).
 func BenchmarkPickerPick4KBShared(b *testing.B) {
 	cacheaware.BenchPickerPick(b, func(p *cacheaware.Picker) {
-		s := share.New(share.Config{Conn: redisconn.Config{Addrs: []string{"127.0.0.1:1"}}, Pool: "bench"}, p.Router().Insert)
+		s := share.New(share.Config{Conn: redisconn.Config{Addrs: []string{"127.0.0.1:1"}}, Pool: "bench"}, p.PeerRouted)
 		b.Cleanup(s.Close)
 		p.OnInsert(s.Publish)
 	})

@@ -79,6 +79,13 @@ func New(cfg Config) *Router {
 	return r
 }
 
+// SeedTurns sets where the rotation among equal replicas starts. Every
+// instance of a pool starts at 0 unless seeded, so instances that share a
+// tree take their turns in lockstep: their first misses all go to the same
+// replica. Callers running several instances seed each with a random value;
+// tests keep 0 for exact sequences.
+func (r *Router) SeedTurns(seed uint64) { r.rr.Store(seed) }
+
 // Configure swaps the config in place (on reload), keeping the trees. A
 // smaller MaxTreeSize is reached by batched eviction first, with the old
 // bound still applying to inserts meanwhile, then set.

@@ -266,6 +266,28 @@ func TestPrefixesLookup(t *testing.T) {
 	}
 }
 
+// Another instance's routing decision counts as this index's speculative
+// entry for the same time, and expires like one.
+func TestPrefixesSpeculatePeer(t *testing.T) {
+	ix := NewIndex(Config{})
+	now := t0
+	px := &Prefixes{Index: ix, Tokenizer: SimTokenizer{}, Now: func() time.Time { return now }}
+	text := prompt("w", 64)
+	px.SpeculatePeer("m", text, "b")
+	if rates, _, _ := px.Lookup(preq(text), []string{"a", "b"}); rates[0] != 0 || rates[1] != 1 {
+		t.Fatalf("after a peer routed to b: %v", rates)
+	}
+	now = now.Add(3 * time.Second) // past the default 2 s
+	if rates, _, _ := px.Lookup(preq(text), []string{"a", "b"}); rates[1] != 0 {
+		t.Fatalf("peer's entry did not expire: %v", rates)
+	}
+	px.SpeculateFor = -1 // never speculate
+	px.SpeculatePeer("m", text, "a")
+	if rates, _, _ := px.Lookup(preq(text), []string{"a", "b"}); rates[0] != 0 {
+		t.Fatalf("speculated with SpeculateFor < 0: %v", rates)
+	}
+}
+
 // Apply is exported: an Event built by hand with tokens that do not fill
 // its blocks is dropped, not a panic.
 func TestIndexInconsistentEventDropped(t *testing.T) {

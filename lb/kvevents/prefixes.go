@@ -87,6 +87,35 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 	return rates, fresh, routed
 }
 
+// SpeculatePeer records what another Sluice instance just routed (a peer's
+// insert into the shared tree: its model, prompt text and replica) as this
+// index's speculative entry, as if this instance had routed it: instances
+// that share a tree then agree on where a prompt went before its engine's
+// events arrive, as one instance does. A text it cannot tokenize now (an
+// engine tokenizer's cache miss) is left to the tree.
+func (p *Prefixes) SpeculatePeer(model, text, addr string) {
+	ttl := p.SpeculateFor
+	if ttl == 0 {
+		ttl = 2 * time.Second
+	}
+	if ttl < 0 || text == "" {
+		return
+	}
+	var tokens []uint32
+	var ok bool
+	if pt, isPrompt := p.Tokenizer.(PromptTokenizer); isPrompt {
+		tokens, _, ok = pt.TokenizePrompt(Prompt{Model: model, Text: text})
+	} else {
+		tokens, ok = p.Tokenizer.Tokenize(model, text)
+	}
+	if !ok || len(tokens) == 0 {
+		return
+	}
+	if keys := p.Index.Keys(tokens); len(keys) > 0 {
+		p.Index.Speculate(addr, keys, p.now(), ttl)
+	}
+}
+
 // Pressure is the index's re-store share per replica (Index.Pressure):
 // the policy moves a prefix its home lost off a replica whose engine keeps
 // evicting what it is then asked for.

@@ -41,7 +41,7 @@ const (
 func NewRelay(cfg streamrelay.Config, l *Listener) *Relay {
 	cfg.FromNow = l.ix.Stats().Batches > 0
 	r := &Relay{}
-	r.r = streamrelay.New(cfg, func(f map[string]string) {
+	r.r = streamrelay.New(cfg, func(f map[string]string, _ bool) {
 		// Outside input: DecodeMessage checks every frame as it checks
 		// the socket's (a missing field is an empty frame, dropped).
 		l.Inject([][]byte{[]byte(f[relayTopic]), []byte(f[relaySeq]), []byte(f[relayPayload])})

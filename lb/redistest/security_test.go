@@ -230,9 +230,9 @@ func exercise(t *testing.T, conn redisconn.Config, admin rueidis.Client) {
 
 	// cache_aware's sharing: what one instance publishes the other applies.
 	var applied atomic.Int64
-	p := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string) {})
+	p := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string, bool) {})
 	t.Cleanup(p.Close)
-	r := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string) { applied.Add(1) })
+	r := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string, bool) { applied.Add(1) })
 	t.Cleanup(r.Close)
 	for i := range 3 {
 		p.Publish("m", fmt.Sprint("prompt ", i), "r1")
@@ -383,7 +383,7 @@ func TestACLRefusalsAreClearErrors(t *testing.T) {
 			if c.name != "wrong password" && c.name != "no xadd" {
 				return
 			}
-			sh := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string) {})
+			sh := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string, bool) {})
 			defer sh.Close()
 			sh.Publish("m", "text", "r1")
 			want := map[string]string{"wrong password": "WRONGPASS", "no xadd": "'xadd' command"}[c.name]

@@ -70,8 +70,10 @@ func (c Config) withDefaults() Config {
 }
 
 // ApplyFunc receives another instance's record: its fields as read from
-// Redis (outside input: the user bounds and checks them).
-type ApplyFunc func(fields map[string]string)
+// Redis (outside input: the user bounds and checks them), and whether it
+// is history (read before the relay first reached the stream's end: a
+// replay on start) rather than news.
+type ApplyFunc func(fields map[string]string, history bool)
 
 // record is a flat field, value, field, value... list.
 type record []string
@@ -302,6 +304,7 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 	defer r.wg.Done()
 	back := firstBackoff
 	positioned := !r.cfg.FromNow
+	history := !r.cfg.FromNow // until a read comes back short
 	for ctx.Err() == nil {
 		if !positioned {
 			// The newest record's id ("$" would miss what is published
@@ -330,9 +333,10 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 		}
 		r.connected.Store(true)
 		back = firstBackoff
-		for _, e := range streams[r.cfg.Key] {
+		entries := streams[r.cfg.Key]
+		for _, e := range entries {
 			if e.FieldValues[InstanceField] != r.cfg.Instance {
-				r.apply(e.FieldValues)
+				r.apply(e.FieldValues, history)
 				r.applied.Add(1)
 				if ms, ok := idMillis(e.ID); ok {
 					r.lag.Store(max(time.Now().UnixMilli()-ms, 0))
@@ -340,6 +344,9 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 			}
 			id := e.ID
 			r.lastID.Store(&id)
+		}
+		if len(entries) < defaultBatch {
+			history = false // caught up: what follows is news
 		}
 	}
 }

@@ -43,8 +43,9 @@ func Key(prefix, pool string) string {
 }
 
 // ApplyFunc records another instance's routing decision locally
-// (cacheaware.Router.Insert).
-type ApplyFunc func(model, text, addr string)
+// (cacheaware.Picker.PeerRouted); history is true for the decisions
+// replayed on start, false for news.
+type ApplyFunc func(model, text, addr string, history bool)
 
 // Stats are the sharer's counters and state.
 type Stats = streamrelay.Stats
@@ -63,10 +64,10 @@ func New(cfg Config, apply ApplyFunc) *Sharer {
 	s := &Sharer{maxText: cfg.MaxText}
 	conn := cfg.Conn.WithDefaults()
 	s.r = streamrelay.New(streamrelay.Config{Conn: conn, Key: Key(conn.KeyPrefix, cfg.Pool), Instance: cfg.Instance,
-		StreamLen: cfg.StreamLen, Buffer: cfg.Buffer}, func(f map[string]string) {
+		StreamLen: cfg.StreamLen, Buffer: cfg.Buffer}, func(f map[string]string, history bool) {
 		// A peer's entries are bounded as our own are (the stream is
 		// outside input).
-		apply(cutBytes(f["m"], MaxModelBytes), cut(f["t"], s.maxText), f["a"])
+		apply(cutBytes(f["m"], MaxModelBytes), cut(f["t"], s.maxText), f["a"], history)
 	})
 	return s
 }

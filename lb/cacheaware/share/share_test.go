@@ -30,7 +30,7 @@ func newInstance(t *testing.T, conn redisconn.Config, pool string) *instance {
 	t.Helper()
 	p := cacheaware.NewPicker(cacheaware.Config{}, tracker.Config{})
 	p.SetReplicas(replicas)
-	s := New(Config{Conn: conn, Pool: pool}, p.Router().Insert)
+	s := New(Config{Conn: conn, Pool: pool}, p.PeerRouted)
 	p.OnInsert(s.Publish)
 	t.Cleanup(s.Close)
 	return &instance{p, s}
@@ -174,7 +174,7 @@ func TestBufferBounded(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
 	s := New(Config{Conn: redisconn.Config{Addrs: []string{addr}}, Pool: "p", Buffer: 8, MaxText: 16},
-		func(string, string, string) { t.Error("applied without Redis") })
+		func(string, string, string, bool) { t.Error("applied without Redis") })
 	defer s.Close()
 	for i := range 100 {
 		s.Publish("m", fmt.Sprintf("%03d %s", i, strings.Repeat("x", 1000)), "r1:1")
@@ -189,7 +189,7 @@ func TestBufferBounded(t *testing.T) {
 func TestPublishedTextBounded(t *testing.T) {
 	tg := redistest.Targets(t)[0]
 	pool := uniquePool(t)
-	s := New(Config{Conn: tg.Conn, Pool: pool, MaxText: 16}, func(string, string, string) {})
+	s := New(Config{Conn: tg.Conn, Pool: pool, MaxText: 16}, func(string, string, string, bool) {})
 	defer s.Close()
 	s.Publish("m", strings.Repeat("é", 1000), "r1:1")
 	waitFor(t, "published", func() bool { return s.Stats().Published == 1 })
@@ -208,7 +208,7 @@ func TestStreamTrimmed(t *testing.T) { redistest.Each(t, testStreamTrimmed) }
 
 func testStreamTrimmed(t *testing.T, tg redistest.Target) {
 	pool := uniquePool(t)
-	s := New(Config{Conn: tg.Conn, Pool: pool, StreamLen: 100, Buffer: 5000}, func(string, string, string) {})
+	s := New(Config{Conn: tg.Conn, Pool: pool, StreamLen: 100, Buffer: 5000}, func(string, string, string, bool) {})
 	defer s.Close()
 	for i := range 2000 {
 		s.Publish("m", fmt.Sprint("text ", i), "r1:1")
@@ -229,10 +229,10 @@ func testStreamTrimmed(t *testing.T, tg redistest.Target) {
 // (Single server only: it is about goroutines, not Redis.)
 func TestCloseLeavesNoGoroutine(t *testing.T) {
 	tg := redistest.Targets(t)[0]
-	s1 := New(Config{Conn: tg.Conn, Pool: uniquePool(t)}, func(string, string, string) {})
+	s1 := New(Config{Conn: tg.Conn, Pool: uniquePool(t)}, func(string, string, string, bool) {})
 	waitFor(t, "connected", func() bool { return s1.Stats().Connected })
 	s1.Publish("m", "x", "r1:1")
-	s2 := New(Config{Conn: redisconn.Config{Addrs: []string{"127.0.0.1:1"}}, Pool: "p"}, func(string, string, string) {})
+	s2 := New(Config{Conn: redisconn.Config{Addrs: []string{"127.0.0.1:1"}}, Pool: "p"}, func(string, string, string, bool) {})
 	s1.Close()
 	s2.Close()
 	s2.Close() // idempotent
@@ -252,7 +252,7 @@ func testAppliedWithinBoundAndSet(t *testing.T, tg redistest.Target) {
 	a := newInstance(t, tg.Conn, pool)
 	b := cacheaware.NewPicker(cacheaware.Config{MaxTreeSize: 4000}, tracker.Config{})
 	b.SetReplicas(replicas[:3]) // b has removed r4
-	sb := New(Config{Conn: tg.Conn, Pool: pool}, b.Router().Insert)
+	sb := New(Config{Conn: tg.Conn, Pool: pool}, b.PeerRouted)
 	t.Cleanup(sb.Close)
 	for i := range 60 {
 		a.route(t, prefix(i)) // ~500 characters each: 30,000 in all
@@ -282,13 +282,13 @@ func testModelNameBounded(t *testing.T, tg redistest.Target) {
 	var got []string
 	var mu = make(chan struct{}, 1)
 	mu <- struct{}{}
-	reader := New(Config{Conn: tg.Conn, Pool: pool}, func(model, _, _ string) {
+	reader := New(Config{Conn: tg.Conn, Pool: pool}, func(model, _, _ string, _ bool) {
 		<-mu
 		got = append(got, model)
 		mu <- struct{}{}
 	})
 	defer reader.Close()
-	s := New(Config{Conn: tg.Conn, Pool: pool}, func(string, string, string) {})
+	s := New(Config{Conn: tg.Conn, Pool: pool}, func(string, string, string, bool) {})
 	defer s.Close()
 	s.Publish(huge, "a prompt", "r1:1")
 	waitFor(t, "published", func() bool { return s.Stats().Published == 1 })
@@ -313,5 +313,40 @@ func testModelNameBounded(t *testing.T, tg redistest.Target) {
 		if len(m) > MaxModelBytes {
 			t.Fatalf("applied a model of %d bytes", len(m))
 		}
+	}
+}
+
+// A sharer that starts on a stream with history tells its user which
+// decisions are replayed history and which are news: a peer's decision
+// made long ago says nothing of what an engine is computing now.
+func TestReplayedDecisionsAreMarkedHistory(t *testing.T) {
+	redistest.Each(t, testReplayedDecisionsAreMarkedHistory)
+}
+
+func testReplayedDecisionsAreMarkedHistory(t *testing.T, tg redistest.Target) {
+	pool := uniquePool(t)
+	s := New(Config{Conn: tg.Conn, Pool: pool}, func(string, string, string, bool) {})
+	defer s.Close()
+	for i := range 5 {
+		s.Publish("m", fmt.Sprint("old ", i), "r1:1")
+	}
+	waitFor(t, "5 published", func() bool { return s.Stats().Published == 5 })
+
+	type entry struct {
+		text    string
+		history bool
+	}
+	got := make(chan entry, 16)
+	late := New(Config{Conn: tg.Conn, Pool: pool}, func(_, text, _ string, history bool) { got <- entry{text, history} })
+	defer late.Close()
+	for range 5 {
+		if e := <-got; !e.history || !strings.HasPrefix(e.text, "old ") {
+			t.Fatalf("replayed %+v, want history", e)
+		}
+	}
+	waitFor(t, "the late sharer to catch up", func() bool { return late.Stats().Applied == 5 })
+	s.Publish("m", "new", "r1:1")
+	if e := <-got; e.history || e.text != "new" {
+		t.Fatalf("news %+v, want not history", e)
 	}
 }
