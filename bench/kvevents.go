@@ -34,12 +34,12 @@ import (
 // kvBench is the scenario's shape.
 type kvBench struct {
 	replicas     int
-	prefixes     int   // P shared prefixes
-	prefixWords  int   // W words (= tokens with the sim's dummy tokenizer) per prefix
-	uniqueWords  int   // U words of its own per request
-	maxTokens    int   // output tokens per request (ignore_eos)
-	blockSize    int   // tokens per KV block
-	caches       []int // KV cache sizes in blocks, one pass each
+	prefixes     int     // P shared prefixes
+	prefixWords  int     // W words (= tokens with the sim's dummy tokenizer) per prefix
+	uniqueWords  int     // U words of its own per request
+	maxTokens    int     // output tokens per request (ignore_eos)
+	blockSize    int     // tokens per KV block
+	caches       [][]int // KV cache sizes in blocks, one pass each: one size for all, or one per replica
 	rate         float64
 	arrivals     time.Duration
 	maxNumSeqs   int
@@ -49,18 +49,22 @@ type kvBench struct {
 }
 
 func kvBenchShape(quick bool) kvBench {
-	k := kvBench{replicas: 4, prefixes: 16, prefixWords: 512, uniqueWords: 32, maxTokens: 8, blockSize: 16,
+	k := kvBench{replicas: 4, prefixes: 20, prefixWords: 512, uniqueWords: 32, maxTokens: 8, blockSize: 16,
 		rate: 12, arrivals: 40 * time.Second, maxNumSeqs: 4, prefillToken: 500 * time.Microsecond,
 		interToken: 10 * time.Millisecond, seed: 23}
-	// The prompt set: P × W/16 = 512 blocks of shared prefixes. Caches of
-	// 160 and 144 blocks hold 5 and 4.2 of its 16 prefixes (34 blocks with
-	// a request's own): the four together hold all of it only if every
-	// replica gets its share of prefixes, so where prefixes go matters
-	// (at 256 blocks, half the set, every system but least_conn and the
-	// oracle reached the ceiling). Both hold the blocks of max-num-seqs
-	// running requests (4 × 34), which the sim requires.
-	set := k.prefixes * k.prefixWords / k.blockSize
-	k.caches = []int{set * 5 / 16, set * 9 / 32} // 160, 144
+	// The prompt set: P × W/16 = 640 blocks of shared prefixes; the four
+	// caches together hold less (34 blocks a request with its own). 144
+	// blocks each: every replica holds 4.2 of the 5 prefixes it gets when
+	// they are spread evenly, so a router that knows where each prefix
+	// lives does as well as one that knows what each engine keeps. Mixed
+	// sizes (GPUs of several kinds, or engines given different memory):
+	// an even spread overfills the small caches while the big ones have
+	// room, which only the engines' events show. Every size holds the
+	// blocks of max-num-seqs running requests (4 × 34), which the sim
+	// requires. (With 16 prefixes, caches of 160 and 144 blocks, every
+	// cache_aware variant reaches the ceiling once new prefixes spread
+	// evenly.)
+	k.caches = [][]int{{144}, {136, 136, 200, 232}, {136, 160, 184, 208}}
 	if quick {
 		k.arrivals = 4 * time.Second
 	}
@@ -352,8 +356,13 @@ func kvEvents(r *runner) {
 	bodies := kvBodies(k, prefixes, len(arrivals))
 	timeout := 60 * time.Second
 
-	for ci, cache := range k.caches {
-		at := fmt.Sprintf("@%dblk", cache)
+	for ci, sizes := range k.caches {
+		at := "@" + cacheLabel(sizes)
+		cacheOf := func(i int) int { return sizes[min(i, len(sizes)-1)] }
+		mean := 0.0
+		for i := range k.replicas {
+			mean += float64(cacheOf(i)) / float64(k.replicas)
+		}
 		oracleHit := 0.0
 		// mk builds one system: fresh engines, then proxies(fleet).
 		mk := func(name, desc string, nProxies int, proxies func(f kvFleet) ([]string, error)) sysSpec {
@@ -376,7 +385,7 @@ func kvEvents(r *runner) {
 					}
 					if _, err := r.startLLMDSims(bin, fleet.ports, func(i int) []string {
 						return []string{"--enable-kvcache",
-							"--kv-cache-size", strconv.Itoa(cache), "--block-size", strconv.Itoa(k.blockSize),
+							"--kv-cache-size", strconv.Itoa(cacheOf(i)), "--block-size", strconv.Itoa(k.blockSize),
 							"--event-batch-size", "1", "--zmq-endpoint", fleet.zmqOf(i),
 							"--prefill-time-per-token", k.prefillToken.String(), "--inter-token-latency", k.interToken.String(),
 							"--max-num-seqs", strconv.Itoa(k.maxNumSeqs), "--max-model-len", "4096"}
@@ -400,7 +409,7 @@ func kvEvents(r *runner) {
 					// channel: let the last ones land.
 					time.Sleep(300 * time.Millisecond)
 					engineMeasures(k.rate, timeout, fleet.urls(), before, scrapeReplicas(r.ctx, fleet.urls()), recs, s)
-					s.Extra["cache_blocks"] = float64(cache)
+					s.Extra["cache_blocks"] = mean
 					if v, ok := s.Extra["prefix_reuse"]; ok {
 						s.Extra["hit_rate"] = v
 						delete(s.Extra, "prefix_reuse")
@@ -493,29 +502,35 @@ func kvEvents(r *runner) {
 	}
 }
 
+// cacheLabel names a pass's caches: "144blk", or "136+136+200+232blk" for
+// one size per replica.
+func cacheLabel(sizes []int) string {
+	parts := make([]string, len(sizes))
+	for i, n := range sizes {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, "+") + "blk"
+}
+
 // kvAppendix is the must-show comparison: per cache size and rep, the
 // exact index against the tree and the oracle.
 func kvAppendix(systems []Summary) string {
 	type key struct {
-		cache float64
+		cache string // the pass's label (cacheLabel)
 		rep   int
 	}
 	by := map[key]map[string]Summary{}
 	var keys []key
 	for _, s := range systems {
-		kk := key{s.Extra["cache_blocks"], s.Rep}
+		name, cache, _ := strings.Cut(s.System, "@")
+		kk := key{cache, s.Rep}
 		if by[kk] == nil {
 			by[kk] = map[string]Summary{}
 			keys = append(keys, kk)
 		}
-		by[kk][strings.Split(s.System, "@")[0]] = s
+		by[kk][name] = s
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].rep != keys[j].rep {
-			return keys[i].rep < keys[j].rep
-		}
-		return keys[i].cache > keys[j].cache
-	})
+	sort.SliceStable(keys, func(i, j int) bool { return keys[i].rep < keys[j].rep }) // passes in run order
 	var rows [][]string
 	for _, kk := range keys {
 		m := by[kk]
@@ -540,7 +555,7 @@ func kvAppendix(systems []Summary) string {
 		if e4, ok := m["sluice_cache_aware_kv_events_redis_x4"]; ok {
 			x4, x4d = f(e4.Extra["hit_rate"]), fmt.Sprintf("%+.3f", e4.Extra["hit_rate"]-ex.Extra["hit_rate"])
 		}
-		rows = append(rows, []string{fmt.Sprintf("%.0f blocks", kk.cache), strconv.Itoa(max(kk.rep, 1)),
+		rows = append(rows, []string{strings.ReplaceAll(strings.TrimSuffix(kk.cache, "blk"), "+", " + ") + " blocks", strconv.Itoa(max(kk.rep, 1)),
 			f(ex.Extra["hit_rate"]), f(tr.Extra["hit_rate"]), oh,
 			fmt.Sprintf("%+.3f", ex.Extra["hit_rate"]-tr.Extra["hit_rate"]),
 			ratio(ex.Extra["ttft_p50_s"], tr.Extra["ttft_p50_s"]), ratio(ex.Extra["ttft_p90_s"], tr.Extra["ttft_p90_s"]),

@@ -258,7 +258,8 @@ func publishBench(b *testing.B, ix *kvevents.Index, addr string, seq uint64) {
 
 // A prompt no engine holds enough of goes home unless its home is under
 // cache pressure (its engine keeps storing again what it evicted) by more
-// than MovePressure over the least pressured replica: then there.
+// than MovePressure over the least pressured replica, and that one has
+// room (pressure at most RoomPressure): then there.
 func TestPickExactMovesOffAPressuredHome(t *testing.T) {
 	text := "a long shared prompt"
 	view := exactView{"a": {0.2, true}, "b": {0, true}, "c": {0, true}}
@@ -269,8 +270,9 @@ func TestPickExactMovesOffAPressuredHome(t *testing.T) {
 		moved    bool
 	}{
 		{"no pressure known: home", nil, "a", false},
-		{"home thrashes, c has room: c", map[string]float64{"a": 0.7, "b": 0.5, "c": 0.1}, "c", true},
+		{"home thrashes, c has room: c", map[string]float64{"a": 0.7, "b": 0.5, "c": 0.02}, "c", true},
 		{"within MovePressure: home", map[string]float64{"a": 0.3, "b": 0.2, "c": 0.1}, "a", false},
+		{"every cache thrashes: home", map[string]float64{"a": 0.7, "b": 0.5, "c": 0.3}, "a", false},
 		{"equally low: the less loaded", map[string]float64{"a": 0.6, "b": 0, "c": 0}, "c", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {

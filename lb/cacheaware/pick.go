@@ -96,6 +96,12 @@ func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) De
 // instead (see PickExact).
 const MovePressure = 0.25
 
+// RoomPressure: a replica whose pressure is at most this has room (its
+// engine rarely stores again what it evicted). A prompt moves only to such
+// a replica: when every cache is too small for what it is sent, moving a
+// prefix moves the evictions with it and copies the prefix as well.
+const RoomPressure = 0.05
+
 // PickExact is PickWith with each replica's cache pressure (nil: none
 // known): the share of the blocks its engine stored lately that it had
 // evicted before. A prompt no engine holds a leading run above
@@ -245,7 +251,7 @@ func (r *Router) relieve(home *replica, usable []*replica, loads []int, pressure
 	}
 	const scale = 1 << 20
 	low := choose(usable, loads, func(rep *replica) int { return int(pressure(rep.addr) * scale) }, turn)
-	if pressure(home.addr)-pressure(low.addr) > MovePressure {
+	if pressure(home.addr)-pressure(low.addr) > MovePressure && pressure(low.addr) <= RoomPressure {
 		return low
 	}
 	return nil
