@@ -32,6 +32,10 @@ func TestConnectionReloadUnderLoadDrainsTheReplacedStore(t *testing.T) {
 			redis %s
 			key_prefix %s
 			dial_timeout %s
+			# A select Redis does not answer within read_timeout is picked
+			# from local counts (0 in the new store), bypassing the queue:
+			# the default 250ms is within reach of a loaded CI machine.
+			read_timeout 5s
 			max_inflight 1
 			queue_timeout 60s
 		}
