@@ -74,7 +74,7 @@ func kvBenchShape(quick bool) kvBench {
 var kvEventsScenario = scenario{
 	name: "kv-events",
 	title: "Exact prefix index from engine KV events: 4 llm-d-inference-sim engines with small KV caches, " +
-		"16 shared prefixes, exact vs approximate vs least_conn vs oracle",
+		"20 shared prefixes, uniform and mixed cache sizes, exact vs approximate vs least_conn vs oracle",
 	about: "R = 4 llm-d-inference-sim v0.10.2 engines (--enable-kvcache, --block-size 16, --force-dummy-tokenizer: one " +
 		"token per word) whose KV cache holds only part of the prompt set; each publishes its KV events (ZMQ, one event " +
 		"per batch: --event-batch-size 1, as vLLM publishes every step) to the kv_events address of the system under " +
