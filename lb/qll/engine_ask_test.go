@@ -98,3 +98,45 @@ func TestAnEngineWithRequestsWaitingIsAskedAgain(t *testing.T) {
 		t.Fatalf("scrapes of b %d: want 1 (the first), nothing waits in it", nb)
 	}
 }
+
+// A batching engine with room that Sluice fills to its slots is read
+// again at once, no request waiting at the edge yet: its slots grow per
+// sample, and without one until the next interval its peers took every
+// next request (four calibrated engines from cold: one got three in
+// 50 ms while the others sat at their slots, TTFT 1 s against round
+// robin's 0.65 s). One with free slots is left to the interval.
+func TestABatchingEngineFilledToItsSlotsIsAskedAgain(t *testing.T) {
+	body := "vllm:num_requests_waiting 0\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.2\n"
+	a := newMetricsReplica(t, body)
+	b := newMetricsReplica(t, body)
+	// No tick during the test: only the first scrapes and refreshes.
+	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	s.SetBackends([]string{a.addr(), b.addr()})
+	waitFor(t, "the first samples", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.replicas[a.addr()].eng.batching && s.replicas[b.addr()].eng.batching
+	})
+	slots := s.Snapshot().Replicas[0].Parallelism // 4: twice what it runs
+	var held []*Lease
+	defer func() {
+		for _, l := range held {
+			l.Release(success(time.Millisecond))
+		}
+	}()
+	for len(held) < 2*slots-1 { // a at its slots, b one short
+		held = append(held, mustAcquire(t, s))
+	}
+	full, short := a, b
+	if inFlight(s, b.addr()) == slots {
+		full, short = b, a
+	}
+	waitFor(t, "the filled engine asked again", func() bool { return full.hits.Load() >= 2 })
+	if n := short.hits.Load(); n != 1 {
+		t.Fatalf("scrapes of the engine with a free slot %d: want 1 (the first)", n)
+	}
+}
