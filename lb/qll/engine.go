@@ -164,13 +164,6 @@ func (e *engineView) slotsAt(now time.Time, learned int) (int, string) {
 	return max(learned, e.ours+1), slotsEngineProbe
 }
 
-// roomAt reports whether, at now, r is a batching engine whose fresh
-// sample had room (its slots come from that sample and grow with the
-// next).
-func (e *engineView) roomAt(now time.Time) bool {
-	return e.batching && !e.full && !e.until.IsZero() && !now.After(e.until)
-}
-
 // wantsSample reports whether a fresh sample could give r more slots:
 // it exports its queue and is not known to serve one at a time.
 func (e *engineView) wantsSample() bool { return !e.until.IsZero() && !e.single }

@@ -160,20 +160,19 @@ func (s *State) engineTargetsLocked() {
 	s.engine.SetTargets(targets)
 }
 
-// askEngineLocked asks for fresh samples of the replicas that a sample
-// could let take a request: usable (no sample lets a down, excluded or
-// capped replica take one), at their slots, and exporting their queue
-// (wantsSample) — while requests wait at the edge; and, waiting or not,
-// a batching engine whose last sample had room (its slots grow per
-// sample: left to the interval, it sat at its slots while its peers
-// took every next request). Asking for every replica scraped the rest
-// every MinRefresh for nothing.
+// askEngineLocked asks, while requests wait at the edge, for fresh
+// samples of the replicas that a sample could let take one: usable (no
+// sample lets a down, excluded or capped replica take one), at their
+// slots, and exporting their queue (wantsSample). Asking for every
+// replica scraped the rest every MinRefresh for nothing.
 func (s *State) askEngineLocked() {
+	if s.queue.Len() == 0 {
+		return
+	}
 	now := s.now()
-	waiting := s.queue.Len() > 0
 	s.ask = s.ask[:0]
 	for _, r := range s.order {
-		if (waiting || r.eng.roomAt(now)) && r.eng.wantsSample() && s.usableLocked(r, now) && r.inFlight >= s.slotsLocked(r, now) {
+		if r.eng.wantsSample() && s.usableLocked(r, now) && r.inFlight >= s.slotsLocked(r, now) {
 			s.ask = append(s.ask, r.addr)
 		}
 	}
@@ -325,7 +324,6 @@ func (s *State) acquire(ctx context.Context, unavailable, full []string) (*Lease
 	if s.queue.Len() == 0 {
 		if r := s.pickLocked(now); r != nil {
 			l := s.assignLocked(r, now, 0)
-			s.askEngineLocked()
 			s.mu.Unlock()
 			return l, nil
 		}
