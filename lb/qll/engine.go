@@ -16,6 +16,12 @@ const kvFullUsage = 0.98
 // (vLLM's take tens of milliseconds, transformers' 120 ms and more).
 const fullAfter = 300 * time.Millisecond
 
+// fullGap is the longest gap between two samples that still sees
+// requests waiting all along: a sample after a longer one starts the
+// run again (so full needs three samples at least; asked again while
+// requests wait, a replica gives one every MinRefresh).
+const fullGap = fullAfter / 2
+
 // fullBuffer is how many of Sluice's requests a full engine of running
 // requests may hold waiting in its own queue: one for every 8 running, at
 // least one. The engine admits the next request the step a sequence
@@ -49,7 +55,7 @@ func fullBuffer(running int) int { return max(1, running/8) }
 //     had on it) until it is first seen full, then a quarter more per
 //     sample with room — slots never shrink on an idle sample;
 //   - a full engine (KV cache full, or requests waiting in every sample
-//     for fullAfter) keeps what it runs of Sluice's requests and a few more
+//     for fullAfter, the samples at most fullGap apart) keeps what it runs of Sluice's requests and a few more
 //     waiting in its own queue (fullBuffer): nothing more is sent until
 //     one ends.
 //
@@ -60,6 +66,7 @@ type engineView struct {
 	until            time.Time // the sample is trusted until then (zero: no usable sample)
 	waiting, running int
 	queuedSince      time.Time // first of the unbroken run of samples with requests waiting (zero: none)
+	lastAt           time.Time // the last usable sample's time
 	full             bool      // the last sample said full
 	batching         bool      // some sample showed 2+ running with nothing waiting
 	single           bool      // some sample showed it full while running at most one
@@ -78,12 +85,17 @@ type engineView struct {
 // than a step, say nothing about room (on the calibrated engine, cutting
 // the slots on every such sample held requests at the edge and tripled
 // the TTFT p90; with two samples in a row, 50 ms apart, a burst of 24
-// onto an engine with room for 64 still lost one to the edge).
+// onto an engine with room for 64 still lost one to the edge). Nor do
+// samples far apart: a sample more than fullGap after the last starts
+// the run again (scraped once a second, a busy engine with room caught a
+// request waiting for its step in two samples in a row often enough to
+// be held at what it ran while its peers took its share and queued), and
+// the state asks again for a replica whose sample shows requests waiting.
 func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.Duration) {
 	if smp.Err != nil || smp.At.IsZero() || !smp.Have.Waiting || !smp.Have.Running {
 		// A failed scrape, or a server that does not say what waits:
 		// nothing to go on, the learned limit decides.
-		e.until, e.queuedSince = time.Time{}, time.Time{}
+		e.until, e.queuedSince, e.lastAt = time.Time{}, time.Time{}, time.Time{}
 		return
 	}
 	e.until = smp.At.Add(staleness)
@@ -91,9 +103,10 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 	switch {
 	case e.waiting == 0:
 		e.queuedSince = time.Time{}
-	case e.queuedSince.IsZero():
+	case e.queuedSince.IsZero() || smp.At.Sub(e.lastAt) > fullGap:
 		e.queuedSince = smp.At
 	}
+	e.lastAt = smp.At
 	e.full = (e.waiting > 0 && smp.At.Sub(e.queuedSince) >= fullAfter) ||
 		(smp.Have.KVCache && smp.KVCacheUsage >= kvFullUsage)
 	e.ours = ours

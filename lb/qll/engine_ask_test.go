@@ -77,3 +77,24 @@ func TestWaitersRefreshOnlyTheReplicasThatCouldTakeThem(t *testing.T) {
 		t.Fatalf("scrapes of b %d, of c %d: want 1 each (the first), only a could take the waiter", nb, nc)
 	}
 }
+
+// A replica whose sample shows requests waiting in it is asked again
+// (at most every MinRefresh), with no request waiting at the edge: only
+// samples close together tell requests waiting for a step from a full
+// engine, and a replica held at what it runs is let go as soon as its
+// queue empties. One with nothing waiting is left to the interval.
+func TestAnEngineWithRequestsWaitingIsAskedAgain(t *testing.T) {
+	a := newMetricsReplica(t, "vllm:num_requests_waiting 1\nvllm:num_requests_running 4\nvllm:kv_cache_usage_perc 0.3\n")
+	b := newMetricsReplica(t, "vllm:num_requests_waiting 0\nvllm:num_requests_running 4\nvllm:kv_cache_usage_perc 0.3\n")
+	// No tick during the test: only the first scrapes and refreshes.
+	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	s.SetBackends([]string{a.addr(), b.addr()})
+	waitFor(t, "a asked again", func() bool { return a.hits.Load() >= 3 })
+	if nb := b.hits.Load(); nb != 1 {
+		t.Fatalf("scrapes of b %d: want 1 (the first), nothing waits in it", nb)
+	}
+}

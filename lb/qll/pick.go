@@ -21,10 +21,11 @@ import (
 // loaded about as little as the least loaded one compete (evenLoad).
 // Between idle ones (the request will run alone) the lowest EWMA wins: on
 // one-at-a-time replicas, the fastest free one. Between batches the lower
-// EWMA wins only where the two differ beyond their noise (a slower
-// replica); otherwise the one that got a request longest ago: a batch
-// takes newcomers best one at a time (each prefill stalls the decodes of
-// its step), as round robin spaces them.
+// EWMA wins only where the two differ beyond their noise and beyond the
+// swing of identical engines (a slower replica, see slowerRatio);
+// otherwise the one that got a request longest ago: a batch takes
+// newcomers best one at a time (each prefill stalls the decodes of its
+// step), as round robin spaces them.
 //
 // Ranking batches by the EWMA alone herded: on identical engines a 30%
 // swing of one replica's EWMA (a cold prefix, the phase of its step) sent
@@ -149,8 +150,8 @@ type candidate struct {
 // better reports whether c beats b: free before busy. Among free ones
 // (all loaded evenly, see evenLoad): idle ones by the lower cost; the
 // rest by the lower cost only where the two EWMAs differ by more than
-// twice their combined standard error (a slower replica, not noise),
-// else the one picked longest ago. Among busy ones: the lower cost, then
+// twice their combined standard error and by more than slowerRatio (a
+// slower replica, not noise), else the one picked longest ago. Among busy ones: the lower cost, then
 // fewer in flight. Equal ones keep the first met, which the rotating
 // start makes fair.
 func (c candidate) better(b candidate) bool {
@@ -164,11 +165,22 @@ func (c candidate) better(b candidate) bool {
 		return c.r.inFlight < b.r.inFlight
 	case c.r.inFlight == 0 && b.r.inFlight == 0 && c.cost != b.cost:
 		return c.cost < b.cost
-	case math.Abs(c.cost-b.cost) > 2*math.Hypot(c.noise, b.noise):
+	case math.Abs(c.cost-b.cost) > 2*math.Hypot(c.noise, b.noise) && max(c.cost, b.cost) > slowerRatio*min(c.cost, b.cost):
 		return c.cost < b.cost
 	}
 	return c.r.lastPick < b.r.lastPick
 }
+
+// slowerRatio: between batches loaded alike, an EWMA this many times
+// another's is a slower replica; closer ones take turns. Identical
+// engines' EWMAs swing 30% and more (a step's phase, a cold prefix,
+// several prefills in one step), in runs of samples that agree — so
+// their own noise estimate is small and cannot tell. Ranked on any
+// difference beyond that noise, the calibrated engine's four replicas
+// took two or three requests in a row whenever one's EWMA dipped, and
+// their in-flight counts drifted √least apart (the TTFT tail above
+// round robin's); a replica of half the speed (2×) is still told apart.
+const slowerRatio = 1.5
 
 // slotsLocked is how many requests r takes at now before the rest wait
 // at the edge: pinned by Parallelism; 1 under an explicit

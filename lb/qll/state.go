@@ -137,6 +137,12 @@ func (s *State) engineSample(addr string, smp modelmetrics.Sample) {
 	now := s.now()
 	before := s.slotsLocked(r, now)
 	r.eng.observe(smp, r.inFlight, s.engine.Config().Staleness)
+	if r.eng.waiting > 0 && r.eng.wantsSample() {
+		// Only samples close together tell requests waiting for a step
+		// from a full engine (see fullGap), and a full one is let go as
+		// soon as its queue empties: ask again.
+		s.engine.RefreshTargets(addr)
+	}
 	if s.slotsLocked(r, now) > before {
 		s.dispatchLocked()
 	}
