@@ -55,3 +55,24 @@ func TestRefreshesAreMergedToOnePerMinRefresh(t *testing.T) {
 		t.Fatalf("%d scrapes in %v for 200 Refreshes, want at most %d (one per %v)", f.hits.Load(), elapsed, max, gap)
 	}
 }
+
+// A refresh asked from the OnSample hook (qll asks again for a replica
+// whose sample shows requests waiting) is not lost: the hook runs after
+// the target's scrape is over, so the round it asks for scrapes it again.
+// Before, the hook ran while the scrape still held the target, and a
+// round that came quickly enough (here: while the hook is still busy)
+// skipped it and forgot the ask.
+func TestRefreshAskedFromTheHookIsNotLost(t *testing.T) {
+	f := newFakeReplica(t, vllmBody(1, 4, 0.3))
+	s := New(Config{Interval: time.Hour, MinRefresh: time.Millisecond})
+	var calls atomic.Int64
+	s.OnSample(func(addr string, _ Sample) {
+		if calls.Add(1) <= 3 {
+			s.RefreshTargets(addr)
+			time.Sleep(50 * time.Millisecond) // the round runs meanwhile
+		}
+	})
+	s.SetTargets(map[string]string{"r": f.URL})
+	run(t, s)
+	waitFor(t, "three scrapes asked from the hook", func() bool { return f.hits.Load() >= 4 })
+}

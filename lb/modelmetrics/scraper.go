@@ -227,21 +227,28 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup, want func(*targ
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer t.busy.Store(false)
-			s.scrape(ctx, t, now)
+			smp, ok := s.scrape(ctx, t, now)
+			// Free the target before the hook runs: a hook that asks for
+			// this target again (RefreshTargets) must find it free, or the
+			// round it asks for skips it and the ask is lost.
+			t.busy.Store(false)
+			if fn := s.onSample.Load(); ok && fn != nil {
+				(*fn)(t.addr, smp)
+			}
 		}()
 	}
 }
 
-// scrape reads one target, started at start, and stores the outcome. A
-// failure keeps the last values but sets Err, so the target reads Stale,
-// never idle, and backs the target off.
-func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) {
+// scrape reads one target, started at start, stores the outcome and
+// returns the sample for the OnSample hook (ok false: shutting down,
+// nothing stored). A failure keeps the last values but sets Err, so the
+// target reads Stale, never idle, and backs the target off.
+func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) (smp Sample, ok bool) {
 	ctx, cancel := context.WithTimeout(runCtx, s.Config().Timeout)
 	defer cancel()
 	v, err := s.fetch(ctx, t)
 	if err != nil && runCtx.Err() != nil {
-		return // shutting down: says nothing about the replica
+		return Sample{}, false // shutting down: says nothing about the replica
 	}
 	var next outcome
 	if err != nil {
@@ -264,9 +271,7 @@ func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) {
 		s.ok.Add(1)
 	}
 	t.last.Store(&next)
-	if fn := s.onSample.Load(); fn != nil {
-		(*fn)(t.addr, next.smp)
-	}
+	return next.smp, true
 }
 
 func (s *Scraper) fetch(ctx context.Context, t *target) (Sample, error) {
