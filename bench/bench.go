@@ -450,13 +450,18 @@ type sysSpec struct {
 	start func(fleet []*sim.Server) ([]string, error)
 	// load is the workload against the proxies.
 	load func(fleet []*sim.Server, proxies []string) workload
-	// after adds scenario measures (sims' stats, action times) to s.
+	// after adds scenario measures (sims' stats, action times) to s; it
+	// gets every record, keep or not.
 	after func(fleet []*sim.Server, recs []Record, s *Summary)
 	// timeout bounds each request.
 	reqTimeout time.Duration
 	// timeScale, if > 0, is the scenario's time scale: every record's
 	// times are divided by it before the summary (figures in engine time).
 	timeScale float64
+	// keep, if set, selects the records the system's summary is made of
+	// (the others are the load of a reference proxy run alongside it,
+	// e.g. overhead's round_robin twin); lost requests count from all.
+	keep func(Record) bool
 }
 
 // system runs one system end to end: fleet, proxies, load, stop.
@@ -518,6 +523,16 @@ func (r *runner) system(spec sysSpec) {
 			}
 		}
 	}
+	all := recs
+	if spec.keep != nil {
+		var kept []Record
+		for _, rec := range recs {
+			if spec.keep(rec) {
+				kept = append(kept, rec)
+			}
+		}
+		recs = kept
+	}
 	sum := summarize(spec.name, spec.desc, spec.proxies, names, recs)
 	sum.Rep = r.rep
 	for _, e := range actErrs {
@@ -525,11 +540,17 @@ func (r *runner) system(spec sysSpec) {
 		r.res.Failures = append(r.res.Failures, fmt.Sprintf("%s: action failed: %v", spec.name, e))
 	}
 	if spec.after != nil {
-		spec.after(fleet, recs, &sum)
+		spec.after(fleet, all, &sum)
 	}
-	if sum.Lost > 0 {
-		r.res.Failures = append(r.res.Failures, fmt.Sprintf("%s: %d requests lost (no answer)", spec.name, sum.Lost))
-		for _, rec := range recs {
+	lost := 0
+	for _, rec := range all {
+		if rec.Lost() {
+			lost++
+		}
+	}
+	if lost > 0 {
+		r.res.Failures = append(r.res.Failures, fmt.Sprintf("%s: %d requests lost (no answer)", spec.name, lost))
+		for _, rec := range all {
 			if rec.Lost() {
 				fmt.Fprintf(r.log, "   lost: seq %d: %s\n", rec.Seq, rec.Err)
 				break

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,11 +160,19 @@ var scenarios = []scenario{
 			"(20,000 requests), against the replicas directly and through each proxy; a tiny /v1/completions body. " +
 			"proxy CPU/req is the CPU time (user + system, every thread, from /proc) the proxy process spent over the run " +
 			"divided by the requests it answered: what each request costs the proxy, the inverse of the throughput it can " +
-			"reach on a core of its own. capacity vs RR = Caddy round_robin's CPU/req ÷ the system's, measured in the same " +
-			"rep (≥ 1: cheaper than round_robin). Throughput is the offered rate for every system that keeps up (the load " +
-			"generator, the replicas and the proxy share 2 cores, so a saturated run measures the machine, not the proxy).",
-		extras: []extraCol{{"proxy_cpu_us", "proxy CPU/req", "%.1f µs"}, {"capacity_vs_rr", "capacity vs RR", "%.3f×"}},
-		run:    overhead,
+			"reach on a core of its own. Every system but round_robin itself runs paired: next to its own Caddy " +
+			"round_robin (its twin, same binary, same replicas, started with it), the load alternating between the two every " +
+			"0.5 s for 20 s, so each gets its 20,000 requests on the same machine at the same time (this shared machine " +
+			"drifts by ±5% within a minute; measured one after the other, a 3% difference was lost in the noise). capacity " +
+			"vs RR = the twin's CPU/req ÷ the system's over the run (≥ 1: cheaper than round_robin); slice ratio p25/p50/p75: " +
+			"the same ratio per pair of half-seconds (a system's and its twin's next), its quartiles over the 20 pairs. " +
+			"caddy_round_robin_again is round_robin paired with round_robin: the method's own error (should read 1). " +
+			"A paired system's throughput is over its own half of the run. Throughput is the offered rate for every system that keeps up (the load generator, the replicas and the proxy " +
+			"share 2 cores, so a saturated run measures the machine, not the proxy).",
+		extras: []extraCol{{"proxy_cpu_us", "proxy CPU/req", "%.1f µs"}, {"twin_cpu_us", "twin RR CPU/req", "%.1f µs"},
+			{"capacity_vs_rr", "capacity vs RR", "%.3f×"}, {"slice_ratio_p25", "slice ratio p25", "%.3f"},
+			{"slice_ratio_p50", "p50", "%.3f"}, {"slice_ratio_p75", "p75", "%.3f"}},
+		run: overhead,
 	},
 }
 
@@ -653,23 +662,26 @@ func perClass(classes ...string) func(_ []*sim.Server, recs []Record, s *Summary
 // ---- overhead ------------------------------------------------------------
 
 func overhead(r *runner) {
-	arrivals := poisson(2000, r.dur(10*time.Second, 1*time.Second), 5)
+	d := r.dur(10*time.Second, 1*time.Second)
+	arrivals := poisson(2000, d, 5)
+	// A paired system's run is twice as long, half of it for its twin.
+	pairedArrivals := poisson(2000, 2*d, 5)
 	fleet := make([]sim.Config, 4)
 	for i := range fleet {
 		fleet[i] = sim.Config{Name: fmt.Sprintf("ov-%d", i), Concurrency: 256, MaxTokens: 1, Seed: uint64(i + 1)}
 	}
-	// CPU of the system's proxies when its load starts; Caddy
-	// round_robin's CPU per request in the current rep (it runs first in
-	// every rep, and again last: the report's ratio for it is last vs
-	// first, the drift over one rep).
-	var cpuAtStart, rrCPU time.Duration
+	body := func(proxy string) *http.Request {
+		req, _ := http.NewRequest(http.MethodPost, proxy+"/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		return req
+	}
+	// Unpaired (round_robin itself, direct): the proxy's CPU over its run.
+	var cpuAtStart time.Duration
 	load := func(_ []*sim.Server, proxies []string) workload {
 		cpuAtStart = r.proxyCPU()
 		return workload{arrivals: arrivals, build: func(n int) (*http.Request, int) {
 			p := n % len(proxies)
-			req, _ := http.NewRequest(http.MethodPost, proxies[p]+"/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":1}`))
-			req.Header.Set("Content-Type", "application/json")
-			return req, p
+			return body(proxies[p]), p
 		}}
 	}
 	after := func(_ []*sim.Server, _ []Record, s *Summary) {
@@ -678,34 +690,162 @@ func overhead(r *runner) {
 		}
 		per := (r.proxyCPU() - cpuAtStart) / time.Duration(s.OK)
 		s.Extra["proxy_cpu_us"] = float64(per) / float64(time.Microsecond)
-		if s.System == "caddy_round_robin" {
-			rrCPU = per
-			s.Extra["capacity_vs_rr"] = 1
-			return
+		s.Extra["capacity_vs_rr"] = 1
+	}
+	// Paired: the system runs next to its own Caddy round_robin (its
+	// twin, started with it over the same replicas), and the load
+	// alternates between the two every overheadSlice. A run on a shared
+	// machine drifts by ±5% and more within a minute; two proxies measured
+	// in alternating half-seconds see the same machine, so their ratio is
+	// what the proxies differ by. (Measured one after the other, as
+	// before, a 3% difference was lost in the noise.)
+	// CPU samples at the slice boundaries (each written by its own
+	// action), then one once every answer is in (the run's end).
+	var slices []pairSlice
+	pairedLoad := func(_ []*sim.Server, proxies []string) workload {
+		boundaries := int(2*d/overheadSlice) + 1
+		slices = make([]pairSlice, boundaries+1)
+		w := workload{arrivals: pairedArrivals, build: func(n int) (*http.Request, int) {
+			p := overheadSliceOf(pairedArrivals[n]) % 2
+			return body(proxies[p]), p
+		}}
+		for k := range boundaries {
+			w.actions = append(w.actions, action{at: time.Duration(k) * overheadSlice, do: func(context.Context) error {
+				slices[k].x, slices[k].twin = r.pairCPU()
+				return nil
+			}})
 		}
-		if rrCPU > 0 && per > 0 {
-			s.Extra["capacity_vs_rr"] = float64(rrCPU) / float64(per)
-		}
+		return w
+	}
+	pairedAfter := func(_ []*sim.Server, all []Record, s *Summary) {
+		last := &slices[len(slices)-1]
+		last.x, last.twin = r.pairCPU()
+		pairedCapacity(slices, all, s)
+		// Its throughput over its own half of the run.
+		s.Throughput = float64(s.OK) / d.Seconds()
 	}
 	sys := oneProxy{r: r, base: sysSpec{fleet: fleet, load: load, after: after}}
+	// paired turns a one-proxy system into its run next to a round_robin
+	// twin; its summary is made of its own requests.
+	paired := func(s sysSpec) sysSpec {
+		start := s.start
+		s.load, s.after = pairedLoad, pairedAfter
+		s.keep = func(rec Record) bool { return rec.Proxy == 0 }
+		s.start = func(f []*sim.Server) ([]string, error) {
+			ps, err := start(f)
+			if err != nil {
+				return nil, err
+			}
+			twin, err := r.caddyProxies(s.name+"-rr-twin", 1, func(int) string { return staticProxy(addrs(f), "lb_policy round_robin") })
+			if err != nil {
+				return nil, err
+			}
+			return append(ps, twin...), nil
+		}
+		return s
+	}
 	caddy := sys.caddy
 	keyPrefix := fmt.Sprintf("bench-ov-%d", time.Now().UnixNano()%1e9)
 	grl := sys.globalRedisLeast("sluice_global_redis_least", "Sluice global_redis_least, defaults (one private Redis)", "ov-grl", keyPrefix)
 	systems := []sysSpec{
-		// round_robin first: the others' capacity is relative to it.
 		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
 		{name: "direct", desc: "no proxy: the client spreads requests round-robin over the replicas", proxies: 0, fleet: fleet, load: load,
 			start: func(f []*sim.Server) ([]string, error) { return urls(f), nil }},
-		sys.haproxyLeastconn(),
-		caddy("sluice_qll", "Sluice queued_least_latency, defaults", "lb_policy queued_least_latency {\n\tpool ov-qll\n}"),
-		caddy("sluice_cache_aware", "Sluice cache_aware, defaults", "lb_policy cache_aware {\n\tpool ov-ca\n}"),
-		caddy("sluice_load_aware", "Sluice load_aware, defaults", "lb_policy load_aware {\n\tpool ov-la\n}"),
-		grl,
-		caddy("caddy_round_robin_again", "Caddy lb_policy round_robin, again at the end of the rep (capacity vs RR: the drift)", "lb_policy round_robin"),
+		paired(sys.haproxyLeastconn()),
+		paired(caddy("sluice_qll", "Sluice queued_least_latency, defaults", "lb_policy queued_least_latency {\n\tpool ov-qll\n}")),
+		paired(caddy("sluice_cache_aware", "Sluice cache_aware, defaults", "lb_policy cache_aware {\n\tpool ov-ca\n}")),
+		paired(caddy("sluice_load_aware", "Sluice load_aware, defaults", "lb_policy load_aware {\n\tpool ov-la\n}")),
+		paired(grl),
+		paired(caddy("caddy_round_robin_again", "Caddy lb_policy round_robin next to its round_robin twin: the method's own error (capacity vs RR should read 1)", "lb_policy round_robin")),
 	}
 	for _, s := range systems {
 		r.system(s)
 	}
+}
+
+// overheadSlice is how long the load stays on one proxy of a pair before
+// it moves to the other.
+const overheadSlice = 500 * time.Millisecond
+
+func overheadSliceOf(at time.Duration) int { return int(at / overheadSlice) }
+
+// pairSlice is the CPU time of a paired system's proxies and of its twin
+// at one slice boundary.
+type pairSlice struct{ x, twin time.Duration }
+
+// pairedCapacity sets a paired system's measures from the CPU samples at
+// the slice boundaries (the last one after every answer came in): proxy
+// CPU/req over the whole run (both proxies were alive all along, each
+// loaded half of the time), capacity vs RR = the twin's CPU/req ÷ the
+// system's, and the quartiles of that ratio over the slice pairs (a
+// system's slice and its twin's next one).
+func pairedCapacity(slices []pairSlice, all []Record, s *Summary) {
+	if len(slices) < 2 {
+		return
+	}
+	var okX, okTwin int
+	perSlice := map[int][2]int{} // slice -> OK requests of the system, the twin
+	for _, rec := range all {
+		if rec.Status != 200 {
+			continue
+		}
+		k := overheadSliceOf(rec.Start)
+		c := perSlice[k]
+		c[rec.Proxy]++
+		perSlice[k] = c
+		if rec.Proxy == 0 {
+			okX++
+		} else {
+			okTwin++
+		}
+	}
+	first, last := slices[0], slices[len(slices)-1]
+	if okX == 0 || okTwin == 0 {
+		return
+	}
+	cpuX := float64(last.x-first.x) / float64(okX)
+	cpuTwin := float64(last.twin-first.twin) / float64(okTwin)
+	s.Extra["proxy_cpu_us"] = cpuX / float64(time.Microsecond)
+	s.Extra["twin_cpu_us"] = cpuTwin / float64(time.Microsecond)
+	if cpuX > 0 {
+		s.Extra["capacity_vs_rr"] = cpuTwin / cpuX
+	}
+	// Slice k is the system's for even k, the twin's for odd k; slice k
+	// spans samples k and k+1. The run's last sample (after every answer)
+	// is not a boundary: the slices before it are.
+	var ratios []float64
+	for k := 0; k+2 < len(slices)-1; k += 2 {
+		nx, nt := perSlice[k][0], perSlice[k+1][1]
+		dx, dt := slices[k+1].x-slices[k].x, slices[k+2].twin-slices[k+1].twin
+		if nx == 0 || nt == 0 || dx <= 0 {
+			continue
+		}
+		ratios = append(ratios, (float64(dt)/float64(nt))/(float64(dx)/float64(nx)))
+	}
+	if len(ratios) >= 4 {
+		sort.Float64s(ratios)
+		q := func(p float64) float64 { return ratios[int(p*float64(len(ratios)-1)+0.5)] }
+		s.Extra["slice_ratio_p25"], s.Extra["slice_ratio_p50"], s.Extra["slice_ratio_p75"] = q(0.25), q(0.5), q(0.75)
+	}
+}
+
+// pairCPU is the CPU time of the running proxies but the last started
+// (a paired system's), and of the last (its twin), as proxyCPU counts it.
+func (r *runner) pairCPU() (x, twin time.Duration) {
+	r.procs.mu.Lock()
+	var pids []int
+	for _, p := range r.procs.live {
+		pids = append(pids, p.cmd.Process.Pid)
+	}
+	r.procs.mu.Unlock()
+	for i, pid := range pids {
+		if i == len(pids)-1 {
+			twin = pidCPU(pid)
+		} else {
+			x += pidCPU(pid)
+		}
+	}
+	return x, twin
 }
 
 // proxyCPU is the CPU time (user + system) the running proxies have used
@@ -719,17 +859,24 @@ func (r *runner) proxyCPU() time.Duration {
 	r.procs.mu.Unlock()
 	var total time.Duration
 	for _, pid := range pids {
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-		for _, t := range tasks {
-			b, err := os.ReadFile(t)
-			if err != nil {
-				continue // the thread exited meanwhile
-			}
-			// schedstat: time on CPU (ns), time waiting, timeslices.
-			if f := strings.Fields(string(b)); len(f) > 0 {
-				ns, _ := strconv.ParseInt(f[0], 10, 64)
-				total += time.Duration(ns)
-			}
+		total += pidCPU(pid)
+	}
+	return total
+}
+
+// pidCPU is one process's CPU time, summed over its threads, from /proc.
+func pidCPU(pid int) time.Duration {
+	var total time.Duration
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		// schedstat: time on CPU (ns), time waiting, timeslices.
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			ns, _ := strconv.ParseInt(f[0], 10, 64)
+			total += time.Duration(ns)
 		}
 	}
 	return total

@@ -1,0 +1,43 @@
+package bench
+
+import (
+	"testing"
+	"time"
+)
+
+// pairedCapacity reads slice k as the system's for even k and the twin's
+// for odd k, between the samples at its two boundaries; the run's total
+// goes from the first sample to the last (after every answer).
+func TestPairedCapacityPairsEachSystemSliceWithTheTwinsNext(t *testing.T) {
+	const pairs = 5
+	// The system costs 110 µs per request, the twin 100 µs; 10 requests
+	// per slice. Each proxy also spends 5 µs of idle CPU per other slice.
+	var slices []pairSlice
+	var recs []Record
+	var x, twin time.Duration
+	for k := 0; k < 2*pairs; k++ {
+		slices = append(slices, pairSlice{x, twin})
+		proxy := k % 2
+		for i := 0; i < 10; i++ {
+			recs = append(recs, Record{Proxy: proxy, Status: 200, Start: time.Duration(k)*overheadSlice + time.Duration(i)*time.Millisecond})
+		}
+		if proxy == 0 {
+			x += 10 * 110 * time.Microsecond
+			twin += 5 * time.Microsecond
+		} else {
+			twin += 10 * 100 * time.Microsecond
+			x += 5 * time.Microsecond
+		}
+	}
+	slices = append(slices, pairSlice{x, twin}) // the last boundary
+	slices = append(slices, pairSlice{x, twin}) // after every answer
+	s := Summary{Extra: map[string]float64{}}
+	pairedCapacity(slices, recs, &s)
+	want := (float64(pairs*10*100+pairs*5) / (pairs * 10)) / (float64(pairs*10*110+pairs*5) / (pairs * 10))
+	if got := s.Extra["capacity_vs_rr"]; got < want-1e-9 || got > want+1e-9 {
+		t.Fatalf("capacity vs RR %v, want %v", got, want)
+	}
+	if got := s.Extra["slice_ratio_p50"]; got < 100.0/110-1e-9 || got > 100.0/110+1e-9 {
+		t.Fatalf("slice ratio p50 %v, want %v (each pair's own ratio)", got, 100.0/110)
+	}
+}
