@@ -155,16 +155,7 @@ func TestABatchMeasuredSlowerBeyondNoiseGetsLess(t *testing.T) {
 	s := New(Config{Parallelism: 8})
 	t.Cleanup(s.Close)
 	s.SetBackends([]string{"fast:1", "slow:1"})
-	teach := func(addr string, d time.Duration) {
-		for {
-			l := mustAcquire(t, s)
-			if l.Addr == addr {
-				l.Release(success(d))
-				return
-			}
-			defer l.Release(lb.Outcome{Kind: lb.Cancelled})
-		}
-	}
+	teach := func(addr string, d time.Duration) { teachEWMA(t, s, addr, d) }
 	for range 5 { // steady samples: EWMAs of 100 and 200 ms, little noise
 		teach("fast:1", 100*time.Millisecond)
 		teach("slow:1", 200*time.Millisecond)
@@ -193,16 +184,7 @@ func TestBatchesWithinTheSwingOfIdenticalEnginesTakeTurns(t *testing.T) {
 	s := New(Config{Parallelism: 8})
 	t.Cleanup(s.Close)
 	s.SetBackends([]string{"a:1", "b:1"})
-	teach := func(addr string, d time.Duration) {
-		for {
-			l := mustAcquire(t, s)
-			if l.Addr == addr {
-				l.Release(success(d))
-				return
-			}
-			defer l.Release(lb.Outcome{Kind: lb.Cancelled})
-		}
-	}
+	teach := func(addr string, d time.Duration) { teachEWMA(t, s, addr, d) }
 	for range 5 { // steady samples: EWMAs of 100 and 125 ms, little noise
 		teach("a:1", 100*time.Millisecond)
 		teach("b:1", 125*time.Millisecond)
@@ -219,5 +201,19 @@ func TestBatchesWithinTheSwingOfIdenticalEnginesTakeTurns(t *testing.T) {
 	}
 	for _, l := range held {
 		l.Release(lb.Outcome{Kind: lb.Cancelled})
+	}
+}
+
+// teachEWMA gives addr one successful request of duration d; the leases
+// picked for other replicas on the way stay held until the test ends.
+func teachEWMA(t *testing.T, s *State, addr string, d time.Duration) {
+	t.Helper()
+	for {
+		l := mustAcquire(t, s)
+		if l.Addr == addr {
+			l.Release(success(d))
+			return
+		}
+		t.Cleanup(func() { l.Release(lb.Outcome{Kind: lb.Cancelled}) })
 	}
 }
