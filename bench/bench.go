@@ -542,9 +542,12 @@ func (r *runner) system(spec sysSpec) {
 	if spec.after != nil {
 		spec.after(fleet, all, &sum)
 	}
-	lost := 0
+	// The summary's own count, as after adjusted it (chaos: a request its
+	// client abandoned on purpose is not lost), plus the reference
+	// proxy's lost requests when only part of the records were kept.
+	lost := sum.Lost
 	for _, rec := range all {
-		if rec.Lost() {
+		if spec.keep != nil && !spec.keep(rec) && rec.Lost() {
 			lost++
 		}
 	}
