@@ -26,6 +26,24 @@ func TestCollectorSeedMetrics(t *testing.T) {
 	if _, err := c.Enqueue(context.Background(), Request{FlowID: "t3"}); !errors.Is(err, ErrCapacity) {
 		t.Fatal(err)
 	}
+	// A queued request's enqueue duration is observed after the
+	// controller's lock is let go, a moment after it shows in the queue.
+	eventually(t, "both queued requests' enqueue durations", func() bool {
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() != "inference_extension_flow_control_request_enqueue_duration_seconds" {
+				continue
+			}
+			var n uint64
+			for _, m := range mf.GetMetric() {
+				if labels(m)["outcome"] == "Queued" {
+					n += m.GetHistogram().GetSampleCount()
+				}
+			}
+			return n == 2
+		}
+		return false
+	})
 
 	mfs, err := reg.Gather()
 	if err != nil {
