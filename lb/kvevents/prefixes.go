@@ -23,6 +23,14 @@ type Prefixes struct {
 	Now          func() time.Time // default time.Now
 }
 
+// speculateFor is SpeculateFor with its default (2s; negative: never).
+func (p *Prefixes) speculateFor() time.Duration {
+	if p.SpeculateFor == 0 {
+		return 2 * time.Second
+	}
+	return p.SpeculateFor
+}
+
 func (p *Prefixes) now() time.Time {
 	if p.Now != nil {
 		return p.Now()
@@ -75,10 +83,7 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 	for i, m := range matched {
 		rates[i] = float64(m*bs) / float64(total)
 	}
-	ttl := p.SpeculateFor
-	if ttl == 0 {
-		ttl = 2 * time.Second
-	}
+	ttl := p.speculateFor()
 	routed = func(addr string) {
 		if ttl > 0 {
 			p.Index.Speculate(addr, keys, p.now(), ttl)
@@ -94,10 +99,7 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 // events arrive, as one instance does. A text it cannot tokenize now (an
 // engine tokenizer's cache miss) is left to the tree.
 func (p *Prefixes) SpeculatePeer(model, text, addr string) {
-	ttl := p.SpeculateFor
-	if ttl == 0 {
-		ttl = 2 * time.Second
-	}
+	ttl := p.speculateFor()
 	if ttl < 0 || text == "" {
 		return
 	}
