@@ -462,6 +462,9 @@ type sysSpec struct {
 	// (the others are the load of a reference proxy run alongside it,
 	// e.g. overhead's round_robin twin); lost requests count from all.
 	keep func(Record) bool
+	// abandoned, if set, names the requests their client gave up on
+	// purpose (chaos's cancels): no answer to one of those is not a loss.
+	abandoned func(Record) bool
 }
 
 // system runs one system end to end: fleet, proxies, load, stop.
@@ -533,8 +536,15 @@ func (r *runner) system(spec sysSpec) {
 		}
 		recs = kept
 	}
+	lostOne := func(rec Record) bool { return rec.Lost() && (spec.abandoned == nil || !spec.abandoned(rec)) }
 	sum := summarize(spec.name, spec.desc, spec.proxies, names, recs)
 	sum.Rep = r.rep
+	sum.Lost = 0
+	for _, rec := range recs {
+		if lostOne(rec) {
+			sum.Lost++
+		}
+	}
 	for _, e := range actErrs {
 		sum.Notes = append(sum.Notes, "action failed: "+e.Error())
 		r.res.Failures = append(r.res.Failures, fmt.Sprintf("%s: action failed: %v", spec.name, e))
@@ -542,23 +552,24 @@ func (r *runner) system(spec sysSpec) {
 	if spec.after != nil {
 		spec.after(fleet, all, &sum)
 	}
-	// The summary's own count, as after adjusted it (chaos: a request its
-	// client abandoned on purpose is not lost), plus the reference
-	// proxy's lost requests when only part of the records were kept.
+	// The system's lost requests, plus the reference proxy's when only
+	// part of the records were kept.
 	lost := sum.Lost
-	for _, rec := range all {
-		if spec.keep != nil && !spec.keep(rec) && rec.Lost() {
+	var first *Record
+	for i, rec := range all {
+		if !lostOne(rec) {
+			continue
+		}
+		if first == nil {
+			first = &all[i]
+		}
+		if spec.keep != nil && !spec.keep(rec) {
 			lost++
 		}
 	}
 	if lost > 0 {
 		r.res.Failures = append(r.res.Failures, fmt.Sprintf("%s: %d requests lost (no answer)", spec.name, lost))
-		for _, rec := range all {
-			if rec.Lost() {
-				fmt.Fprintf(r.log, "   lost: seq %d: %s\n", rec.Seq, rec.Err)
-				break
-			}
-		}
+		fmt.Fprintf(r.log, "   lost: seq %d (proxy %d, started %v, after %v): %s\n", first.Seq, first.Proxy, first.Start, first.Latency, first.Err)
 	}
 	r.res.Systems = append(r.res.Systems, sum)
 	r.res.records = append(r.res.records, recs...)

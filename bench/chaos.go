@@ -262,20 +262,18 @@ func chaos(r *runner) {
 					return req, n % len(proxies)
 				}}
 		}
+		// A request its client abandoned on purpose is not lost.
+		spec.abandoned = func(rec Record) bool { return rec.Class == "cancel" }
 		spec.after = func(f []*sim.Server, recs []Record, s *Summary) {
 			if s.Extra == nil {
 				s.Extra = map[string]float64{}
 			}
-			cancelled, lost := 0, 0
+			cancelled := 0
 			for _, rec := range recs {
-				switch {
-				case rec.Class == "cancel" && (rec.Status == 0 || rec.Err != ""):
+				if rec.Class == "cancel" && (rec.Status == 0 || rec.Err != "") {
 					cancelled++
-				case rec.Status == 0:
-					lost++
 				}
 			}
-			s.Lost = lost // a request its client abandoned on purpose is not lost
 			leaked, notes := drainedCounters(r.ctx, sites, redisAddr, pool)
 			if front != nil {
 				if err := fo.restore(r); err != nil {
