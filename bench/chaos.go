@@ -286,6 +286,16 @@ func chaos(r *runner) {
 			for _, p := range r.procs.snapshotLogs() {
 				panics += countPanics(p)
 			}
+			if s.Lost > 0 {
+				// What the proxies said about failures, for the one
+				// reading a failed run: a lost request is rare and the
+				// logs go with the run's temporary directory.
+				for _, p := range r.procs.snapshotLogs() {
+					for _, line := range lastLogErrors(p, 12) {
+						fmt.Fprintf(r.log, "   %s: %s\n", filepath.Base(p), line)
+					}
+				}
+			}
 			s.Extra["cancelled"] = float64(cancelled)
 			s.Extra["leaked"] = float64(leaked)
 			s.Extra["panics"] = float64(panics)
@@ -590,6 +600,32 @@ func sumMetric(text, name string) float64 {
 }
 
 // countPanics counts the panic reports in a proxy's log.
+// lastLogErrors returns the last n lines of a process's log at error
+// level or above (Caddy's JSON logs), each cut to 600 bytes.
+func lastLogErrors(logPath string, n int) []string {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, `"level":"error"`) && !strings.Contains(line, `"level":"fatal"`) && !strings.Contains(line, "panic") {
+			continue
+		}
+		if len(line) > 600 {
+			line = line[:600]
+		}
+		if out = append(out, line); len(out) > n {
+			out = out[1:]
+		}
+	}
+	return out
+}
+
 func countPanics(logPath string) int {
 	f, err := os.Open(logPath)
 	if err != nil {
