@@ -382,3 +382,58 @@ func TestPickerMovesAnEvictedPrefixOffAThrashingHome(t *testing.T) {
 		})
 	}
 }
+
+// A new prefix (a miss) goes where there is cache room, as the engines'
+// events show it: first a replica whose engine has not evicted yet, then
+// the fewest tree chars per block of cache. A candidate whose events are
+// stale, or no cache sizes at all: the smallest tree, as without events.
+func TestPickMissByCacheRoom(t *testing.T) {
+	fresh := exactView{"a": {0, true}, "b": {0, true}, "c": {0, true}}
+	for _, c := range []struct {
+		name string
+		view exactView
+		size map[string]int // nil: no cache sizes known
+		want string
+	}{
+		{"no sizes: the smallest tree", fresh, nil, "a"},
+		{"b's engine has not evicted: b, though its tree is bigger", fresh, map[string]int{"a": 100, "c": 400}, "b"},
+		{"every engine evicted: the fewest chars per block", fresh, map[string]int{"a": 100, "b": 100, "c": 400}, "c"},
+		{"b stale: the smallest tree", exactView{"a": {0, true}, "b": {0, false}, "c": {0, true}},
+			map[string]int{"a": 100, "c": 400}, "a"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRouter(t, Config{}, "a", "b", "c")
+			r.Insert("m", "aaaa", "a")         // 4 chars
+			r.Insert("m", "bbbbbbbb", "b")     // 8
+			r.Insert("m", "cccccccccccc", "c") // 12
+			var size CacheSizeFunc
+			if c.size != nil {
+				size = func(addr string) int { return c.size[addr] }
+			}
+			d := r.PickView("m", "a new prompt", nil, View{Exact: c.view.fn(), CacheSize: size})
+			if d.Addr != c.want || d.Reason != Miss {
+				t.Fatalf("got %+v, want %s", d, c.want)
+			}
+		})
+	}
+}
+
+// With the real index: a's engine has evicted (its cache is full), b's has
+// not, and a's tree is the smaller; a new prefix goes to b.
+func TestPickerPlacesANewPrefixWhereTheCacheHasRoom(t *testing.T) {
+	ix := kvevents.NewIndex(kvevents.Config{})
+	p := newPicker(t, "a:1", "b:1")
+	p.SetExact(&kvevents.Prefixes{Index: ix, Tokenizer: kvevents.SimTokenizer{}, SpeculateFor: -1})
+	tok := func(s string) []uint32 { v, _ := kvevents.SimTokenizer{}.Tokenize("m", s); return v }
+	p.Router().Insert("m", words("small", 16), "a:1")
+	p.Router().Insert("m", words("bigger", 64), "b:1")
+	seqs := map[string]uint64{}
+	events(t, ix, seqs, "a:1", stored(100, nil, tok(words("x", 64))))
+	events(t, ix, seqs, "a:1", removed(100, 101))
+	events(t, ix, seqs, "b:1", stored(200, nil, tok(words("y", 64))))
+	l := pickFor(t, p, prompt(words("new", 64)))
+	defer l.Release(ok)
+	if d := l.Replica(); d != "b:1" {
+		t.Fatalf("the new prefix went to %s: %+v", d, p.Router().Stats())
+	}
+}
