@@ -462,11 +462,12 @@ func kvEvents(r *runner) {
 		keyPrefix := fmt.Sprintf("bench-kv-%d-%d", ci, time.Now().UnixNano()%1e9)
 		var systems []sysSpec
 		if selected("oracle_planned"+at, r.opt.Only) { // the plan takes seconds of CPU
-			home, replay := kvOracleFor(k, sizes, arrivals, bodies)
+			home, replay, blind := kvOracleFor(k, sizes, arrivals, bodies)
 			systems = append(systems, mk("oracle_planned", fmt.Sprintf("oracle: every prefix sent to its home engine, planned offline "+
 				"from the engines' cache sizes and eviction rule and the whole request sequence (engine per prefix %v; the plan "+
-				"replayed on a model of the engines: hit rate %.3f, requests per engine %v); the harness names the home in "+
-				"X-Oracle-Home and Caddy routes on that header", home, replay.rate(), replay.perEngine), 1, home,
+				"replayed on a model of the engines: hit rate %.3f, requests per engine %v; a plan made the same way from another "+
+				"draw of the workload, replayed on this one: %.3f); the harness names the home in X-Oracle-Home and Caddy routes "+
+				"on that header", home, replay.rate(), replay.perEngine, blind.rate()), 1, home,
 				func(f kvFleet) ([]string, error) {
 					return r.caddyProxies("oracle", 1, func(int) string { return oracleProxy(f.addrs()) })
 				}))

@@ -85,7 +85,7 @@ func TestQuickKVEvents(t *testing.T) {
 				// every request went to its prefix's planned home
 				prefixes := kvPrompts(k)
 				arrivals := poisson(k.rate, k.arrivals, k.seed)
-				_, plan := kvOracleFor(k, cache, arrivals, kvBodies(k, prefixes, len(arrivals)))
+				_, plan, _ := kvOracleFor(k, cache, arrivals, kvBodies(k, prefixes, len(arrivals)))
 				var got []int
 				for _, n := range s.PerReplica {
 					got = append(got, n)

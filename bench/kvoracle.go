@@ -156,81 +156,92 @@ func (r kvReplay) rate() float64 {
 }
 
 // kvReplayPlan replays the requests (arrival times, prefix ids) against
-// one cache model per engine, each request going to plan[its prefix]. An
-// engine runs at most k.maxNumSeqs requests, the others wait in arrival
-// order; a request runs for the prefill of its uncached tokens plus
-// k.maxTokens inter-token times, as the sim's time model has it.
+// one cache model per engine, each request going to plan[its prefix].
 func kvReplayPlan(k kvBench, sizes []int, arrivals []time.Duration, prefix []int, plan []int, seed uint64) kvReplay {
-	perReq := (k.prefixWords + k.uniqueWords) / k.blockSize
-	shared := k.prefixWords / k.blockSize
 	out := kvReplay{perEngine: make([]int, k.replicas)}
 	for e := range k.replicas {
-		c := newKVCacheModel(sizes[min(e, len(sizes)-1)], seed)
-		var mine []int
-		for n, p := range prefix {
-			if plan[p] == e {
-				mine = append(mine, n)
-			}
+		r := kvReplayEngine(k, sizes[min(e, len(sizes)-1)], arrivals, prefix, func(p int) bool { return plan[p] == e }, seed)
+		out.cached += r.cached
+		out.queried += r.queried
+		out.perEngine[e] = r.perEngine[0]
+	}
+	return out
+}
+
+// kvReplayEngine replays on one engine with a cache of size blocks the
+// requests whose prefix it is given (mine). It runs at most k.maxNumSeqs
+// requests, the others wait in arrival order; a request runs for the
+// prefill of its uncached tokens plus k.maxTokens inter-token times, as
+// the sim's time model has it.
+func kvReplayEngine(k kvBench, size int, arrivals []time.Duration, prefix []int, mine func(prefix int) bool, seed uint64) kvReplay {
+	perReq := (k.prefixWords + k.uniqueWords) / k.blockSize
+	shared := k.prefixWords / k.blockSize
+	out := kvReplay{perEngine: make([]int, 1)}
+	c := newKVCacheModel(size, seed)
+	var reqs []int
+	for n, p := range prefix {
+		if mine(p) {
+			reqs = append(reqs, n)
 		}
-		out.perEngine[e] = len(mine)
-		type running struct {
-			end    int64
-			blocks []kvBlock
-		}
-		var run []running
-		var waiting []int
-		next := 0
-		blocksOf := func(n int) []kvBlock {
-			bs := make([]kvBlock, perReq)
-			for i := range perReq {
-				if i < shared {
-					bs[i] = kvBlock{prefix[n], i}
-				} else {
-					bs[i] = kvBlock{-1 - n, i}
-				}
-			}
-			return bs
-		}
-		startAt := func(n int, now int64) {
-			bs := blocksOf(n)
-			cached, ok := c.start(bs)
-			if !ok { // the engine would refuse it: count it as a miss
-				cached = 0
-				bs = nil
-			}
-			out.cached += cached
-			out.queried += perReq
-			d := int64(perReq-cached)*int64(k.blockSize)*int64(k.prefillToken) + int64(k.maxTokens)*int64(k.interToken)
-			run = append(run, running{now + d, bs})
-		}
-		for next < len(mine) || len(run) > 0 || len(waiting) > 0 {
-			// the earliest completion, if it comes before the next arrival
-			first := -1
-			for i, r := range run {
-				if first < 0 || r.end < run[first].end {
-					first = i
-				}
-			}
-			if first >= 0 && (next >= len(mine) || run[first].end <= int64(arrivals[mine[next]])) {
-				now := run[first].end
-				c.finish(run[first].blocks, now)
-				run = append(run[:first], run[first+1:]...)
-				if len(waiting) > 0 {
-					startAt(waiting[0], now)
-					waiting = waiting[1:]
-				}
-				continue
-			}
-			if next >= len(mine) {
-				break
-			}
-			n := mine[next]
-			next++
-			if len(run) < k.maxNumSeqs {
-				startAt(n, int64(arrivals[n]))
+	}
+	out.perEngine[0] = len(reqs)
+	type running struct {
+		end    int64
+		blocks []kvBlock
+	}
+	var run []running
+	var waiting []int
+	next := 0
+	blocksOf := func(n int) []kvBlock {
+		bs := make([]kvBlock, perReq)
+		for i := range perReq {
+			if i < shared {
+				bs[i] = kvBlock{prefix[n], i}
 			} else {
-				waiting = append(waiting, n)
+				bs[i] = kvBlock{-1 - n, i}
 			}
+		}
+		return bs
+	}
+	startAt := func(n int, now int64) {
+		bs := blocksOf(n)
+		cached, ok := c.start(bs)
+		if !ok { // the engine would refuse it: count it as a miss
+			cached = 0
+			bs = nil
+		}
+		out.cached += cached
+		out.queried += perReq
+		d := int64(perReq-cached)*int64(k.blockSize)*int64(k.prefillToken) + int64(k.maxTokens)*int64(k.interToken)
+		run = append(run, running{now + d, bs})
+	}
+	for next < len(reqs) || len(run) > 0 || len(waiting) > 0 {
+		// the earliest completion, if it comes before the next arrival
+		first := -1
+		for i, r := range run {
+			if first < 0 || r.end < run[first].end {
+				first = i
+			}
+		}
+		if first >= 0 && (next >= len(reqs) || run[first].end <= int64(arrivals[reqs[next]])) {
+			now := run[first].end
+			c.finish(run[first].blocks, now)
+			run = append(run[:first], run[first+1:]...)
+			if len(waiting) > 0 {
+				startAt(waiting[0], now)
+				waiting = waiting[1:]
+			}
+			continue
+		}
+		if next >= len(reqs) {
+			break
+		}
+		n := reqs[next]
+		next++
+		if len(run) < k.maxNumSeqs {
+			startAt(n, int64(arrivals[n]))
+		} else {
+			waiting = append(waiting, n)
 		}
 	}
 	return out
@@ -240,8 +251,12 @@ func kvReplayPlan(k kvBench, sizes []int, arrivals []time.Duration, prefix []int
 // a capacity-weighted start (the most requested prefixes first, each to
 // the engine with the most cache left per prefix block), then moves and
 // swaps of prefixes between engines while any raises the replayed hits
-// without an engine exceeding oracleShare of the mean requests.
+// without an engine exceeding oracleShare of the mean requests. At most
+// 64 prefixes (an engine's set is a bit mask).
 func kvOraclePlan(k kvBench, sizes []int, arrivals []time.Duration, prefix []int) ([]int, kvReplay) {
+	if k.prefixes > 64 {
+		panic("kvOraclePlan: more than 64 prefixes")
+	}
 	seed := k.seed
 	count := make([]int, k.prefixes)
 	for _, p := range prefix {
@@ -321,16 +336,42 @@ func kvOraclePlan(k kvBench, sizes []int, arrivals []time.Duration, prefix []int
 const oracleStarts = 4
 
 // kvClimb moves single prefixes to other engines and swaps pairs while any
-// such change raises the replayed hits and fits.
+// such change raises the replayed hits and fits. An engine's replay
+// depends only on its own prefixes, so each is replayed once per set.
 func kvClimb(k kvBench, sizes []int, arrivals []time.Duration, prefix []int, start []int, fits func([]int) bool, seed uint64) ([]int, kvReplay) {
+	type set struct {
+		engine int
+		mask   uint64
+	}
+	memo := map[set]kvReplay{}
+	replay := func(pl []int) kvReplay {
+		out := kvReplay{perEngine: make([]int, k.replicas)}
+		for e := range k.replicas {
+			var m uint64
+			for p, h := range pl {
+				if h == e {
+					m |= 1 << p
+				}
+			}
+			r, ok := memo[set{e, m}]
+			if !ok {
+				r = kvReplayEngine(k, sizes[min(e, len(sizes)-1)], arrivals, prefix, func(p int) bool { return m&(1<<p) != 0 }, seed)
+				memo[set{e, m}] = r
+			}
+			out.cached += r.cached
+			out.queried += r.queried
+			out.perEngine[e] = r.perEngine[0]
+		}
+		return out
+	}
 	plan := append([]int(nil), start...)
-	best := kvReplayPlan(k, sizes, arrivals, prefix, plan, seed)
+	best := replay(plan)
 	cand := make([]int, len(plan))
 	try := func() bool {
 		if !fits(cand) {
 			return false
 		}
-		if r := kvReplayPlan(k, sizes, arrivals, prefix, cand, seed); r.cached > best.cached {
+		if r := replay(cand); r.cached > best.cached {
 			best = r
 			copy(plan, cand)
 			return true
@@ -397,21 +438,45 @@ var kvOraclePlans = struct {
 type kvOracle struct {
 	home   []int
 	replay kvReplay
+	blind  kvReplay
 }
 
-// kvOracleFor returns the oracle's plan for one cache shape.
-func kvOracleFor(k kvBench, sizes []int, arrivals []time.Duration, bodies []engineBody) ([]int, kvReplay) {
+// blindDraws: the draws of the workload the blind plan is made from, one
+// after the other (more draws: closer to the workload's expected counts).
+const blindDraws = 3
+
+// kvOracleFor returns the oracle's plan for one cache shape, its replay,
+// and the replay on the run's requests of a plan made without them: from
+// other draws of the same workload (other arrival times and prefix draws,
+// the same rates), what a router that knows the caches and the prefix set
+// but not the dice could plan. The gap between the two replays
+// is what the oracle gains from knowing which prefixes this run happened
+// to draw more often.
+func kvOracleFor(k kvBench, sizes []int, arrivals []time.Duration, bodies []engineBody) (home []int, replay, blind kvReplay) {
 	key := fmt.Sprintf("%+v %v %d", k, sizes, len(arrivals))
 	kvOraclePlans.Lock()
 	defer kvOraclePlans.Unlock()
 	if o, ok := kvOraclePlans.m[key]; ok {
-		return o.home, o.replay
+		return o.home, o.replay, o.blind
 	}
 	prefix := make([]int, len(bodies))
 	for i, b := range bodies {
 		prefix[i] = b.prefix
 	}
-	home, replay := kvOraclePlan(k, sizes, arrivals, prefix)
-	kvOraclePlans.m[key] = kvOracle{home, replay}
-	return home, replay
+	home, replay = kvOraclePlan(k, sizes, arrivals, prefix)
+	var oArr []time.Duration
+	var oPrefix []int
+	for d := range blindDraws {
+		other := k
+		other.seed = k.seed + 1000*uint64(d+1)
+		arr := poisson(other.rate, other.arrivals, other.seed)
+		for i, b := range kvBodies(other, kvPrompts(other), len(arr)) {
+			oArr = append(oArr, time.Duration(d)*other.arrivals+arr[i])
+			oPrefix = append(oPrefix, b.prefix)
+		}
+	}
+	oHome, _ := kvOraclePlan(k, sizes, oArr, oPrefix)
+	blind = kvReplayPlan(k, sizes, arrivals, prefix, oHome, k.seed)
+	kvOraclePlans.m[key] = kvOracle{home, replay, blind}
+	return home, replay, blind
 }
