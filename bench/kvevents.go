@@ -28,9 +28,13 @@ import (
 // engines with small KV caches publish what they store and evict to the
 // kv_events address of a Sluice cache_aware; the same shared-prefix
 // workload goes through the exact index, the approximate tree, Caddy
-// least_conn, a prefix-hash oracle and 4 Sluice instances sharing the tree
-// through Redis, at two cache sizes. Hit rate is the engines' own
-// (vllm:prefix_cache_hits ÷ vllm:prefix_cache_queries, prompt tokens).
+// least_conn, Caddy's header hash on the prefix id, 4 Sluice instances
+// sharing the tree through Redis, and the planned oracle (kvoracle.go:
+// every prefix to a home engine chosen offline knowing each engine's cache
+// size and eviction rule and the whole request sequence, routed by Caddy
+// on a header the harness sets), at three cache shapes. Hit rate is the
+// engines' own (vllm:prefix_cache_hits ÷ vllm:prefix_cache_queries,
+// prompt tokens).
 
 // kvBench is the scenario's shape.
 type kvBench struct {
