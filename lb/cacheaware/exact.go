@@ -39,27 +39,8 @@ func (p *Picker) PeerRouted(model, text, addr string, history bool) {
 	}
 }
 
-// Sized is an Exact that also knows each replica's engine cache size in
-// blocks: 0 while its engine has not evicted yet, which means it has room
-// (lb/kvevents.Index.CacheSize).
-type Sized interface {
-	CacheSize(addrs []string) []int
-}
-
 // PressureFunc gives a present replica's cache pressure (0..1).
 type PressureFunc func(addr string) float64
-
-// CacheSizeFunc gives a present replica's engine cache size in blocks (0:
-// its engine has not evicted yet: it has room).
-type CacheSizeFunc func(addr string) int
-
-// View is what the engines' events tell PickView of each present replica;
-// a nil field: not known.
-type View struct {
-	Exact     ExactFunc
-	Pressure  PressureFunc
-	CacheSize CacheSizeFunc
-}
 
 // ExactFunc gives, for a present replica, its exact match rate and
 // whether that view is fresh (false: score it by the tree).
@@ -87,49 +68,38 @@ func (r *Router) Addrs() []string {
 
 // lookupExact asks the exact view about a parsed request's prompt for
 // every present replica.
-func (p *Picker) lookupExact(req *lb.Request) (View, func(string)) {
+func (p *Picker) lookupExact(req *lb.Request) (ExactFunc, PressureFunc, func(string)) {
 	e := p.exact.Load()
 	if e == nil || !req.Parsed || req.Text == "" {
-		return View{}, nil
+		return nil, nil, nil
 	}
 	addrs := p.router.Addrs()
 	rates, fresh, routed := (*e).Lookup(req, addrs)
 	if rates == nil || len(rates) != len(addrs) || len(fresh) != len(addrs) {
-		return View{}, nil
+		return nil, nil, nil
 	}
 	idx := make(map[string]int, len(addrs))
 	for i, a := range addrs {
 		idx[a] = i
 	}
-	var v View
-	v.Exact = func(addr string) (float64, bool) {
+	var pressure PressureFunc
+	if pe, ok := (*e).(Pressured); ok {
+		if q := pe.Pressure(addrs); len(q) == len(addrs) {
+			pressure = func(addr string) float64 {
+				if i, ok := idx[addr]; ok {
+					return q[i]
+				}
+				return 0
+			}
+		}
+	}
+	return func(addr string) (float64, bool) {
 		i, ok := idx[addr]
 		if !ok {
 			return 0, false
 		}
 		return rates[i], fresh[i]
-	}
-	if pe, ok := (*e).(Pressured); ok {
-		if q := pe.Pressure(addrs); len(q) == len(addrs) {
-			v.Pressure = func(addr string) float64 {
-				if i, ok := idx[addr]; ok {
-					return q[i]
-				}
-				return 0
-			}
-		}
-	}
-	if se, ok := (*e).(Sized); ok {
-		if q := se.CacheSize(addrs); len(q) == len(addrs) {
-			v.CacheSize = func(addr string) int {
-				if i, ok := idx[addr]; ok {
-					return q[i]
-				}
-				return 0
-			}
-		}
-	}
-	return v, routed
+	}, pressure, routed
 }
 
 // bestExact returns the fresh usable replicas with the highest exact rate

@@ -113,18 +113,6 @@ const RoomPressure = 0.05
 // at most CacheThreshold of it), and from then on it is held where there
 // is room.
 func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, pressure PressureFunc) Decision {
-	return r.PickView(model, text, load, View{Exact: exact, Pressure: pressure})
-}
-
-// PickView is PickExact with each replica's engine cache size as well
-// (View.CacheSize): a miss, a prompt no replica holds, goes among the
-// least loaded to a replica whose engine has not evicted yet (it has
-// room), else to the fewest tree chars per block of cache, instead of the
-// smallest tree: with caches of several sizes, new prefixes then fill the
-// big ones rather than overfill the small. Until every candidate's events
-// are fresh and say so, the smallest tree as before.
-func (r *Router) PickView(model, text string, load LoadFunc, v View) Decision {
-	exact, pressure := v.Exact, v.Pressure
 	text = validText(text)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -250,36 +238,8 @@ func (r *Router) PickView(model, text string, load LoadFunc, v View) Decision {
 			least = append(least, rep)
 		}
 	}
-	key := smallest
-	if room := roomKey(least, v); room != nil {
-		key = room
-	}
-	d.Addr, d.Reason = choose(least, loads, key, turn).addr, Miss
+	d.Addr, d.Reason = choose(least, loads, smallest, turn).addr, Miss
 	return d
-}
-
-// roomKey orders miss candidates by the room their caches have: engines
-// that have not evicted first (smallest tree among them), then the fewest
-// tree chars per block of cache. nil (the smallest tree alone) unless
-// cache sizes are known and every candidate's events are fresh: a
-// replica whose events stopped would otherwise look empty.
-func roomKey(cand []*replica, v View) func(*replica) int {
-	if v.CacheSize == nil || v.Exact == nil {
-		return nil
-	}
-	for _, rep := range cand {
-		if _, fresh := v.Exact(rep.addr); !fresh {
-			return nil
-		}
-	}
-	const full = 1 << 40 // above any tree's chars
-	return func(rep *replica) int {
-		size := v.CacheSize(rep.addr)
-		if size <= 0 {
-			return min(rep.chars, full-1)
-		}
-		return full + min(rep.chars*1024/size, full)
-	}
 }
 
 // relieve returns the least pressured usable replica (the less loaded of

@@ -108,9 +108,9 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if req.Parsed {
 		text = req.Text
 	}
-	view, routed := p.lookupExact(req)
+	exact, pressure, routed := p.lookupExact(req)
 	for tries := 0; tries < pickTries; tries++ {
-		d := p.router.PickView(req.Model, text, load, view)
+		d := p.router.PickExact(req.Model, text, load, exact, pressure)
 		switch {
 		case d.Reason == NoUsable:
 			return nil, lb.ErrAllDown

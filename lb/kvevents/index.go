@@ -103,10 +103,6 @@ type replica struct {
 	// decayed with half-life pressureHalfLife from pressureAt: see Pressure.
 	stored, reStored float64
 	pressureAt       time.Time
-	// evicted: the engine has removed a block, so its cache has been full;
-	// cacheSize is the most blocks it has held since (see CacheSize).
-	evicted   bool
-	cacheSize int
 }
 
 // pressureHalfLife is how fast a replica's re-store share forgets.
@@ -139,24 +135,6 @@ func (ix *Index) Pressure(replicas []string) []float64 {
 	for i, name := range replicas {
 		if r := ix.replicas[name]; r != nil && r.stored > 0 {
 			out[i] = r.reStored / r.stored
-		}
-	}
-	return out
-}
-
-// CacheSize returns, per replica, its engine's cache size in blocks as its
-// events show it: engines evict only when their cache is full, so from
-// the first removal on it is the most blocks the replica has held. 0: the
-// engine has not evicted yet (it has room), or the index has not heard of
-// it. (A replica whose engine caches on several ranks or media counts
-// them all.)
-func (ix *Index) CacheSize(replicas []string) []int {
-	out := make([]int, len(replicas))
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	for i, name := range replicas {
-		if r := ix.replicas[name]; r != nil {
-			out[i] = r.cacheSize
 		}
 	}
 	return out
@@ -367,8 +345,6 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 			blocks := r.sources[src]
 			for _, h := range ev.BlockHashes {
 				if e := blocks[h]; e != nil {
-					r.evicted = true
-					r.cacheSize = max(r.cacheSize, r.n)
 					ix.bury(r, e)
 					ix.remove(r, e)
 				} else {
@@ -381,9 +357,6 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 		}
 	}
 	ix.enforce(r)
-	if r.evicted {
-		r.cacheSize = max(r.cacheSize, r.n)
-	}
 	return true
 }
 

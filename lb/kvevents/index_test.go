@@ -396,26 +396,3 @@ func TestIndexPressure(t *testing.T) {
 		t.Fatalf("after a half-life: %v", got)
 	}
 }
-
-// An engine evicts only when its cache is full: from its first removal on,
-// the most blocks it has held is its cache size. Before that it has room,
-// and the size is unknown (0).
-func TestIndexEngineCacheSize(t *testing.T) {
-	ix := NewIndex(Config{})
-	storeChain(t, ix, "a", topicA, 1, 1, nil, seqTokens(0, 64), 16) // 4 blocks
-	if got := ix.CacheSize([]string{"a", "b"}); got[0] != 0 || got[1] != 0 {
-		t.Fatalf("before any removal: %v", got)
-	}
-	// a cache of 5: a new 3-block request takes the free one and evicts 2
-	// (published as the engines do: the removals, then the store)
-	ix.Apply("a", mustMessage(t, topicA, 2, batchPayload(t, vllmRemoved(3, 4))), t0)
-	storeChain(t, ix, "a", topicA, 3, 10, nil, seqTokens(500, 48), 16)
-	if got := ix.CacheSize([]string{"a"}); got[0] != 5 {
-		t.Fatalf("after the first eviction: %v, want 5", got)
-	}
-	// cleared (a gap, a restart): the cache size stays what it was
-	ix.Apply("a", mustMessage(t, topicA, 4, batchPayload(t, []any{"AllBlocksCleared"})), t0)
-	if got := ix.CacheSize([]string{"a"}); got[0] != 5 {
-		t.Fatalf("after a clear: %v, want 5", got)
-	}
-}

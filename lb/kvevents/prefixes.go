@@ -123,10 +123,6 @@ func (p *Prefixes) SpeculatePeer(model, text, addr string) {
 // evicting what it is then asked for.
 func (p *Prefixes) Pressure(addrs []string) []float64 { return p.Index.Pressure(addrs) }
 
-// CacheSize is each replica's cache size as its events show it
-// (Index.CacheSize): the policy places a new prefix where there is room.
-func (p *Prefixes) CacheSize(addrs []string) []int { return p.Index.CacheSize(addrs) }
-
 // parseIDs reads the first prompt of a token-id prompt (lb.Request.Text:
 // decimal ids, space-separated; prompts joined by "\n").
 func parseIDs(text string) ([]uint32, bool) {
