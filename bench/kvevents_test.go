@@ -53,7 +53,7 @@ func TestQuickKVEvents(t *testing.T) {
 	}
 	k := kvBenchShape(true)
 	for _, cache := range k.caches {
-		want := []string{"oracle_header_hash", "sluice_cache_aware_kv_events", "sluice_cache_aware_tree",
+		want := []string{"oracle_planned", "sluice_cache_aware_kv_events", "sluice_cache_aware_tree",
 			"caddy_least_conn", "sluice_cache_aware_tree_redis_x4", "sluice_cache_aware_kv_events_redis_x4"}
 		for _, w := range want {
 			name := w + "@" + cacheLabel(cache)
@@ -80,6 +80,22 @@ func TestQuickKVEvents(t *testing.T) {
 			}
 			if sum != s.OK || len(s.PerReplica) != k.replicas {
 				t.Errorf("%s: per replica %v adds up to %d, %d answered", name, s.PerReplica, sum, s.OK)
+			}
+			if w == "oracle_planned" {
+				// every request went to its prefix's planned home
+				prefixes := kvPrompts(k)
+				arrivals := poisson(k.rate, k.arrivals, k.seed)
+				_, plan, _ := kvOracleFor(k, cache, arrivals, kvBodies(k, prefixes, len(arrivals)))
+				var got []int
+				for _, n := range s.PerReplica {
+					got = append(got, n)
+				}
+				want := append([]int(nil), plan.perEngine...)
+				slices.Sort(got)
+				slices.Sort(want)
+				if !slices.Equal(got, want) {
+					t.Errorf("%s: requests per engine %v, the plan's %v", name, s.PerReplica, plan.perEngine)
+				}
 			}
 			if strings.HasPrefix(w, "sluice_cache_aware_kv_events") && s.Extra["exact_replicas"] < 1 {
 				t.Errorf("%s: the index saw no engine's events: %v", name, s.Notes)
@@ -131,11 +147,11 @@ func TestKVEventsShape(t *testing.T) {
 		}
 	}
 	app := kvAppendix([]Summary{
-		{System: "oracle_header_hash@256blk", Rep: 1, Extra: map[string]float64{"cache_blocks": 256, "hit_rate": 0.8}},
+		{System: "oracle_planned@256blk", Rep: 1, Extra: map[string]float64{"cache_blocks": 256, "hit_rate": 0.8}},
 		{System: "sluice_cache_aware_kv_events@256blk", Rep: 1, Extra: map[string]float64{"cache_blocks": 256, "hit_rate": 0.78, "ttft_p50_s": 1, "ttft_p90_s": 2}},
 		{System: "sluice_cache_aware_tree@256blk", Rep: 1, Extra: map[string]float64{"cache_blocks": 256, "hit_rate": 0.7, "ttft_p50_s": 2, "ttft_p90_s": 2}},
 	})
-	if !strings.Contains(app, "| 256 blocks | 1 | 0.780 | 0.700 | 0.800 | +0.080 | 0.50× | 1.00× | — | — |") {
+	if !strings.Contains(app, "| 256 blocks | 1 | 0.780 | 0.700 | 0.800 | 0.975 | +0.080 | 0.50× | 1.00× | — | — |") {
 		t.Errorf("appendix:\n%s", app)
 	}
 }
