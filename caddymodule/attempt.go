@@ -184,6 +184,10 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats 
 	// and its body wrapper.
 	t := a.newTrace()
 	t.base, t.dial, t.stats, t.att = a.base, l.Replica(), stats, a
+	// The attempt's clock starts now, not at the transport's GetConn: a
+	// hook fewer per attempt, for the microseconds reverse_proxy takes to
+	// prepare the request.
+	t.start = time.Now()
 	t.ctx.init(a.base)
 	a.mu.Lock()
 	if a.closed || a.base.Err() != nil {
@@ -198,13 +202,12 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats 
 		// from here on runs finish, which releases it.
 		a.endHook = context.AfterFunc(a.base, a.finish)
 	}
-	// Armed before a.mu is let go: finish takes the trace under a.mu, so
-	// it always finds the timer to stop (armed after, it outlived a
+	// Watched before a.mu is let go: finish takes the trace under a.mu,
+	// so it always finds it to unwatch (watched after, it outlived a
 	// request that ended in between, for up to the whole limit).
 	if limit > 0 {
-		t.mu.Lock()
-		t.timer = time.AfterFunc(limit, t.expire)
-		t.mu.Unlock()
+		t.deadline = t.start.Add(limit)
+		firstByteWatched.watch(t)
 	}
 	for _, k := range []string{keyStatus, keyHostport, keyLastByte, keyContentType, keyError} {
 		a.repl.Delete(k)
@@ -337,13 +340,19 @@ type attemptTrace struct {
 	// read to its end; nil in tests of the trace alone.
 	att *attempt
 
+	start time.Time // set before the trace is shared, then read-only
+
+	// The first-byte watch's fields (firstByteWatch.mu): the deadline and
+	// the links of the list of attempts waiting for their first byte.
+	deadline             time.Time
+	watchPrev, watchNext *attemptTrace
+	watched              bool
+
 	mu           sync.Mutex
-	start        time.Time
 	firstByte    time.Duration
 	lastByte     time.Duration
 	transportErr bool
 	clientErr    bool // reading the client's body failed (e.g. a truncated upload)
-	timer        *time.Timer
 }
 
 // expire abandons an attempt still waiting for its first byte.
@@ -359,29 +368,18 @@ func (t *attemptTrace) expire() {
 	}
 }
 
-// close ends what the attempt holds: its timer and its context's link to
-// the request's.
+// close ends what the attempt holds: its place in the first-byte watch
+// and its context's link to the request's.
 func (t *attemptTrace) close() {
 	if t == nil {
 		return
 	}
-	t.mu.Lock()
-	if t.timer != nil {
-		t.timer.Stop()
-	}
-	t.mu.Unlock()
+	firstByteWatched.unwatch(t)
 	t.ctx.stop()
 }
 
 func (t *attemptTrace) setHooks() {
 	t.hooks = httptrace.ClientTrace{
-		GetConn: func(string) {
-			t.mu.Lock()
-			if t.start.IsZero() {
-				t.start = time.Now()
-			}
-			t.mu.Unlock()
-		},
 		ConnectDone: func(_, _ string, err error) { t.failed(err) },
 		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
 			t.failed(err)
@@ -392,12 +390,12 @@ func (t *attemptTrace) setHooks() {
 			first := t.firstByte == 0 && !t.transportErr
 			if first {
 				t.firstByte = max(time.Since(t.start), time.Nanosecond)
-				if t.timer != nil {
-					t.timer.Stop()
-				}
 			}
 			d := t.firstByte
 			t.mu.Unlock()
+			if first {
+				firstByteWatched.unwatch(t)
+			}
 			if first && t.stats != nil {
 				t.stats.observe(t.dial, d)
 			}

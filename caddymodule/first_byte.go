@@ -118,3 +118,107 @@ func (c *attemptContext) end(err error) {
 // stop detaches the attempt from the request's context; called when the
 // attempt is over.
 func (c *attemptContext) stop() { c.end(context.Canceled) }
+
+// The first-byte limits are watched by one timer for the whole process,
+// not one per attempt: a timer per attempt cost two allocations and a
+// timer-heap insertion and removal on every request, for a limit that
+// almost never fires. The attempts waiting for their first byte are in a
+// list (linked through the traces: no allocation), and the timer is armed
+// for the earliest deadline of the list's attempts when it was last
+// looked at. A new attempt re-arms it only when its deadline is earlier
+// (a shorter limit); when it fires, the attempts past their deadline are
+// abandoned and it is armed for the earliest left. An attempt leaves the
+// list at its first byte or its end, so nothing of a finished request is
+// kept, and a timer that finds the list empty stays unarmed.
+type firstByteWatch struct {
+	mu    sync.Mutex
+	head  *attemptTrace
+	n     int // attempts in the list
+	timer *time.Timer
+	next  time.Time // when the timer fires; zero: not armed
+}
+
+// firstByteWatched is the process's watch.
+var firstByteWatched firstByteWatch
+
+// watch adds t, which must expire at t.deadline unless it leaves first.
+func (w *firstByteWatch) watch(t *attemptTrace) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t.watchPrev, t.watchNext, t.watched = nil, w.head, true
+	if w.head != nil {
+		w.head.watchPrev = t
+	}
+	w.head = t
+	w.n++
+	if w.next.IsZero() || t.deadline.Before(w.next) {
+		w.armLocked(t.deadline)
+	}
+}
+
+// unwatch takes t out of the list, if it is in it.
+func (w *firstByteWatch) unwatch(t *attemptTrace) {
+	w.mu.Lock()
+	w.unlinkLocked(t)
+	w.mu.Unlock()
+}
+
+func (w *firstByteWatch) unlinkLocked(t *attemptTrace) {
+	if !t.watched {
+		return
+	}
+	if t.watchPrev != nil {
+		t.watchPrev.watchNext = t.watchNext
+	} else {
+		w.head = t.watchNext
+	}
+	if t.watchNext != nil {
+		t.watchNext.watchPrev = t.watchPrev
+	}
+	t.watchPrev, t.watchNext, t.watched = nil, nil, false
+	w.n--
+}
+
+func (w *firstByteWatch) armLocked(at time.Time) {
+	w.next = at
+	d := time.Until(at)
+	if w.timer == nil {
+		w.timer = time.AfterFunc(d, w.fire)
+		return
+	}
+	w.timer.Reset(d)
+}
+
+// fire abandons the attempts past their deadline and re-arms the timer
+// for the earliest left.
+func (w *firstByteWatch) fire() {
+	var expired []*attemptTrace
+	w.mu.Lock()
+	now := time.Now()
+	var earliest time.Time
+	for t := w.head; t != nil; {
+		next := t.watchNext
+		if !now.Before(t.deadline) {
+			w.unlinkLocked(t)
+			expired = append(expired, t)
+		} else if earliest.IsZero() || t.deadline.Before(earliest) {
+			earliest = t.deadline
+		}
+		t = next
+	}
+	w.next = time.Time{}
+	if !earliest.IsZero() {
+		w.armLocked(earliest)
+	}
+	w.mu.Unlock()
+	for _, t := range expired {
+		t.expire()
+	}
+}
+
+// len is how many attempts wait for their first byte (for tests).
+func (w *firstByteWatch) len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
