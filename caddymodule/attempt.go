@@ -74,12 +74,6 @@ type attempt struct {
 	lease   lb.Lease
 	trace   *attemptTrace
 	closed  bool // the request is over: no new attempt may start
-	// endHook stops the end-of-request hook (finish); nil while none is
-	// armed. It is armed whenever a lease is out, and disarmed when the
-	// replica's body was read to its end and nothing is left to release:
-	// that saves the goroutine context.AfterFunc starts at the end of
-	// every request.
-	endHook func() bool
 	refused bool // Sluice already answered this request itself
 
 	// req is what the policy knows of the request, kept across retries.
@@ -188,20 +182,21 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats 
 	// hook fewer per attempt, for the microseconds reverse_proxy takes to
 	// prepare the request.
 	t.start = time.Now()
-	t.ctx.init(a.base)
+	// The attempt's end-of-request hook (requestEnded, which runs finish)
+	// is armed with its context: while a lease is out, a request that
+	// ends releases it. If the request ends before the lease is recorded
+	// below, finish either runs first (closed: the lease goes back here)
+	// or waits for a.mu and finds the lease.
+	t.ctx.init(a.base, t.requestEnded)
 	a.mu.Lock()
 	if a.closed || a.base.Err() != nil {
 		a.closed = true
 		a.mu.Unlock()
+		t.ctx.stop()
 		l.Release(lb.Outcome{Kind: lb.Cancelled})
 		return false
 	}
 	a.lease, a.trace = l, t
-	if a.endHook == nil {
-		// Registered after the lease is recorded: a request that ends
-		// from here on runs finish, which releases it.
-		a.endHook = context.AfterFunc(a.base, a.finish)
-	}
 	// Watched before a.mu is let go: finish takes the trace under a.mu,
 	// so it always finds it to unwatch (watched after, it outlived a
 	// request that ended in between, for up to the whole limit).
@@ -241,12 +236,12 @@ func (a *attempt) bodyRead(t *attemptTrace) {
 	if o.Kind == lb.Failure { // a 5xx: a retry must avoid it too
 		a.failed = append(a.failed, l.Replica())
 	}
-	// Nothing is left for the request's end to release: the first-byte
-	// timer stopped at the first byte, and the attempt's context ends
-	// with the request's. A later attempt arms the hook again.
-	if a.endHook != nil && a.endHook() {
-		a.endHook = nil
-	}
+	// Nothing is left for the request's end to release: the attempt left
+	// the first-byte watch at its first byte, and the transport is done
+	// with its context. Disarming the hook saves the goroutine
+	// context.AfterFunc starts at the end of every request. A later
+	// attempt arms its own.
+	t.ctx.detach()
 	a.mu.Unlock()
 	l.Release(o)
 }
@@ -353,6 +348,16 @@ type attemptTrace struct {
 	lastByte     time.Duration
 	transportErr bool
 	clientErr    bool // reading the client's body failed (e.g. a truncated upload)
+}
+
+// requestEnded is the attempt's end-of-request hook: the attempt's
+// context ends as the request's did, and the attempt record releases what
+// it still holds.
+func (t *attemptTrace) requestEnded() {
+	t.ctx.parentEnded()
+	if t.att != nil {
+		t.att.finish()
+	}
 }
 
 // expire abandons an attempt still waiting for its first byte.

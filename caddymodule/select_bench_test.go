@@ -113,6 +113,11 @@ func BenchmarkSelect(b *testing.B) {
 				// entries by the request's end, so Sluice's one does not
 				// make its map grow; here too).
 				tr := httptrace.ContextClientTrace(r.Context())
+				// The transport's own context for the round trip
+				// (net/http's Transport.roundTrip), which it waits on,
+				// cancelled once the response is done.
+				tctx, tcancel := context.WithCancelCause(r.Context())
+				_ = tctx.Done()
 				if tr != nil && tr.GetConn != nil {
 					tr.GetConn(up.Dial)
 				}
@@ -128,6 +133,7 @@ func BenchmarkSelect(b *testing.B) {
 				if tr != nil && tr.PutIdleConn != nil {
 					tr.PutIdleConn(nil)
 				}
+				tcancel(nil)
 				end()
 			}
 		})
