@@ -42,14 +42,17 @@ type requestInfo struct {
 // result is cached for the request; a later caller with a larger max reads
 // further, so no module's bound decides for another.
 func requestInfoFor(r *http.Request, max int64) *requestInfo {
-	rs, _ := requestStateFor(r)
+	rs, _ := requestStateOf(r, true)
 	return rs.requestInfoFor(r, max)
 }
 
 func (rs *requestState) requestInfoFor(r *http.Request, max int64) *requestInfo {
 	ri := rs.info
 	if ri == nil {
-		ri = &requestInfo{}
+		ri = rs.info0
+		if ri == nil {
+			ri = &requestInfo{}
+		}
 		rs.info = ri
 		if r.Body == nil || r.Body == http.NoBody || r.Method == http.MethodGet || r.Method == http.MethodHead {
 			ri.complete = true
