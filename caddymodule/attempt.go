@@ -75,6 +75,10 @@ type attempt struct {
 	trace   *attemptTrace
 	closed  bool // the request is over: no new attempt may start
 	refused bool // Sluice already answered this request itself
+	// bodyWhole: the next attempt's request body is Sluice's in-memory
+	// copy (requestInfo.bodyFor), whose reads cannot fail; begin leaves it
+	// unwrapped, so net/http still sees it is in memory. Set by Select.
+	bodyWhole bool
 
 	// req is what the policy knows of the request, kept across retries.
 	req *lb.Request
@@ -176,6 +180,8 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats 
 	// One allocation (none for the first attempt: the record's) for
 	// everything the attempt adds to the request: its trace, its context
 	// and its body wrapper.
+	whole := a.bodyWhole
+	a.bodyWhole = false
 	t := a.newTrace()
 	t.base, t.dial, t.stats, t.att = a.base, l.Replica(), stats, a
 	// The attempt's clock starts now, not at the transport's GetConn: a
@@ -212,7 +218,7 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats 
 	// traced one: an old trace must not report on a new attempt.
 	t.setHooks()
 	*r = *r.WithContext(httptrace.WithClientTrace(&t.ctx, &t.hooks))
-	if r.Body != nil && r.Body != http.NoBody {
+	if r.Body != nil && r.Body != http.NoBody && !whole {
 		t.body = clientBody{ReadCloser: r.Body, t: t}
 		r.Body = &t.body
 	}

@@ -148,7 +148,7 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		return nil
 	}
 	if s.maxBody > 0 {
-		rs.requestInfoFor(r, s.maxBody).bodyFor(r)
+		a.bodyWhole = rs.requestInfoFor(r, s.maxBody).bodyFor(r)
 	}
 	begun = true
 	if !a.begin(lease, r, st.firstByte.limit(lease.Replica(), s.firstByte), &st.firstByte) {
