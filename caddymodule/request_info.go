@@ -25,10 +25,6 @@ type requestInfo struct {
 	closer   io.Closer // the original body
 	limit    int64     // the largest bound buf was read with
 	complete bool      // buf is the whole body
-	broken   bool      // the last read of the body failed
-	// extracted: buf was handed to reqtext (once, when within a caller's
-	// bound; readBody alone does not).
-	extracted bool
 
 	// The first replay and the first attempt's copy, in the same
 	// allocation (later ones, rare, get their own).
@@ -51,21 +47,6 @@ func requestInfoFor(r *http.Request, max int64) *requestInfo {
 }
 
 func (rs *requestState) requestInfoFor(r *http.Request, max int64) *requestInfo {
-	ri := rs.readBody(r, max)
-	// Too big or broken: route by load; the body still goes through intact.
-	if !ri.extracted && !ri.broken && ri.buf != nil && int64(len(ri.buf)) <= max {
-		ri.extracted = true
-		if req, err := reqtext.Extract(r.URL.Path, ri.buf); err == nil && req.Kind != reqtext.KindOther {
-			ri.Request, ri.Parsed = req, true
-		}
-	}
-	return ri
-}
-
-// readBody is requestInfoFor without the parse: it reads up to max bytes
-// of r's body (further than an earlier call, if max is larger) and puts
-// them back in front of the unread rest.
-func (rs *requestState) readBody(r *http.Request, max int64) *requestInfo {
 	ri := rs.info
 	if ri == nil {
 		ri = rs.info0
@@ -87,7 +68,6 @@ func (rs *requestState) readBody(r *http.Request, max int64) *requestInfo {
 	var err error
 	ri.buf, err = readAtMost(ri.buf, ri.rest, want, r.ContentLength)
 	ri.limit = max
-	ri.broken = err != nil
 	ri.complete = err == nil && int64(len(ri.buf)-had) < want
 	rb := &ri.replay0
 	if ri.replay0Used {
@@ -100,17 +80,13 @@ func (rs *requestState) readBody(r *http.Request, max int64) *requestInfo {
 		rb.rest = ri.rest
 	}
 	r.Body = rb
+	if err != nil || int64(len(ri.buf)) > max {
+		return ri // too big or broken: route by load; the body still goes through intact
+	}
+	if req, err := reqtext.Extract(r.URL.Path, ri.buf); err == nil && req.Kind != reqtext.KindOther {
+		ri.Request, ri.Parsed = req, true
+	}
 	return ri
-}
-
-// smallBodyBytes bounds the bodies a policy that does not read the prompt
-// still reads whole before the attempt, when their length is known: the
-// replica then gets them in one write with the headers (bodyFor).
-const smallBodyBytes = 4 << 10
-
-// smallBody reports whether r's body is one of those.
-func smallBody(r *http.Request) bool {
-	return r.ContentLength > 0 && r.ContentLength <= smallBodyBytes && r.Body != nil && r.Body != http.NoBody
 }
 
 // bodyFor gives one attempt its own copy of a body read whole, so a retry

@@ -85,7 +85,7 @@ func (s *selector) Cleanup() error { return s.claims.release() }
 // policy). When the request cannot be dispatched it answers the client
 // itself (JSON error, Retry-After) and returns nil.
 func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) (up *reverseproxy.Upstream) {
-	rs, repl := requestStateOf(r, s.maxBody > 0 || smallBody(r))
+	rs, repl := requestStateOf(r, s.maxBody > 0)
 	a := rs.startAttempt(r, repl, s.varKey, s.measure)
 	if a == nil {
 		return nil
@@ -147,13 +147,8 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		}
 		return nil
 	}
-	switch {
-	case s.maxBody > 0:
+	if s.maxBody > 0 {
 		a.bodyWhole = rs.requestInfoFor(r, s.maxBody).bodyFor(r)
-	case smallBody(r):
-		// Not for the policy: for the write (bodyFor). Read after the
-		// pick, as the transport would have read it.
-		a.bodyWhole = rs.readBody(r, smallBodyBytes).bodyFor(r)
 	}
 	begun = true
 	if !a.begin(lease, r, st.firstByte.limit(lease.Replica(), s.firstByte), &st.firstByte) {
