@@ -74,13 +74,11 @@ type attempt struct {
 	lease   lb.Lease
 	trace   *attemptTrace
 	closed  bool // the request is over: no new attempt may start
-	// endHook stops the end-of-request hook (finish); nil while none is
-	// armed. It is armed whenever a lease is out, and disarmed when the
-	// replica's body was read to its end and nothing is left to release:
-	// that saves the goroutine context.AfterFunc starts at the end of
-	// every request.
-	endHook func() bool
 	refused bool // Sluice already answered this request itself
+	// bodyWhole: the next attempt's request body is Sluice's in-memory
+	// copy (requestInfo.bodyFor), whose reads cannot fail; begin leaves it
+	// unwrapped, so net/http still sees it is in memory. Set by Select.
+	bodyWhole bool
 
 	// req is what the policy knows of the request, kept across retries.
 	req *lb.Request
@@ -182,29 +180,35 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats 
 	// One allocation (none for the first attempt: the record's) for
 	// everything the attempt adds to the request: its trace, its context
 	// and its body wrapper.
+	whole := a.bodyWhole
+	a.bodyWhole = false
 	t := a.newTrace()
 	t.base, t.dial, t.stats, t.att = a.base, l.Replica(), stats, a
-	t.ctx.init(a.base)
+	// The attempt's clock starts now, not at the transport's GetConn: a
+	// hook fewer per attempt, for the microseconds reverse_proxy takes to
+	// prepare the request.
+	t.start = time.Now()
+	// The attempt's end-of-request hook (requestEnded, which runs finish)
+	// is armed with its context: while a lease is out, a request that
+	// ends releases it. If the request ends before the lease is recorded
+	// below, finish either runs first (closed: the lease goes back here)
+	// or waits for a.mu and finds the lease.
+	t.ctx.init(a.base, t.requestEnded)
 	a.mu.Lock()
 	if a.closed || a.base.Err() != nil {
 		a.closed = true
 		a.mu.Unlock()
+		t.ctx.stop()
 		l.Release(lb.Outcome{Kind: lb.Cancelled})
 		return false
 	}
 	a.lease, a.trace = l, t
-	if a.endHook == nil {
-		// Registered after the lease is recorded: a request that ends
-		// from here on runs finish, which releases it.
-		a.endHook = context.AfterFunc(a.base, a.finish)
-	}
-	// Armed before a.mu is let go: finish takes the trace under a.mu, so
-	// it always finds the timer to stop (armed after, it outlived a
+	// Watched before a.mu is let go: finish takes the trace under a.mu,
+	// so it always finds it to unwatch (watched after, it outlived a
 	// request that ended in between, for up to the whole limit).
 	if limit > 0 {
-		t.mu.Lock()
-		t.timer = time.AfterFunc(limit, t.expire)
-		t.mu.Unlock()
+		t.deadline = t.start.Add(limit)
+		firstByteWatched.watch(t)
 	}
 	for _, k := range []string{keyStatus, keyHostport, keyLastByte, keyContentType, keyError} {
 		a.repl.Delete(k)
@@ -214,7 +218,7 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats 
 	// traced one: an old trace must not report on a new attempt.
 	t.setHooks()
 	*r = *r.WithContext(httptrace.WithClientTrace(&t.ctx, &t.hooks))
-	if r.Body != nil && r.Body != http.NoBody {
+	if r.Body != nil && r.Body != http.NoBody && !whole {
 		t.body = clientBody{ReadCloser: r.Body, t: t}
 		r.Body = &t.body
 	}
@@ -238,12 +242,12 @@ func (a *attempt) bodyRead(t *attemptTrace) {
 	if o.Kind == lb.Failure { // a 5xx: a retry must avoid it too
 		a.failed = append(a.failed, l.Replica())
 	}
-	// Nothing is left for the request's end to release: the first-byte
-	// timer stopped at the first byte, and the attempt's context ends
-	// with the request's. A later attempt arms the hook again.
-	if a.endHook != nil && a.endHook() {
-		a.endHook = nil
-	}
+	// Nothing is left for the request's end to release: the attempt left
+	// the first-byte watch at its first byte, and the transport is done
+	// with its context. Disarming the hook saves the goroutine
+	// context.AfterFunc starts at the end of every request. A later
+	// attempt arms its own.
+	t.ctx.detach()
 	a.mu.Unlock()
 	l.Release(o)
 }
@@ -337,13 +341,29 @@ type attemptTrace struct {
 	// read to its end; nil in tests of the trace alone.
 	att *attempt
 
+	start time.Time // set before the trace is shared, then read-only
+
+	// The first-byte watch's fields (firstByteWatch.mu): the deadline and
+	// the links of the list of attempts waiting for their first byte.
+	deadline             time.Time
+	watchPrev, watchNext *attemptTrace
+	watched              bool
+
 	mu           sync.Mutex
-	start        time.Time
 	firstByte    time.Duration
 	lastByte     time.Duration
 	transportErr bool
 	clientErr    bool // reading the client's body failed (e.g. a truncated upload)
-	timer        *time.Timer
+}
+
+// requestEnded is the attempt's end-of-request hook: the attempt's
+// context ends as the request's did, and the attempt record releases what
+// it still holds.
+func (t *attemptTrace) requestEnded() {
+	t.ctx.parentEnded()
+	if t.att != nil {
+		t.att.finish()
+	}
 }
 
 // expire abandons an attempt still waiting for its first byte.
@@ -359,29 +379,18 @@ func (t *attemptTrace) expire() {
 	}
 }
 
-// close ends what the attempt holds: its timer and its context's link to
-// the request's.
+// close ends what the attempt holds: its place in the first-byte watch
+// and its context's link to the request's.
 func (t *attemptTrace) close() {
 	if t == nil {
 		return
 	}
-	t.mu.Lock()
-	if t.timer != nil {
-		t.timer.Stop()
-	}
-	t.mu.Unlock()
+	firstByteWatched.unwatch(t)
 	t.ctx.stop()
 }
 
 func (t *attemptTrace) setHooks() {
 	t.hooks = httptrace.ClientTrace{
-		GetConn: func(string) {
-			t.mu.Lock()
-			if t.start.IsZero() {
-				t.start = time.Now()
-			}
-			t.mu.Unlock()
-		},
 		ConnectDone: func(_, _ string, err error) { t.failed(err) },
 		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
 			t.failed(err)
@@ -392,12 +401,12 @@ func (t *attemptTrace) setHooks() {
 			first := t.firstByte == 0 && !t.transportErr
 			if first {
 				t.firstByte = max(time.Since(t.start), time.Nanosecond)
-				if t.timer != nil {
-					t.timer.Stop()
-				}
 			}
 			d := t.firstByte
 			t.mu.Unlock()
+			if first {
+				firstByteWatched.unwatch(t)
+			}
 			if first && t.stats != nil {
 				t.stats.observe(t.dial, d)
 			}

@@ -271,11 +271,11 @@ func TestRefusalIsWrittenOnceWithJSONAndRetryAfter(t *testing.T) {
 }
 
 // A request that ends while its attempt begins (the client left within
-// microseconds) must not leave the attempt's first-byte timer running: it
-// would keep the trace, and fire, minutes after the request is gone.
-func TestFirstByteTimerNeverOutlivesTheRequest(t *testing.T) {
+// microseconds) must not leave the attempt in the first-byte watch: it
+// would keep the trace, and abandon it, minutes after the request is gone.
+func TestFirstByteWatchNeverOutlivesTheRequest(t *testing.T) {
 	const n = 3000
-	leftRunning := 0
+	leftWatched := 0
 	for i := 0; i < n; i++ {
 		r, _, cancel := newRequest(t)
 		r.Body = io.NopCloser(strings.NewReader("{}")) // begin wraps it: the wrapper names the trace
@@ -288,14 +288,77 @@ func TestFirstByteTimerNeverOutlivesTheRequest(t *testing.T) {
 		// The end-of-request hook closes the trace, then releases.
 		waitOutcomes(t, l, 1)
 		tr := r.Body.(*clientBody).t
-		tr.mu.Lock()
-		if tr.timer != nil && tr.timer.Stop() {
-			leftRunning++
+		firstByteWatched.mu.Lock()
+		if tr.watched {
+			leftWatched++
 		}
-		tr.mu.Unlock()
+		firstByteWatched.mu.Unlock()
 	}
-	if leftRunning > 0 {
-		t.Fatalf("%d of %d attempts kept their first-byte timer after the request ended", leftRunning, n)
+	if leftWatched > 0 {
+		t.Fatalf("%d of %d attempts stayed in the first-byte watch after the request ended", leftWatched, n)
+	}
+}
+
+// An attempt with no first byte within its limit is abandoned: its
+// context ends with a timeout (reverse_proxy answers 504) and it is the
+// replica's failure. Attempts with a later deadline, or that got their
+// first byte, are left alone, and every attempt leaves the watch.
+func TestFirstByteLimitAbandonsOnlyTheHungAttempt(t *testing.T) {
+	begin := func(limit time.Duration) (*http.Request, *recordingLease, *attemptTrace, context.CancelFunc) {
+		r, _, cancel := newRequest(t)
+		r.Body = io.NopCloser(strings.NewReader("{}"))
+		a := attemptFor(r, "k", measureLastByte)
+		l := &recordingLease{addr: "r:1"}
+		if !a.begin(l, r, limit, nil) {
+			t.Fatal("begin refused a live request")
+		}
+		return r, l, r.Body.(*clientBody).t, cancel
+	}
+	// The long limit first: the short one must re-arm the watch earlier.
+	rLong, lLong, trLong, cancelLong := begin(time.Hour)
+	rAnswered, lAnswered, trAnswered, cancelAnswered := begin(20 * time.Millisecond)
+	trAnswered.hooks.GotFirstResponseByte()
+	rHung, lHung, _, cancelHung := begin(20 * time.Millisecond)
+
+	select {
+	case <-rHung.Context().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hung attempt was not abandoned")
+	}
+	if err := rHung.Context().Err(); !errors.Is(err, errFirstByteTimeout) {
+		t.Fatalf("hung attempt's context ended with %v, want the first-byte timeout", err)
+	}
+	var ne interface{ Timeout() bool }
+	if !errors.As(rHung.Context().Err(), &ne) || !ne.Timeout() {
+		t.Fatal("the first-byte timeout must read as a timeout (reverse_proxy's 504)")
+	}
+	cancelHung()
+	if got := waitOutcomes(t, lHung, 1); got[0].Kind != lb.Failure {
+		t.Fatalf("hung attempt released %+v, want Failure", got[0])
+	}
+
+	// The answered one outlived its limit untouched; the long one waits.
+	time.Sleep(50 * time.Millisecond)
+	if rAnswered.Context().Err() != nil || rLong.Context().Err() != nil {
+		t.Fatalf("abandoned too: answered %v, long %v", rAnswered.Context().Err(), rLong.Context().Err())
+	}
+	firstByteWatched.mu.Lock()
+	longWatched, answeredWatched := trLong.watched, trAnswered.watched
+	firstByteWatched.mu.Unlock()
+	if !longWatched || answeredWatched {
+		t.Fatalf("watched: long %v (want true), answered %v (want false)", longWatched, answeredWatched)
+	}
+	cancelAnswered()
+	cancelLong()
+	waitOutcomes(t, lAnswered, 1)
+	if got := waitOutcomes(t, lLong, 1); got[0].Kind != lb.Cancelled {
+		t.Fatalf("long attempt released %+v, want Cancelled (the client left)", got[0])
+	}
+	firstByteWatched.mu.Lock()
+	longWatched = trLong.watched
+	firstByteWatched.mu.Unlock()
+	if longWatched {
+		t.Fatal("an ended attempt stayed in the first-byte watch")
 	}
 }
 
@@ -312,7 +375,6 @@ func TestSecondProxyAfterAnAnswerIsNoFailure(t *testing.T) {
 		t.Fatal("begin refused a live request")
 	}
 	tr := r.Body.(*clientBody).t
-	tr.hooks.GetConn("10.0.0.1:1")
 	tr.hooks.GotFirstResponseByte() // the replica answered...
 	repl.Set(keyStatus, 200)
 	repl.Set(keyHostport, "10.0.0.1:1") // ...and handle_response matched it

@@ -86,35 +86,217 @@ func (firstByteTimeoutError) Temporary() bool { return true }
 
 // attemptContext is the context of one attempt: the request's, plus an
 // end of its own that the first-byte limit can call. (A deadline would
-// also cut a response that is already streaming.) It is a child cancel
-// context of the request's, so the request's end reaches it without a
-// goroutine, and its Err is a timeout after the limit (reverse_proxy
-// answers 504 for it, where context.Canceled would read as the client
-// leaving).
+// also cut a response that is already streaming.) Its Err is a timeout
+// after the limit (reverse_proxy answers 504 for it, where
+// context.Canceled would read as the client leaving).
+//
+// It is not a context.WithCancelCause child of the request's: that cost
+// the child, its cancel function, and a children map for the transport's
+// own child context, on every attempt. It ends itself, and it implements
+// the AfterFunc method the context package uses to propagate an end to
+// children (so the transport's context registers here without a map or a
+// goroutine). One context.AfterFunc on the request's context both ends
+// the attempt's and runs the attempt's end-of-request hook (onParentEnd).
 type attemptContext struct {
-	context.Context
-	cancel context.CancelCauseFunc
+	parent context.Context
+	done   chan struct{}
+
+	mu         sync.Mutex
+	err        error
+	stopParent func() bool // disarms the request's end hook; nil once run or disarmed
+	funcs      [2]func()   // registered by AfterFunc: the transport's child context
+	more       []func()    // past two (rare)
 }
 
-func (c *attemptContext) init(parent context.Context) {
-	c.Context, c.cancel = context.WithCancelCause(parent)
+// init makes c the context of an attempt on parent; onParentEnd runs (in
+// its own goroutine) when parent ends, unless detach or end came first.
+func (c *attemptContext) init(parent context.Context, onParentEnd func()) {
+	c.parent = parent
+	c.done = make(chan struct{})
+	c.mu.Lock()
+	c.stopParent = context.AfterFunc(parent, onParentEnd)
+	c.mu.Unlock()
 }
+
+func (c *attemptContext) Deadline() (time.Time, bool) { return c.parent.Deadline() }
+func (c *attemptContext) Done() <-chan struct{}       { return c.done }
+func (c *attemptContext) Value(key any) any           { return c.parent.Value(key) }
 
 func (c *attemptContext) Err() error {
-	err := c.Context.Err()
-	if err != nil && context.Cause(c.Context) == errFirstByteTimeout {
-		return errFirstByteTimeout
-	}
-	return err
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
 }
 
-// end ends the attempt for err (the first request's end or err wins).
+// noStop is AfterFunc's stop: a registered function stays registered
+// until the attempt ends. The context package only registers a child's
+// cancel, which does nothing for a child already cancelled.
+func noStop() bool { return false }
+
+// AfterFunc runs f when c ends (the context package's afterFuncer).
+func (c *attemptContext) AfterFunc(f func()) func() bool {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		go f()
+		return noStop
+	}
+	switch {
+	case c.funcs[0] == nil:
+		c.funcs[0] = f
+	case c.funcs[1] == nil:
+		c.funcs[1] = f
+	default:
+		c.more = append(c.more, f)
+	}
+	c.mu.Unlock()
+	return noStop
+}
+
+// end ends the attempt for err (the first end wins). The request's end
+// hook stays armed: an attempt abandoned at its first-byte limit still
+// holds its lease until the request ends.
 func (c *attemptContext) end(err error) {
-	if c.cancel != nil {
-		c.cancel(err)
+	c.mu.Lock()
+	if c.err != nil || c.done == nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = err
+	funcs, more := c.funcs, c.more
+	c.funcs, c.more = [2]func(){}, nil
+	c.mu.Unlock()
+	close(c.done)
+	for _, f := range funcs {
+		if f != nil {
+			f()
+		}
+	}
+	for _, f := range more {
+		f()
 	}
 }
 
-// stop detaches the attempt from the request's context; called when the
-// attempt is over.
-func (c *attemptContext) stop() { c.end(context.Canceled) }
+// parentEnded ends c as its parent did.
+func (c *attemptContext) parentEnded() { c.end(c.parent.Err()) }
+
+// detach disarms the request's end hook without ending c; it reports
+// whether the hook will not run.
+func (c *attemptContext) detach() bool {
+	c.mu.Lock()
+	stop := c.stopParent
+	c.stopParent = nil
+	c.mu.Unlock()
+	return stop == nil || stop()
+}
+
+// stop ends the attempt and disarms the request's end hook; called when
+// the attempt is over.
+func (c *attemptContext) stop() {
+	c.detach()
+	c.end(context.Canceled)
+}
+
+// The first-byte limits are watched by one timer for the whole process,
+// not one per attempt: a timer per attempt cost two allocations and a
+// timer-heap insertion and removal on every request, for a limit that
+// almost never fires. The attempts waiting for their first byte are in a
+// list (linked through the traces: no allocation), and the timer is armed
+// for the earliest deadline of the list's attempts when it was last
+// looked at. A new attempt re-arms it only when its deadline is earlier
+// (a shorter limit); when it fires, the attempts past their deadline are
+// abandoned and it is armed for the earliest left. An attempt leaves the
+// list at its first byte or its end, so nothing of a finished request is
+// kept, and a timer that finds the list empty stays unarmed.
+type firstByteWatch struct {
+	mu    sync.Mutex
+	head  *attemptTrace
+	n     int // attempts in the list
+	timer *time.Timer
+	next  time.Time // when the timer fires; zero: not armed
+}
+
+// firstByteWatched is the process's watch.
+var firstByteWatched firstByteWatch
+
+// watch adds t, which must expire at t.deadline unless it leaves first.
+func (w *firstByteWatch) watch(t *attemptTrace) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t.watchPrev, t.watchNext, t.watched = nil, w.head, true
+	if w.head != nil {
+		w.head.watchPrev = t
+	}
+	w.head = t
+	w.n++
+	if w.next.IsZero() || t.deadline.Before(w.next) {
+		w.armLocked(t.deadline)
+	}
+}
+
+// unwatch takes t out of the list, if it is in it.
+func (w *firstByteWatch) unwatch(t *attemptTrace) {
+	w.mu.Lock()
+	w.unlinkLocked(t)
+	w.mu.Unlock()
+}
+
+func (w *firstByteWatch) unlinkLocked(t *attemptTrace) {
+	if !t.watched {
+		return
+	}
+	if t.watchPrev != nil {
+		t.watchPrev.watchNext = t.watchNext
+	} else {
+		w.head = t.watchNext
+	}
+	if t.watchNext != nil {
+		t.watchNext.watchPrev = t.watchPrev
+	}
+	t.watchPrev, t.watchNext, t.watched = nil, nil, false
+	w.n--
+}
+
+func (w *firstByteWatch) armLocked(at time.Time) {
+	w.next = at
+	d := time.Until(at)
+	if w.timer == nil {
+		w.timer = time.AfterFunc(d, w.fire)
+		return
+	}
+	w.timer.Reset(d)
+}
+
+// fire abandons the attempts past their deadline and re-arms the timer
+// for the earliest left.
+func (w *firstByteWatch) fire() {
+	var expired []*attemptTrace
+	w.mu.Lock()
+	now := time.Now()
+	var earliest time.Time
+	for t := w.head; t != nil; {
+		next := t.watchNext
+		if !now.Before(t.deadline) {
+			w.unlinkLocked(t)
+			expired = append(expired, t)
+		} else if earliest.IsZero() || t.deadline.Before(earliest) {
+			earliest = t.deadline
+		}
+		t = next
+	}
+	w.next = time.Time{}
+	if !earliest.IsZero() {
+		w.armLocked(earliest)
+	}
+	w.mu.Unlock()
+	for _, t := range expired {
+		t.expire()
+	}
+}
+
+// len is how many attempts wait for their first byte (for tests).
+func (w *firstByteWatch) len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}

@@ -30,7 +30,7 @@ type requestInfo struct {
 	// allocation (later ones, rare, get their own).
 	replay0     replayBody
 	replay0Used bool
-	copy0       bytesBody
+	copy0       bytes.Reader
 	copy0Used   bool
 }
 
@@ -42,14 +42,17 @@ type requestInfo struct {
 // result is cached for the request; a later caller with a larger max reads
 // further, so no module's bound decides for another.
 func requestInfoFor(r *http.Request, max int64) *requestInfo {
-	rs, _ := requestStateFor(r)
+	rs, _ := requestStateOf(r, true)
 	return rs.requestInfoFor(r, max)
 }
 
 func (rs *requestState) requestInfoFor(r *http.Request, max int64) *requestInfo {
 	ri := rs.info
 	if ri == nil {
-		ri = &requestInfo{}
+		ri = rs.info0
+		if ri == nil {
+			ri = &requestInfo{}
+		}
 		rs.info = ri
 		if r.Body == nil || r.Body == http.NoBody || r.Method == http.MethodGet || r.Method == http.MethodHead {
 			ri.complete = true
@@ -88,17 +91,26 @@ func (rs *requestState) requestInfoFor(r *http.Request, max int64) *requestInfo 
 
 // bodyFor gives one attempt its own copy of a body read whole, so a retry
 // after a failed attempt (whose transport closed the body it was given)
-// sends the same bytes again. A body not read whole stays as it is.
-func (ri *requestInfo) bodyFor(r *http.Request) {
-	if ri.complete && ri.buf != nil {
-		b := &ri.copy0
-		if ri.copy0Used {
-			b = &bytesBody{}
-		}
-		ri.copy0Used = true
-		b.Reset(ri.buf)
-		r.Body = b
+// sends the same bytes again, and reports whether it did. A body not read
+// whole stays as it is.
+//
+// The copy is an io.NopCloser of a *bytes.Reader, which net/http knows
+// is in memory: it writes the headers and the body together. Behind any
+// other type it flushes the headers on their own first, to a replica
+// that then reads twice (a write and a packet more per request than the
+// body needs).
+func (ri *requestInfo) bodyFor(r *http.Request) bool {
+	if !ri.complete || ri.buf == nil {
+		return false
 	}
+	b := &ri.copy0
+	if ri.copy0Used {
+		b = &bytes.Reader{}
+	}
+	ri.copy0Used = true
+	b.Reset(ri.buf)
+	r.Body = io.NopCloser(b)
+	return true
 }
 
 // readAtMost appends up to n bytes of src to dst (io.ReadAll of a
@@ -145,11 +157,6 @@ func (b *replayBody) Read(p []byte) (int, error) {
 }
 
 func (b *replayBody) Close() error { return b.closer.Close() }
-
-// bytesBody is a body read whole, for one attempt; closing it is a no-op.
-type bytesBody struct{ bytes.Reader }
-
-func (*bytesBody) Close() error { return nil }
 
 // Sizes assumed when the body does not tell.
 const (

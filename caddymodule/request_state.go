@@ -31,6 +31,8 @@ type requestState struct {
 	// policy's attempt record.
 	attempt0 attempt
 	first    [1]keyedAttempt
+	// info0, if set, is where the parsed body goes (same allocation).
+	info0 *requestInfo
 }
 
 type keyedAttempt struct {
@@ -44,6 +46,31 @@ const requestStateKey = "sluice.internal.request"
 // requestStateFor returns r's state, creating it on first use, and r's
 // Replacer (nil outside Caddy's handler chain).
 func requestStateFor(r *http.Request) (*requestState, *caddy.Replacer) {
+	return requestStateOf(r, false)
+}
+
+// requestStateWithInfo is a request's state and its parsed body in one
+// allocation, for requests whose body a Sluice module reads.
+type requestStateWithInfo struct {
+	requestState
+	info requestInfo
+}
+
+// newRequestState is a fresh state; withInfo: with room for the parsed
+// body (not carried by every request: a policy that never reads the body
+// would only add its bytes to the garbage).
+func newRequestState(withInfo bool) *requestState {
+	if !withInfo {
+		return &requestState{}
+	}
+	s := &requestStateWithInfo{}
+	s.info0 = &s.info
+	return &s.requestState
+}
+
+// requestStateOf is requestStateFor; a state it creates has room for the
+// parsed body when withInfo (the caller will read it).
+func requestStateOf(r *http.Request, withInfo bool) (*requestState, *caddy.Replacer) {
 	ctx := r.Context()
 	repl, _ := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl != nil {
@@ -52,14 +79,14 @@ func requestStateFor(r *http.Request) (*requestState, *caddy.Replacer) {
 				return rs, repl
 			}
 		}
-		rs := &requestState{}
+		rs := newRequestState(withInfo)
 		repl.Set(requestStateKey, rs)
 		return rs, repl
 	}
 	if rs, ok := caddyhttp.GetVar(ctx, requestStateKey).(*requestState); ok {
 		return rs, nil
 	}
-	rs := &requestState{}
+	rs := newRequestState(withInfo)
 	caddyhttp.SetVar(ctx, requestStateKey, rs)
 	return rs, nil
 }

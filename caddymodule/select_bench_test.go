@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
@@ -24,9 +25,11 @@ func (w *benchWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (w *benchWriter) WriteHeader(int)             {}
 
 // BenchmarkSelect is the per-request cost of each policy's Select on a tiny
-// completion over 4 static upstreams, the attempt's end included (the
-// request context ends, as when the handler chain returns), against
-// Caddy's round_robin on the same requests. The request carries what
+// completion over 4 static upstreams, the attempt's end included, against
+// Caddy's round_robin on the same requests. The attempt ends as it does
+// behind a replica that answers: the transport reports the first response
+// byte and the body read to its end (the trace Select attached), then
+// the request context ends, as when the handler chain returns. The request carries what
 // Caddy's server and reverse_proxy put in its variables and placeholders
 // (a vars map that grows past 8 entries costs ~1 µs and 4 allocations):
 //
@@ -78,6 +81,10 @@ func BenchmarkSelect(b *testing.B) {
 		upstreamKeys := []string{"http.reverse_proxy.upstream.address", "http.reverse_proxy.upstream.hostport",
 			"http.reverse_proxy.upstream.host", "http.reverse_proxy.upstream.port", "http.reverse_proxy.upstream.requests",
 			"http.reverse_proxy.upstream.max_requests", "http.reverse_proxy.upstream.fails"}
+		responseKeys := []string{keyStatus, "http.reverse_proxy.status_text", "http.reverse_proxy.upstream.latency",
+			"http.reverse_proxy.upstream.latency_ms", "http.reverse_proxy.header.Content-Type",
+			"http.reverse_proxy.header.Content-Length", "http.reverse_proxy.header.Date",
+			"http.reverse_proxy.header.X-Sim-Replica", "http.reverse_proxy.header.X-Sim-Seq"}
 		b.Run(pc.name, func(b *testing.B) {
 			w := &benchWriter{h: http.Header{}}
 			b.ReportAllocs()
@@ -101,6 +108,32 @@ func BenchmarkSelect(b *testing.B) {
 				for _, k := range upstreamKeys {
 					repl.Set(k, up.Dial)
 				}
+				// What the transport reports, and reverse_proxy sets,
+				// once the replica answers (Caddy's Replacer holds ~20
+				// entries by the request's end, so Sluice's one does not
+				// make its map grow; here too).
+				tr := httptrace.ContextClientTrace(r.Context())
+				// The transport's own context for the round trip
+				// (net/http's Transport.roundTrip), which it waits on,
+				// cancelled once the response is done.
+				tctx, tcancel := context.WithCancelCause(r.Context())
+				_ = tctx.Done()
+				if tr != nil && tr.GetConn != nil {
+					tr.GetConn(up.Dial)
+				}
+				if tr != nil && tr.WroteRequest != nil {
+					tr.WroteRequest(httptrace.WroteRequestInfo{})
+				}
+				if tr != nil && tr.GotFirstResponseByte != nil {
+					tr.GotFirstResponseByte()
+				}
+				for _, k := range responseKeys {
+					repl.Set(k, 1)
+				}
+				if tr != nil && tr.PutIdleConn != nil {
+					tr.PutIdleConn(nil)
+				}
+				tcancel(nil)
 				end()
 			}
 		})

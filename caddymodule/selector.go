@@ -85,7 +85,7 @@ func (s *selector) Cleanup() error { return s.claims.release() }
 // policy). When the request cannot be dispatched it answers the client
 // itself (JSON error, Retry-After) and returns nil.
 func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) (up *reverseproxy.Upstream) {
-	rs, repl := requestStateFor(r)
+	rs, repl := requestStateOf(r, s.maxBody > 0)
 	a := rs.startAttempt(r, repl, s.varKey, s.measure)
 	if a == nil {
 		return nil
@@ -148,7 +148,7 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		return nil
 	}
 	if s.maxBody > 0 {
-		rs.requestInfoFor(r, s.maxBody).bodyFor(r)
+		a.bodyWhole = rs.requestInfoFor(r, s.maxBody).bodyFor(r)
 	}
 	begun = true
 	if !a.begin(lease, r, st.firstByte.limit(lease.Replica(), s.firstByte), &st.firstByte) {

@@ -95,6 +95,14 @@ func admitted(t *testing.T, pool string, n int) (inflight float64, done <-chan o
 		go func() { out <- tenantPost("t") }()
 	}
 	eventually(t, "every request in flight or queued", func() bool {
+		// A request answered before all are held can only have failed
+		// (the replicas take 1.5 s): say how, rather than wait out the
+		// deadline for a count that cannot come.
+		select {
+		case o := <-out:
+			t.Fatalf("a request ended before all %d were admitted: %d %s %v", n, o.status, o.errType, o.err)
+		default:
+		}
 		inflight = flowGauge(t, "sluice_flow_control_inflight_requests", pool)
 		return inflight+flowGauge(t, "inference_extension_flow_control_queue_size", pool) == float64(n)
 	})

@@ -304,25 +304,28 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		return nil, lb.ErrNoBackends
 	}
 	explain := p.explaining()
-	rank := p.policy.rank(cands, facts, explain)
+	var rankBuf [2 * smallPool]float64
+	var orderBuf [smallPool]int
+	order, total, scores := p.policy.rank(cands, facts, explain, rankBuf[:0], orderBuf[:0])
 	if explain {
-		// A copy: cands may be on this call's stack.
-		p.Explain(Explanation{Picked: cands[rank.Order[0]].Addr, Hot: facts.Hot, Session: facts.SessionAddr,
-			Shift: p.policy.Shift(), Candidates: slices.Clone(cands), Rank: rank})
+		// Copies: cands and the ranking may be on this call's stack.
+		p.Explain(Explanation{Picked: cands[order[0]].Addr, Hot: facts.Hot, Session: facts.SessionAddr,
+			Shift: p.policy.Shift(), Candidates: slices.Clone(cands),
+			Rank: Ranking{Order: slices.Clone(order), Total: slices.Clone(total), Scores: scores}})
 	}
-	for k, i := range rank.Order {
+	for k, i := range order {
 		addr := cands[i].Addr
 		l := p.tracker.AcquireCost(addr, req.Tokens)
 		if l == nil {
 			continue // removed meanwhile
 		}
-		if k+1 < len(rank.Order) {
+		if k+1 < len(order) {
 			m := &fallbackMemo{}
 			rest := m.small[:0]
-			if n := len(rank.Order) - k - 1; n > len(m.small) {
+			if n := len(order) - k - 1; n > len(m.small) {
 				rest = make([]string, 0, n)
 			}
-			for _, j := range rank.Order[k+1:] {
+			for _, j := range order[k+1:] {
 				rest = append(rest, cands[j].Addr)
 			}
 			m.order = rest

@@ -175,23 +175,34 @@ type Ranking struct {
 // prefill stalls the decodes of its step). At random alone, one of four
 // engines with equal counts got two requests in a row about once a
 // round.
-func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking { return p.rank(cs, f, true) }
+func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking {
+	order, total, scores := p.rank(cs, f, true, nil, nil)
+	return Ranking{Order: order, Total: total, Scores: scores}
+}
 
-// rank is Rank; without explain, Scores stays nil and every scorer writes
-// into one scratch slice (a pick on the hot path allocates only Total and
-// Order).
-func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool) Ranking {
+// rank is Rank's Order, Total and Scores; without explain, Scores stays
+// nil and every scorer writes into one scratch slice. buf (2 per
+// candidate) and order (1), when large enough, hold Total, the scratch
+// scores and Order: a pick on the hot path passes them on its stack and
+// allocates nothing here. (Three results, not a Ranking: the compiler
+// would take a Ranking's Scores, which Explain keeps, for stack memory
+// and move the buffers to the heap.)
+func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool, buf []float64, order []int) ([]int, []float64, map[string][]float64) {
 	p.mu.Lock()
 	weights, shift := p.cfg.Weights, p.shift
 	threshold, k := p.cfg.Threshold, p.cfg.MaxNumEndpoints
 	p.mu.Unlock()
 	n := len(cs)
-	// Total and the scratch scores share one allocation.
-	buf := make([]float64, 2*n)
-	r := Ranking{Total: buf[:n:n]}
+	if cap(buf) < 2*n {
+		buf = make([]float64, 2*n)
+	}
+	buf = buf[:2*n]
+	clear(buf)
+	total := buf[:n:n]
 	scratch := buf[n:]
+	var scores map[string][]float64
 	if explain {
-		r.Scores = make(map[string][]float64, len(weights))
+		scores = make(map[string][]float64, len(weights))
 	}
 	for _, name := range AllScorers {
 		w := weights[name]
@@ -199,12 +210,11 @@ func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool) Ranking {
 			continue
 		}
 		w = effectiveWeight(name, w, shift)
-		var s []float64
+		s := scratch
 		if explain {
-			s = make([]float64, n)
-			r.Scores[name] = s
-		} else {
-			s = scratch
+			own := make([]float64, n) // kept: not the (maybe stack) scratch
+			scores[name] = own
+			s = own
 		}
 		switch name {
 		case Queue:
@@ -226,19 +236,22 @@ func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool) Ranking {
 			neutralForUnknown(cs, s)
 		}
 		for i := range s {
-			r.Total[i] += w * s[i]
+			total[i] += w * s[i]
 		}
 	}
-	r.Order = maxScoreOrder(r.Total, cs, k)
-	return r
+	return maxScoreOrder(total, cs, k, order), total, scores
 }
 
 // maxScoreOrder returns up to k indices by descending total; among equal
 // totals the smallest LastPick comes first, and among those each is
 // equally likely to (reservoir sampling).
-func maxScoreOrder(total []float64, cs []Candidate, k int) []int {
+// order's storage is used if it holds k.
+func maxScoreOrder(total []float64, cs []Candidate, k int, order []int) []int {
 	k = min(k, len(total))
-	order := make([]int, 0, k)
+	if cap(order) < k {
+		order = make([]int, 0, k)
+	}
+	order = order[:0]
 	for len(order) < k {
 		best, ties := -1, 0
 		for i, t := range total {
