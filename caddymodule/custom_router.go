@@ -162,6 +162,7 @@ func (h *CustomRouter) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 			return nil
 		}
 	}
+	keepClientBody(r)
 	err := next.ServeHTTP(w, r)
 	if err != nil && caddyhttp.GetVar(r.Context(), refusedVar) != nil {
 		// Sluice already answered (JSON + Retry-After) and counted it;

@@ -80,6 +80,9 @@ func (rs *requestState) requestInfoFor(r *http.Request, max int64) *requestInfo 
 		rb.rest = ri.rest
 	}
 	r.Body = rb
+	if ri.complete {
+		rs.body.readWhole(ri.buf) // the client's request keeps its body
+	}
 	if err != nil || int64(len(ri.buf)) > max {
 		return ri // too big or broken: route by load; the body still goes through intact
 	}

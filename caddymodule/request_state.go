@@ -33,6 +33,9 @@ type requestState struct {
 	first    [1]keyedAttempt
 	// info0, if set, is where the parsed body goes (same allocation).
 	info0 *requestInfo
+	// body is the client's body as custom_router passes it on (see
+	// keptBody); unused without that handler.
+	body keptBody
 }
 
 type keyedAttempt struct {

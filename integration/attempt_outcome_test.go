@@ -47,6 +47,41 @@ func TestDeadReplicaIsAFailureEvenWhenHandleErrorsProxiesElsewhere(t *testing.T)
 	}
 }
 
+// A policy that reads the prompt reads the client's body in Select, on
+// reverse_proxy's copy of the request, which shares the client's body:
+// read, it was gone for a handle_errors reverse_proxy to a fallback, which
+// then sent an empty body (502 instead of the fallback's answer). Ports
+// 9590-9595.
+func TestHandleErrorsFallbackGetsTheBodyAPolicyRead(t *testing.T) {
+	for i, policy := range []string{"cache_aware", "load_aware"} {
+		t.Run(policy, func(t *testing.T) {
+			site, sim, dead := 9590+3*i, 9591+3*i, 9592+3*i // nothing listens on dead
+			startCaddy(t, globals+fmt.Sprintf(`
+:%d {
+	bind 127.0.0.1
+	route {
+		custom_router hebody-%s
+		reverse_proxy {
+			dynamic custom_router hebody-%s
+			lb_policy %s {
+				pool hebody-%s
+			}
+		}
+	}
+	handle_errors {
+		reverse_proxy 127.0.0.1:%d
+	}
+}
+`, site, policy, policy, policy, policy, sim)+sims(sim))
+			url := fmt.Sprintf("http://127.0.0.1:%d", site)
+			setBackends(t, url, fmt.Sprintf("http://127.0.0.1:%d", dead))
+			if o := complete(url); o.status != 200 || o.replica != fmt.Sprintf("sim-%d", sim) {
+				t.Fatalf("the fallback did not answer (its body was read away): %+v", o)
+			}
+		})
+	}
+}
+
 // reverse_proxy retries after a dial error; a policy that read the body
 // to route by the prompt must hand the retry the same body again (it used
 // to send the body the failed attempt had closed: 502 on a healthy
