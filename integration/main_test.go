@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -28,6 +29,17 @@ import (
 const adminURL = "http://localhost:2999"
 
 func TestMain(m *testing.M) {
+	// caddytest drives this process's Caddy through the admin port 2999.
+	// A second run of this package at the same time would load its
+	// configs into ours and ours into its (502s, refused connections,
+	// replicas missing from the registry in both): refuse to start.
+	if l, err := net.Listen("tcp", "localhost:2999"); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: Caddy's admin port localhost:2999 is taken (%v): is another run of these tests going on? "+
+			"Run them one at a time (flock /tmp/sluice-integration.lock go test ./integration/).\n", err)
+		os.Exit(2)
+	} else {
+		l.Close()
+	}
 	// Keep Caddy's autosave and the persisted backend sets out of $HOME.
 	dir, err := os.MkdirTemp("", "sluice-integration-")
 	if err != nil {
