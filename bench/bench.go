@@ -539,10 +539,12 @@ func (r *runner) system(spec sysSpec) {
 	lostOne := func(rec Record) bool { return rec.Lost() && (spec.abandoned == nil || !spec.abandoned(rec)) }
 	sum := summarize(spec.name, spec.desc, spec.proxies, names, recs)
 	sum.Rep = r.rep
-	sum.Lost = 0
-	for _, rec := range recs {
-		if lostOne(rec) {
-			sum.Lost++
+	if spec.abandoned != nil { // summarize counted every request without an answer
+		sum.Lost = 0
+		for _, rec := range recs {
+			if lostOne(rec) {
+				sum.Lost++
+			}
 		}
 	}
 	for _, e := range actErrs {
