@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -386,5 +388,49 @@ func TestSecondProxyAfterAnAnswerIsNoFailure(t *testing.T) {
 	}
 	if len(a.failed) != 0 {
 		t.Fatalf("the answered replica is avoided: %v", a.failed)
+	}
+}
+
+// reverse_proxy wraps the attempt's context in values before the round
+// trip, and the transport makes its own child of that: the child must
+// join the attempt's context, not get a goroutine of its own to watch it
+// (an attempt context of Sluice's own type, hidden behind the values,
+// cost one goroutine per attempt); and an attempt abandoned at its
+// first-byte limit ends the transport's child with the timeout (the error
+// the transport returns, which reverse_proxy answers with 504).
+func TestTransportsChildContextJoinsTheAttempts(t *testing.T) {
+	type dialInfoKey struct{}
+	const n = 200
+	before := runtime.NumGoroutine()
+	var children []context.Context
+	var traces []*attemptTrace
+	for range n {
+		r, _, _ := newRequest(t)
+		r.Body = io.NopCloser(strings.NewReader("{}"))
+		a := attemptFor(r, "k", measureLastByte)
+		if !a.begin(&recordingLease{addr: "r:1"}, r, time.Hour, nil) {
+			t.Fatal("begin refused a live request")
+		}
+		traces = append(traces, r.Body.(*clientBody).t)
+		ctx := context.WithValue(r.Context(), dialInfoKey{}, "r:1")
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{})
+		child, cancel := context.WithCancelCause(ctx)
+		t.Cleanup(func() { cancel(nil) })
+		children = append(children, child)
+	}
+	if grown := runtime.NumGoroutine() - before; grown >= n/2 {
+		t.Fatalf("%d goroutines more after %d round-trip contexts: the transport's child watches the attempt in a goroutine", grown, n)
+	}
+	traces[0].expire()
+	select {
+	case <-children[0].Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("an abandoned attempt left the transport's context running")
+	}
+	if err := context.Cause(children[0]); !errors.Is(err, errFirstByteTimeout) {
+		t.Fatalf("transport's context ended with %v, want the first-byte timeout", err)
+	}
+	if children[1].Err() != nil {
+		t.Fatal("abandoning one attempt ended another's transport context")
 	}
 }

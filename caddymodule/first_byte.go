@@ -88,97 +88,58 @@ func (firstByteTimeoutError) Temporary() bool { return true }
 // end of its own that the first-byte limit can call. (A deadline would
 // also cut a response that is already streaming.) Its Err is a timeout
 // after the limit (reverse_proxy answers 504 for it, where
-// context.Canceled would read as the client leaving).
+// context.Canceled would read as the client leaving); the transport
+// returns the cause it was ended with, the same timeout.
 //
-// It is not a context.WithCancelCause child of the request's: that cost
-// the child, its cancel function, and a children map for the transport's
-// own child context, on every attempt. It ends itself, and it implements
-// the AfterFunc method the context package uses to propagate an end to
-// children (so the transport's context registers here without a map or a
-// goroutine). One context.AfterFunc on the request's context both ends
-// the attempt's and runs the attempt's end-of-request hook (onParentEnd).
+// It is a context.WithCancelCause child of the request's, so that the
+// transport's own per-round-trip child finds it as its parent and joins
+// its children: reverse_proxy wraps the request's context in values
+// before the round trip, so a context type of Sluice's own (tried: one
+// with the AfterFunc method the context package looks for) is hidden
+// behind them, and the context package then started a goroutine per
+// attempt to watch it, which cost more than the child it saved.
 type attemptContext struct {
-	parent context.Context
-	done   chan struct{}
+	context.Context
+	cancel context.CancelCauseFunc
 
 	mu         sync.Mutex
-	err        error
 	stopParent func() bool // disarms the request's end hook; nil once run or disarmed
-	funcs      [2]func()   // registered by AfterFunc: the transport's child context
-	more       []func()    // past two (rare)
 }
 
 // init makes c the context of an attempt on parent; onParentEnd runs (in
 // its own goroutine) when parent ends, unless detach or end came first.
 func (c *attemptContext) init(parent context.Context, onParentEnd func()) {
-	c.parent = parent
-	c.done = make(chan struct{})
+	c.Context, c.cancel = context.WithCancelCause(parent)
 	c.mu.Lock()
 	c.stopParent = context.AfterFunc(parent, onParentEnd)
 	c.mu.Unlock()
 }
 
-func (c *attemptContext) Deadline() (time.Time, bool) { return c.parent.Deadline() }
-func (c *attemptContext) Done() <-chan struct{}       { return c.done }
-func (c *attemptContext) Value(key any) any           { return c.parent.Value(key) }
-
+// Err is the cause the attempt ended with: the first-byte timeout, or
+// the request's own end.
 func (c *attemptContext) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
-}
-
-// noStop is AfterFunc's stop: a registered function stays registered
-// until the attempt ends. The context package only registers a child's
-// cancel, which does nothing for a child already cancelled.
-func noStop() bool { return false }
-
-// AfterFunc runs f when c ends (the context package's afterFuncer).
-func (c *attemptContext) AfterFunc(f func()) func() bool {
-	c.mu.Lock()
-	if c.err != nil {
-		c.mu.Unlock()
-		go f()
-		return noStop
+	if c.Context.Err() == nil {
+		return nil
 	}
-	switch {
-	case c.funcs[0] == nil:
-		c.funcs[0] = f
-	case c.funcs[1] == nil:
-		c.funcs[1] = f
-	default:
-		c.more = append(c.more, f)
-	}
-	c.mu.Unlock()
-	return noStop
+	return context.Cause(c.Context)
 }
 
 // end ends the attempt for err (the first end wins). The request's end
 // hook stays armed: an attempt abandoned at its first-byte limit still
 // holds its lease until the request ends.
 func (c *attemptContext) end(err error) {
-	c.mu.Lock()
-	if c.err != nil || c.done == nil {
-		c.mu.Unlock()
-		return
-	}
-	c.err = err
-	funcs, more := c.funcs, c.more
-	c.funcs, c.more = [2]func(){}, nil
-	c.mu.Unlock()
-	close(c.done)
-	for _, f := range funcs {
-		if f != nil {
-			f()
-		}
-	}
-	for _, f := range more {
-		f()
+	if c.cancel != nil {
+		c.cancel(err)
 	}
 }
 
-// parentEnded ends c as its parent did.
-func (c *attemptContext) parentEnded() { c.end(c.parent.Err()) }
+// parentEnded ends c as its parent did (the context package may not have
+// done it yet when the parent's end hook runs).
+func (c *attemptContext) parentEnded() {
+	if p := c.Context; p != nil {
+		c.end(context.Cause(p))
+	}
+}
 
 // detach disarms the request's end hook without ending c; it reports
 // whether the hook will not run.

@@ -221,7 +221,7 @@ func (l *qllStateLog) run(ctx context.Context) {
 			zap.Uint64("evicted", snap.Counters.Evicted), zap.Uint64("timed_out", snap.Counters.TimedOut),
 			zap.Uint64("failures", snap.Counters.Failures)}
 		for _, r := range snap.Replicas {
-			fields = append(fields, zap.String(r.Addr, fmt.Sprintf("ewma=%.3fs in_flight=%d down=%t", r.EWMASeconds, r.InFlight, r.Down)))
+			fields = append(fields, zap.String(r.Addr, fmt.Sprintf("ewma=%.3fs in_flight=%d slots=%d(%s) down=%t", r.EWMASeconds, r.InFlight, r.Parallelism, r.SlotsFrom, r.Down)))
 		}
 		l.log.Info("queued_least_latency state", fields...)
 	}

@@ -41,6 +41,14 @@ const (
 	maxProbeBackoff = 8
 	// maxLimit bounds the learned limit (the prediction divides by it).
 	maxLimit = 1024
+	// noticeableDelay: this much delay over the replica's solo latency
+	// is not counted as a slowdown. Up to it the difference is the
+	// machine's own jitter (scheduling, loopback, garbage collection):
+	// counted, a replica that answers in a fraction of it read as full at
+	// 2 in flight, and every other request waited at the edge, which
+	// costs more than the replica's whole answer. Against a generation
+	// or an image of a tenth of a second and more it changes nothing.
+	noticeableDelay = 0.002 // seconds
 )
 
 // concurrencyLimit learns how many requests one replica serves at once
@@ -141,7 +149,16 @@ func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int)
 	// The delay over the solo latency, in whole solo requests: for plain
 	// responses latency/base. At least 1: a request faster than the
 	// baseline is not a sign of more room than none at all.
-	slowdown := math.Max(1, 1+(latency-base)/whole)
+	slowdown := 1.0
+	if delay := latency - base - noticeableDelay; delay > 0 {
+		// At most k: a replica holding k requests delays one by at most
+		// the k-1 before it, if it serves them one at a time. A longer
+		// delay is a stall (of the replica or of the machine), not a
+		// sign of how many the replica serves at once; unbounded, one
+		// stall of a replica that answers in microseconds read as a
+		// thousandfold slowdown and kept its level full for many samples.
+		slowdown = math.Min(1+delay/whole, float64(k))
+	}
 	s := c.record(k, slowdown)
 	at := c.slots()
 	full := false
