@@ -66,6 +66,21 @@ func (s *State) pickLocked(now time.Time) *replica {
 		}
 	}
 	even := evenLoad(least)
+	// Among those, the same for the requests still waiting for their
+	// first byte (in flight, not answering): a streaming engine's queue
+	// of prefills. Two engines with as many requests in flight differ
+	// when one has answered all of them and the other none (it stalls:
+	// near its KV bound it admits no one for a second); the second is
+	// left out until it catches up. For plain responses, whose first
+	// byte comes with the whole answer, it is the in-flight count again.
+	leastWaiting := -1
+	for _, r := range s.order {
+		w := r.inFlight - r.answering
+		if s.usableLocked(r, now) && r.inFlight < s.slotsLocked(r, now) && r.inFlight <= even && (leastWaiting < 0 || w < leastWaiting) {
+			leastWaiting = w
+		}
+	}
+	evenWaiting := evenLoad(leastWaiting)
 
 	var best candidate
 	start := s.cursor % n
@@ -79,7 +94,7 @@ func (s *State) pickLocked(now time.Time) *replica {
 		if !free && threshold == 0 {
 			continue // adaptive: busy replicas wait for a free slot
 		}
-		if free && r.inFlight > even {
+		if free && (r.inFlight > even || r.inFlight-r.answering > evenWaiting) {
 			continue // a free replica as loaded as the least one takes it
 		}
 		cost, noise := 0.0, math.Inf(1)

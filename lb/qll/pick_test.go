@@ -217,3 +217,38 @@ func teachEWMA(t *testing.T, s *State, addr string, d time.Duration) {
 		t.Cleanup(func() { l.Release(lb.Outcome{Kind: lb.Cancelled}) })
 	}
 }
+
+// Two streaming engines with as many requests in flight differ when one
+// has begun answering all of its requests and the other none: the second
+// is stalling (near its KV bound an engine admits no one for a second),
+// and new requests go to the first until the two are waiting alike. On
+// four calibrated engines this took qll's TTFT p99 from 0.88 s to 0.64 s
+// (round robin 0.52 s).
+func TestAStallingEngineWaitsForItsPrefillsToCatchUp(t *testing.T) {
+	s := New(Config{Parallelism: 64})
+	t.Cleanup(s.Close)
+	s.SetBackends([]string{"a:1", "b:1"})
+	held := map[string][]*Lease{}
+	for range 8 {
+		l := mustAcquire(t, s)
+		held[l.Addr] = append(held[l.Addr], l)
+	}
+	if len(held["a:1"]) != 4 || len(held["b:1"]) != 4 {
+		t.Fatalf("8 requests over 2 idle replicas: a %d, b %d", len(held["a:1"]), len(held["b:1"]))
+	}
+	for _, l := range held["a:1"] {
+		l.FirstByte(300 * time.Millisecond) // a streams all of its requests; b none yet
+	}
+	for i := range 2 {
+		l := mustAcquire(t, s)
+		held[l.Addr] = append(held[l.Addr], l)
+		if l.Addr != "a:1" {
+			t.Fatalf("request %d went to b, which has begun none of its 4 requests (a: all of them)", i+1)
+		}
+	}
+	for _, ls := range held {
+		for _, l := range ls {
+			l.Release(lb.Outcome{Kind: lb.Cancelled})
+		}
+	}
+}
