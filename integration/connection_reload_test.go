@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-router/sluice/caddymodule"
 	"github.com/sluice-router/sluice/lb/redisconn"
 	"github.com/sluice-router/sluice/lb/redistest"
 	"github.com/sluice-router/sluice/sim"
@@ -59,7 +58,7 @@ func TestConnectionReloadUnderLoadDrainsTheReplacedStore(t *testing.T) {
 		n, _ := rc.Do(context.Background(), rc.B().Llen().Key(tag+":queue").Build()).AsInt64()
 		return n
 	}
-	requestsAcrossAConnectionReload(t, url, caddymodule.InferenceSimReplica("reload-conn-sim"),
+	requestsAcrossAConnectionReload(t, url, simReplica(t, "reload-conn-sim"),
 		func(n int) bool { return llen() == int64(n) },
 		// Sent while the first still runs (3 s): max_inflight 1 holds the
 		// third at the edge, behind the queued one, as long as the first
@@ -109,7 +108,7 @@ func TestFlowConnectionReloadUnderLoadDrainsTheReplacedState(t *testing.T) {
 	queuedNow := func() float64 { return flowGauge(t, "inference_extension_flow_control_queue_size", "fdrain") }
 	// The new state shows only its own queue: the third request waits
 	// there while the replaced state's requests hold the pool's one slot.
-	requestsAcrossAConnectionReload(t, url, caddymodule.InferenceSimReplica("flow-reload-sim"),
+	requestsAcrossAConnectionReload(t, url, simReplica(t, "flow-reload-sim"),
 		func(n int) bool { return queuedNow() == float64(n) },
 		func() { reload(t, config("6s")) }, 1)
 	eventually(t, "the pool's share in Redis to be given back", func() bool {

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-router/sluice/caddymodule"
 	"github.com/sluice-router/sluice/lb/redistest"
 )
 
@@ -75,7 +74,7 @@ func floodBoth(t *testing.T, tag string, n int) (map[int]int, int) {
 	wg.Wait()
 	waiting := 0
 	for p := 9511; p <= 9514; p++ {
-		waiting = max(waiting, caddymodule.InferenceSimReplica(fmt.Sprintf("fg-%s-%d", tag, p)).Stats().MaxWaiting)
+		waiting = max(waiting, simReplica(t, fmt.Sprintf("fg-%s-%d", tag, p)).Stats().MaxWaiting)
 	}
 	return statuses, waiting
 }

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluice-router/sluice/caddymodule"
 	"net/http"
 	"strings"
 	"testing"
@@ -225,7 +224,7 @@ func TestLoadAwareBurstWithSlowBodiesSpreads(t *testing.T) {
 	}
 	wg.Wait()
 	for p := 9641; p <= 9644; p++ {
-		if n := caddymodule.InferenceSimReplica(fmt.Sprintf("slow-%d", p)).Stats().Requests; n < 3 || n > 7 {
+		if n := simReplica(t, fmt.Sprintf("slow-%d", p)).Stats().Requests; n < 3 || n > 7 {
 			t.Fatalf("replica %d got %d of 20 concurrent requests, want about 5", p, n)
 		}
 	}
@@ -250,7 +249,7 @@ func TestActiveTokensWeighsRequestsBySize(t *testing.T) {
 }
 `+sites.String())
 	started := func() uint64 {
-		return caddymodule.InferenceSimReplica("tok-9651").Stats().Started + caddymodule.InferenceSimReplica("tok-9652").Stats().Started
+		return simReplica(t, "tok-9651").Stats().Started + simReplica(t, "tok-9652").Stats().Started
 	}
 	var (
 		wg       sync.WaitGroup

@@ -23,7 +23,9 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/sluice-router/sluice"
+	"github.com/sluice-router/sluice/caddymodule"
 	"github.com/sluice-router/sluice/lb/redistest"
+	"github.com/sluice-router/sluice/sim"
 )
 
 const adminURL = "http://localhost:2999"
@@ -240,6 +242,17 @@ func drained(t *testing.T, url string) {
 		h := getHealth(t, url)
 		return h.QueueDepth == 0 && inFlight(h) == 0
 	})
+}
+
+// simReplica is the running inference_sim replica named name; the test
+// fails (instead of panicking the whole run) when none is.
+func simReplica(t testing.TB, name string) *sim.Replica {
+	t.Helper()
+	r := caddymodule.InferenceSimReplica(name)
+	if r == nil {
+		t.Fatalf("no inference_sim replica named %q is running", name)
+	}
+	return r
 }
 
 func sims(ports ...int) string {

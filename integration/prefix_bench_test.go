@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/sluice-router/sluice/caddymodule"
 )
 
 // BenchmarkSharedPrefixes is the cache-aware scenario: 8 long system
@@ -81,7 +79,7 @@ func benchPrefixes(b *testing.B, uniqueFrac float64) {
 			lat, failed := sharedPrefixLoad(url, prefixes, uniqueFrac, 40, benchDuration(20*time.Second))
 			var queries, hits uint64
 			for r := 1; r <= 4; r++ {
-				st := caddymodule.InferenceSimReplica(fmt.Sprintf("pfx-%d-%d", i, r)).Stats()
+				st := simReplica(b, fmt.Sprintf("pfx-%d-%d", i, r)).Stats()
 				queries += st.PrefixQueries
 				hits += st.PrefixHits
 			}

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-router/sluice/caddymodule"
 	"github.com/sluice-router/sluice/lb/redistest"
 )
 
@@ -74,7 +73,7 @@ func testTwoInstancesShareOneGlobalLeastRequestView(t *testing.T, tg redistest.T
 		t.Fatalf("statuses %v", statuses)
 	}
 	for p := 9911; p <= 9914; p++ {
-		st := caddymodule.InferenceSimReplica(fmt.Sprintf("grl-%d", p)).Stats()
+		st := simReplica(t, fmt.Sprintf("grl-%d", p)).Stats()
 		if st.Requests != 2 || st.MaxWaiting > 1 {
 			t.Fatalf("replica %d got %d requests (max waiting %d): the global view must spread 8 over 4 as 2 each", p, st.Requests, st.MaxWaiting)
 		}
@@ -169,7 +168,7 @@ func testGlobalQueueAcrossTwoInstancesNeverOverloadsAReplica(t *testing.T, tg re
 	}
 	total := uint64(0)
 	for _, p := range []int{9927, 9928} {
-		st := caddymodule.InferenceSimReplica(fmt.Sprintf("sim-%d", p)).Stats()
+		st := simReplica(t, fmt.Sprintf("sim-%d", p)).Stats()
 		if st.MaxRunning != 1 || st.MaxWaiting != 0 || st.Requests < 2 {
 			t.Fatalf("replica %d: %d requests, max running %d, max waiting %d: the global queue must keep one in flight per replica and use both", p, st.Requests, st.MaxRunning, st.MaxWaiting)
 		}
