@@ -115,6 +115,19 @@ func (d *driver) run(t *testing.T, n int) {
 	}
 }
 
+// meanSlots runs 400 requests, then reports addr's slots averaged over
+// the next 800 (read every 20).
+func (d *driver) meanSlots(t *testing.T, addr string) float64 {
+	t.Helper()
+	d.run(t, 400)
+	sum := 0
+	for range 40 {
+		d.run(t, 20)
+		sum += d.slots(addr)
+	}
+	return float64(sum) / 40
+}
+
 func (d *driver) resetWindow() { d.dispatched, d.joined = map[string]int{}, map[string]int{} }
 
 func (d *driver) slots(addr string) int {
@@ -328,14 +341,8 @@ func TestSlowStartKeepsAheadOfWhatAnswersAtOnce(t *testing.T) {
 // waited at the edge, where it cost more CPU than the replica's answer.
 func TestLimitIgnoresDelaysBelowTheMachinesJitter(t *testing.T) {
 	d := newDriver(t, map[string]*modelReplica{"instant:1": {servers: 256, service: 0.0003, slowdown: 1}})
-	d.run(t, 400)
-	sum := 0
-	for i := 0; i < 40; i++ {
-		d.run(t, 20)
-		sum += d.slots("instant:1")
-	}
 	// Up to 2 ms of delay is free: about 7 in flight at 0.3 ms each.
-	if mean := float64(sum) / 40; mean < 5 {
+	if mean := d.meanSlots(t, "instant:1"); mean < 5 {
 		t.Fatalf("0.3 ms replica slowed by its neighbours' CPU: slots averaged %.1f, want >= 5", mean)
 	}
 }
@@ -347,13 +354,7 @@ func TestLimitIgnoresDelaysBelowTheMachinesJitter(t *testing.T) {
 // for the next dozen samples and held the limit at 1-2.
 func TestLimitIsNotCutByARareStall(t *testing.T) {
 	d := newDriver(t, map[string]*modelReplica{"instant:1": {servers: 256, service: 0.0003, slowdown: 1, stallEvery: 50, stall: 0.02}})
-	d.run(t, 400)
-	sum := 0
-	for i := 0; i < 40; i++ {
-		d.run(t, 20)
-		sum += d.slots("instant:1")
-	}
-	if mean := float64(sum) / 40; mean < 4 {
+	if mean := d.meanSlots(t, "instant:1"); mean < 4 {
 		t.Fatalf("0.3 ms replica stalling 20 ms once in 50 requests: slots averaged %.1f, want >= 4", mean)
 	}
 }
