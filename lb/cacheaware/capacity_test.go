@@ -8,9 +8,10 @@ import (
 	"github.com/sluice-router/sluice/lb/tracker"
 )
 
-// A miss goes, among the least loaded, to the replica whose tree is the
-// smallest in proportion to its engine's KV capacity once every usable
-// replica's capacity is known; while any is unknown, to the smallest tree.
+// A miss goes to the replica whose tree is the smallest in proportion to
+// its engine's KV capacity (load breaks ties) once every usable replica's
+// capacity is known; while any is unknown, among the least loaded to the
+// smallest tree.
 func TestMissFillsCachesInProportionToCapacity(t *testing.T) {
 	miss := strings.Repeat("z", 50)
 	for _, c := range []struct {
@@ -25,7 +26,9 @@ func TestMissFillsCachesInProportionToCapacity(t *testing.T) {
 		{"equal caches: the smallest tree", map[string]int{"a": 200, "b": 200}, nil, false, "a"},
 		{"b's capacity unknown: the smallest tree", map[string]int{"a": 100}, nil, false, "a"},
 		{"a zero capacity is unknown", map[string]int{"a": 100, "b": 0}, nil, false, "a"},
-		{"load comes first", map[string]int{"a": 100, "b": 300}, map[string]int{"b": 1}, false, "a"},
+		{"sizes known: room comes before load", map[string]int{"a": 100, "b": 300}, map[string]int{"b": 1}, false, "b"},
+		{"sizes unknown: load comes first", nil, map[string]int{"a": 1}, false, "b"},
+		{"equal room: the less loaded", map[string]int{"a": 100, "b": 200}, map[string]int{"a": 1}, false, "b"},
 		{"a usable replica of unknown capacity: the smallest tree", map[string]int{"a": 100, "b": 300}, nil, true, "a"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -232,7 +232,6 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 	// then goes where the fewest prompts live, so prefixes spread evenly
 	// over the caches instead of by the luck of the turn, and instances
 	// sharing a tree (whose own loads are a fraction of the pool's) agree.
-	// With every cache's size known, the smallest tree per block of cache.
 	var lbuf [64]*replica
 	least := lbuf[:0]
 	for _, rep := range usable {
@@ -240,11 +239,14 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 			least = append(least, rep)
 		}
 	}
-	key := smallest
+	// With every cache's size known, the room decides and load only
+	// breaks ties: at light load "least loaded" is whichever replica is
+	// idle at that instant, which spreads prefixes by luck, not by room.
 	if room := roomKey(usable, capacity); room != nil {
-		key = room
+		d.Addr, d.Reason = choose(usable, loads, room, turn).addr, Miss
+		return d
 	}
-	d.Addr, d.Reason = choose(least, loads, key, turn).addr, Miss
+	d.Addr, d.Reason = choose(least, loads, smallest, turn).addr, Miss
 	return d
 }
 
