@@ -177,7 +177,12 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 			health := func() stateHealth { return trackerHealth(pk.Tracker()) }
 			var closers []func()
 			var kvStats func() *KVEventsStats
+			run := pk.Run
+			var capacity *kvCapacity
 			if kv.enabled() {
+				c := newKVCapacity()
+				pk.SetCapacity(c)
+				capacity, run = &c, c.run(pk.Run)
 				var relayConn *redisconn.Config
 				if p.shared() {
 					relayConn = &conn
@@ -206,10 +211,11 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 				}
 				if kvStats != nil {
 					s.KVEvents = kvStats()
+					capacity.fill(s.KVEvents, pk.Router().Addrs())
 				}
 				return s
 			}
-			parts := policyParts{settings: settings, health: health, run: pk.Run, closer: func() {
+			parts := policyParts{settings: settings, health: health, run: run, closer: func() {
 				for _, c := range closers {
 					c()
 				}

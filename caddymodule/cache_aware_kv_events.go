@@ -398,8 +398,11 @@ type KVEventsStats struct {
 
 // KVEventsReplica is one replica's part of KVEventsStats.
 type KVEventsReplica struct {
-	Mode      string    `json:"mode"` // exact (fresh events) or approximate (the tree)
-	Blocks    int       `json:"blocks"`
+	Mode   string `json:"mode"` // exact (fresh events) or approximate (the tree)
+	Blocks int    `json:"blocks"`
+	// Capacity is the engine's KV cache size in blocks, from its metrics
+	// (0: not known).
+	Capacity  int       `json:"capacity_blocks,omitempty"`
 	LastEvent time.Time `json:"last_event,omitempty"`
 }
 

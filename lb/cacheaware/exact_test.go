@@ -282,7 +282,7 @@ func TestPickExactMovesOffAPressuredHome(t *testing.T) {
 			if c.pressure != nil {
 				pf = func(addr string) float64 { return c.pressure[addr] }
 			}
-			d := r.PickExact("m", text, loads(map[string]int{"b": 1}), view.fn(), pf)
+			d := r.PickExact("m", text, loads(map[string]int{"b": 1}), view.fn(), pf, nil)
 			if d.Addr != c.want || d.Moved != c.moved || d.Affinity == c.moved || d.Reason != CacheHit {
 				t.Fatalf("got %+v, want %s (moved %v)", d, c.want, c.moved)
 			}
@@ -295,7 +295,7 @@ func TestPickExactMovesOffAPressuredHome(t *testing.T) {
 	r := newRouter(t, Config{}, "a", "b")
 	r.Insert("m", text, "b")
 	d := r.PickExact("m", text, nil, exactView{"a": {0.9, true}, "b": {0, true}}.fn(),
-		func(addr string) float64 { return map[string]float64{"a": 1}[addr] })
+		func(addr string) float64 { return map[string]float64{"a": 1}[addr] }, nil)
 	if d.Addr != "a" || !d.Exact || d.Moved {
 		t.Fatalf("exact hit: %+v", d)
 	}

@@ -87,7 +87,7 @@ func (r *Router) Pick(model, text string, load LoadFunc) Decision {
 // above CacheThreshold it is a hit among the replicas that reach it. exact
 // is called under the router's read lock: it must be quick.
 func (r *Router) PickWith(model, text string, load LoadFunc, exact ExactFunc) Decision {
-	return r.PickExact(model, text, load, exact, nil)
+	return r.PickExact(model, text, load, exact, nil, nil)
 }
 
 // MovePressure: when no engine holds enough of a prompt to route on and
@@ -111,8 +111,9 @@ const RoomPressure = 0.05
 // prefixes live there than its cache holds), and the prompt goes to that
 // replica instead (Decision.Moved): it is prefilled anyway (its home held
 // at most CacheThreshold of it), and from then on it is held where there
-// is room.
-func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, pressure PressureFunc) Decision {
+// is room. With capacity (nil: none known), a miss fills the caches in
+// proportion to their sizes (see roomKey).
+func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, pressure PressureFunc, capacity CapacityFunc) Decision {
 	text = validText(text)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -237,6 +238,13 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 		if loads[rep.idx] == minL {
 			least = append(least, rep)
 		}
+	}
+	// With every cache's size known, the room decides and load only
+	// breaks ties: at light load "least loaded" is whichever replica is
+	// idle at that instant, which spreads prefixes by luck, not by room.
+	if room := roomKey(usable, capacity); room != nil {
+		d.Addr, d.Reason = choose(usable, loads, room, turn).addr, Miss
+		return d
 	}
 	d.Addr, d.Reason = choose(least, loads, smallest, turn).addr, Miss
 	return d

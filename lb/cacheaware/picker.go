@@ -24,6 +24,10 @@ type Picker struct {
 	onInsert atomic.Pointer[func(model, text, addr string)]
 	// exact, when set, is consulted before the tree (see SetExact).
 	exact atomic.Pointer[Exact]
+	// capacity, when set, sizes the caches for a miss (see SetCapacity);
+	// backends is the set last given to SetBackends, for a late source.
+	capacity atomic.Pointer[Capacity]
+	backends []lb.Backend
 }
 
 // OnInsert sets (nil: clears) the function that also gets the prompt of
@@ -68,10 +72,17 @@ func (p *Picker) Settings() any {
 	return PickerSettings{Router: p.router.Config(), Tracker: p.tracker.Config()}
 }
 
-// SetReplicas implements lb.Picker.
+// SetReplicas implements lb.Picker; a capacity source reads each replica
+// at http://addr.
 func (p *Picker) SetReplicas(addrs []string) {
-	p.setMu.Lock()
-	defer p.setMu.Unlock()
+	set := make([]lb.Backend, len(addrs))
+	for i, a := range addrs {
+		set[i] = lb.Backend{URL: "http://" + a, Dial: a}
+	}
+	p.SetBackends(set)
+}
+
+func (p *Picker) setReplicasLocked(addrs []string) {
 	p.tracker.SetReplicas(addrs)
 	p.router.SetReplicas(addrs)
 }
@@ -109,8 +120,9 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		text = req.Text
 	}
 	exact, pressure, routed := p.lookupExact(req)
+	capacity := p.capacityFunc()
 	for tries := 0; tries < pickTries; tries++ {
-		d := p.router.PickExact(req.Model, text, load, exact, pressure)
+		d := p.router.PickExact(req.Model, text, load, exact, pressure, capacity)
 		switch {
 		case d.Reason == NoUsable:
 			return nil, lb.ErrAllDown

@@ -64,6 +64,7 @@ func Parse(body []byte) (Sample, error) {
 		seen bool
 	}
 	var accs [len(sources)]acc
+	var s Sample
 	for len(body) > 0 {
 		var line []byte
 		if i := bytes.IndexByte(body, '\n'); i >= 0 {
@@ -78,6 +79,12 @@ func Parse(body []byte) (Sample, error) {
 		end := bytes.IndexAny(line, "{ \t")
 		if end < 0 {
 			end = len(line) // a name alone: bad if it is one of ours
+		}
+		if string(line[:end]) == cacheConfigInfo {
+			if n, ok := kvBlocks(line[end:]); ok && !s.Have.KVBlocks {
+				s.KVBlocks, s.Have.KVBlocks = n, true
+			}
+			continue
 		}
 		idx, ok := byName[string(line[:end])]
 		if !ok {
@@ -112,7 +119,6 @@ func Parse(body []byte) (Sample, error) {
 			a.seen = true
 		}
 	}
-	var s Sample
 	for i, src := range sources {
 		a := accs[i]
 		if !a.seen {
@@ -131,6 +137,39 @@ func Parse(body []byte) (Sample, error) {
 		return Sample{}, ErrNoMetrics
 	}
 	return s, nil
+}
+
+// cacheConfigInfo is vLLM's info metric of its cache configuration
+// (llm-d-inference-sim exports it too); its num_gpu_blocks label is the
+// KV cache size in blocks.
+const cacheConfigInfo = "vllm:cache_config_info"
+
+// maxKVBlocks bounds a believable cache size: a larger label is ignored,
+// as is anything but a plain positive integer ("None" before sizing).
+const maxKVBlocks = 1 << 31
+
+// kvBlocks reads num_gpu_blocks from an info line's label set. An info
+// line is no load figure: a malformed one is ignored, not an error.
+func kvBlocks(rest []byte) (int, bool) {
+	labels, _, err := splitLabels(rest)
+	if err != nil {
+		return 0, false
+	}
+	v, ok := labelValue(labels, "num_gpu_blocks")
+	if !ok || len(v) == 0 || len(v) > 10 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if n <= 0 || n >= maxKVBlocks {
+		return 0, false
+	}
+	return int(n), true
 }
 
 // usage turns a usage value into a fraction: some exporters report percent.

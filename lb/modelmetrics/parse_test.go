@@ -75,7 +75,7 @@ func TestParseEngines(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if s.Have != (Have{true, true, true}) || s.Waiting != tc.waiting || s.Running != tc.running || s.KVCacheUsage != tc.kv {
+		if s.Have != (Have{Waiting: true, Running: true, KVCache: true}) || s.Waiting != tc.waiting || s.Running != tc.running || s.KVCacheUsage != tc.kv {
 			t.Errorf("%s: got %+v, want waiting %v running %v kv %v", tc.name, s, tc.waiting, tc.running, tc.kv)
 		}
 	}

@@ -6,6 +6,9 @@ import "time"
 type Sample struct {
 	Waiting, Running float64
 	KVCacheUsage     float64 // fraction of the KV cache in use, 0..1
+	// KVBlocks is the engine's KV cache size in blocks (vLLM's
+	// num_gpu_blocks), known from its start, before the cache fills.
+	KVBlocks int
 	// Have says which of the fields above the server exports; a missing
 	// field is zero and must not be read as "idle".
 	Have Have
@@ -18,7 +21,7 @@ type Sample struct {
 }
 
 // Have flags the fields a sample carries.
-type Have struct{ Waiting, Running, KVCache bool }
+type Have struct{ Waiting, Running, KVCache, KVBlocks bool }
 
 // Freshness says whether a sample may be trusted. The zero value is Unknown.
 type Freshness uint8

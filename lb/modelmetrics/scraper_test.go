@@ -101,7 +101,7 @@ func TestLiveValuesUpdateAndFailuresAreStale(t *testing.T) {
 		v, fr := s.Get("a:1")
 		return fr == Fresh && v.Waiting == 3
 	})
-	if v, _ := s.Get("a:1"); v.Running != 2 || v.KVCacheUsage != 0.5 || v.Have != (Have{true, true, true}) || v.Err != nil {
+	if v, _ := s.Get("a:1"); v.Running != 2 || v.KVCacheUsage != 0.5 || v.Have != (Have{Waiting: true, Running: true, KVCache: true}) || v.Err != nil {
 		t.Fatalf("first sample %+v", v)
 	}
 
@@ -384,7 +384,7 @@ func BenchmarkGet(b *testing.B) {
 	}
 	s.SetTargets(targets)
 	for _, t := range *s.targets.Load() {
-		t.last.Store(&outcome{smp: Sample{Waiting: 1, Running: 2, KVCacheUsage: 0.5, Have: Have{true, true, true}, At: time.Now().Add(time.Hour)}})
+		t.last.Store(&outcome{smp: Sample{Waiting: 1, Running: 2, KVCacheUsage: 0.5, Have: Have{Waiting: true, Running: true, KVCache: true}, At: time.Now().Add(time.Hour)}})
 	}
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()

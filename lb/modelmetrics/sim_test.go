@@ -28,7 +28,7 @@ func TestAgainstSimulator(t *testing.T) {
 
 	waitFor(t, "an idle replica", func() bool {
 		v, fr := s.Get(srv.Addr())
-		return fr == Fresh && v.Have == (Have{true, true, true}) && v.Running == 0 && v.Waiting == 0
+		return fr == Fresh && v.Have == (Have{Waiting: true, Running: true, KVCache: true}) && v.Running == 0 && v.Waiting == 0
 	})
 
 	ctx, cancel := context.WithCancel(context.Background())

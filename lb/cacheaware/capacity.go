@@ -1,0 +1,80 @@
+package cacheaware
+
+import "github.com/sluice-router/sluice/lb"
+
+// CapacityFunc gives a present replica's engine KV cache size in blocks
+// and whether it is known (false, or a size of 0: not known).
+type CapacityFunc func(addr string) (blocks int, known bool)
+
+// Capacity is a source of the replicas' KV cache sizes (the engines'
+// metrics: vllm:cache_config_info's num_gpu_blocks). It must be quick:
+// Blocks is called under the router's read lock.
+type Capacity interface {
+	Blocks(addr string) (blocks int, known bool)
+}
+
+// backendsFollower is a Capacity that needs the replica set (a scraper
+// reads each replica's metrics at its URL).
+type backendsFollower interface {
+	SetBackends([]lb.Backend)
+}
+
+// SetCapacity sets (nil: clears) the source of the replicas' KV cache
+// sizes; a source that follows the set gets the current one at once.
+func (p *Picker) SetCapacity(c Capacity) {
+	p.setMu.Lock()
+	defer p.setMu.Unlock()
+	if c == nil {
+		p.capacity.Store(nil)
+		return
+	}
+	p.capacity.Store(&c)
+	if f, ok := c.(backendsFollower); ok && p.backends != nil {
+		f.SetBackends(p.backends)
+	}
+}
+
+// SetBackends makes set the replicas (as SetReplicas with its dial
+// addresses) and gives it to the capacity source, if that follows it.
+func (p *Picker) SetBackends(set []lb.Backend) {
+	p.setMu.Lock()
+	defer p.setMu.Unlock()
+	p.setReplicasLocked(lb.Dials(set))
+	p.backends = set
+	if c := p.capacity.Load(); c != nil {
+		if f, ok := (*c).(backendsFollower); ok {
+			f.SetBackends(set)
+		}
+	}
+}
+
+// capacityFunc is the capacity source's Blocks (nil: none).
+func (p *Picker) capacityFunc() CapacityFunc {
+	if c := p.capacity.Load(); c != nil {
+		return (*c).Blocks
+	}
+	return nil
+}
+
+// roomKey orders a miss's candidates by tree chars per block of their
+// engine's KV cache (proportional fill): with caches of several sizes,
+// new prefixes then fill the big ones as much as the small ones instead
+// of spreading evenly and overfilling the small. nil (the smallest tree)
+// unless every usable replica's size is known: one unknown size would
+// have to be guessed.
+func roomKey(usable []*replica, capacity CapacityFunc) func(*replica) int {
+	if capacity == nil {
+		return nil
+	}
+	for _, rep := range usable {
+		if n, ok := capacity(rep.addr); !ok || n <= 0 {
+			return nil
+		}
+	}
+	return func(rep *replica) int {
+		n, _ := capacity(rep.addr)
+		// Fixed point, 1/1024 char per block; bounded so a huge tree
+		// cannot overflow (the key's order is all that matters).
+		return int(min(float64(rep.chars)*1024/float64(n), 1<<30))
+	}
+}
