@@ -58,8 +58,7 @@ func (c kvCapacity) SetBackends(set []lb.Backend) {
 func (c kvCapacity) run(run func(context.Context)) func(context.Context) {
 	return func(ctx context.Context) {
 		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() { defer wg.Done(); c.s.Run(ctx) }()
+		wg.Go(func() { c.s.Run(ctx) })
 		run(ctx)
 		wg.Wait()
 	}

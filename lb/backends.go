@@ -81,6 +81,16 @@ func ParseBackend(s string) (Backend, error) {
 	return Backend{URL: (&url.URL{Scheme: u.Scheme, Host: dial}).String(), Dial: dial}, nil
 }
 
+// PlainBackends returns a backend per address, reached at http://addr:
+// a set given as bare dial addresses (lb.Picker's SetReplicas).
+func PlainBackends(addrs []string) []Backend {
+	out := make([]Backend, len(addrs))
+	for i, a := range addrs {
+		out[i] = Backend{URL: "http://" + a, Dial: a}
+	}
+	return out
+}
+
 // Dials returns the dial addresses of bs, in order.
 func Dials(bs []Backend) []string {
 	out := make([]string, len(bs))

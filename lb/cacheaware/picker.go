@@ -75,11 +75,7 @@ func (p *Picker) Settings() any {
 // SetReplicas implements lb.Picker; a capacity source reads each replica
 // at http://addr.
 func (p *Picker) SetReplicas(addrs []string) {
-	set := make([]lb.Backend, len(addrs))
-	for i, a := range addrs {
-		set[i] = lb.Backend{URL: "http://" + a, Dial: a}
-	}
-	p.SetBackends(set)
+	p.SetBackends(lb.PlainBackends(addrs))
 }
 
 func (p *Picker) setReplicasLocked(addrs []string) {

@@ -140,11 +140,7 @@ func (p *Picker) Policy() *Policy                { return p.policy }
 
 // SetReplicas implements lb.Picker; metrics are scraped at http://addr.
 func (p *Picker) SetReplicas(addrs []string) {
-	set := make([]lb.Backend, len(addrs))
-	for i, a := range addrs {
-		set[i] = lb.Backend{URL: "http://" + a, Dial: a}
-	}
-	p.SetBackends(set)
+	p.SetBackends(lb.PlainBackends(addrs))
 }
 
 // SetBackends makes set the replicas, scraping each at its URL.
