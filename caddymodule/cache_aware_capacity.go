@@ -18,9 +18,10 @@ import (
 const kvCapacityInterval = time.Second
 
 // kvCapacity is cache_aware's source of each replica's KV cache size
-// (with kv_events): its engine's metrics (vllm:cache_config_info's
-// num_gpu_blocks) at <replica URL>/metrics, so that a miss can fill the
-// caches in proportion to their sizes from the first request on.
+// (with kv_events): its engine's metrics at <replica URL>/metrics
+// (vLLM's cache_config_info, num_gpu_blocks × block_size; SGLang's
+// max_total_num_tokens), so that a miss can fill the caches in
+// proportion to their sizes from the first request on.
 type kvCapacity struct{ s *modelmetrics.Scraper }
 
 var _ cacheaware.Capacity = kvCapacity{}
@@ -29,20 +30,20 @@ func newKVCapacity() kvCapacity {
 	return kvCapacity{s: modelmetrics.New(modelmetrics.Config{Interval: kvCapacityInterval})}
 }
 
-// Blocks implements cacheaware.Capacity: the size last read, even when a
+// Tokens implements cacheaware.Capacity: the size last read, even when a
 // later scrape failed (a size outlives a slow /metrics). A replica never
 // read yet is asked for a scrape now (not before its back-off has
 // passed): a request wants its size, so its engine is likely up.
-func (c kvCapacity) Blocks(addr string) (int, bool) {
+func (c kvCapacity) Tokens(addr string) (int, bool) {
 	smp, _ := c.s.Get(addr)
 	if smp.At.IsZero() {
 		c.s.RefreshTargets(addr)
 		return 0, false
 	}
-	if !smp.Have.KVBlocks {
+	if !smp.Have.KVTokens {
 		return 0, false
 	}
-	return smp.KVBlocks, true
+	return smp.KVTokens, true
 }
 
 // SetBackends scrapes each replica at its URL.
@@ -67,7 +68,7 @@ func (c kvCapacity) run(run func(context.Context)) func(context.Context) {
 // fill adds each replica's known cache size to the kv_events health.
 func (c kvCapacity) fill(s *KVEventsStats, addrs []string) {
 	for _, a := range addrs {
-		n, ok := c.Blocks(a)
+		n, ok := c.Tokens(a)
 		if !ok {
 			continue
 		}

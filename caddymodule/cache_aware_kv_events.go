@@ -400,9 +400,9 @@ type KVEventsStats struct {
 type KVEventsReplica struct {
 	Mode   string `json:"mode"` // exact (fresh events) or approximate (the tree)
 	Blocks int    `json:"blocks"`
-	// Capacity is the engine's KV cache size in blocks, from its metrics
-	// (0: not known).
-	Capacity  int       `json:"capacity_blocks,omitempty"`
+	// Capacity is the engine's KV cache size in tokens, from its
+	// metrics (0: not known).
+	Capacity  int       `json:"capacity_tokens,omitempty"`
 	LastEvent time.Time `json:"last_event,omitempty"`
 }
 

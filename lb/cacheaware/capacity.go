@@ -2,15 +2,15 @@ package cacheaware
 
 import "github.com/sluice-router/sluice/lb"
 
-// CapacityFunc gives a present replica's engine KV cache size in blocks
+// CapacityFunc gives a present replica's engine KV cache size in tokens
 // and whether it is known (false, or a size of 0: not known).
-type CapacityFunc func(addr string) (blocks int, known bool)
+type CapacityFunc func(addr string) (tokens int, known bool)
 
 // Capacity is a source of the replicas' KV cache sizes (the engines'
-// metrics: vllm:cache_config_info's num_gpu_blocks). It must be quick:
-// Blocks is called under the router's read lock.
+// metrics: vLLM's cache_config_info, SGLang's max_total_num_tokens). It
+// must be quick: Tokens is called under the router's read lock.
 type Capacity interface {
-	Blocks(addr string) (blocks int, known bool)
+	Tokens(addr string) (tokens int, known bool)
 }
 
 // backendsFollower is a Capacity that needs the replica set (a scraper
@@ -48,15 +48,15 @@ func (p *Picker) SetBackends(set []lb.Backend) {
 	}
 }
 
-// capacityFunc is the capacity source's Blocks (nil: none).
+// capacityFunc is the capacity source's Tokens (nil: none).
 func (p *Picker) capacityFunc() CapacityFunc {
 	if c := p.capacity.Load(); c != nil {
-		return (*c).Blocks
+		return (*c).Tokens
 	}
 	return nil
 }
 
-// roomKey orders a miss's candidates by tree chars per block of their
+// roomKey orders a miss's candidates by tree chars per token of their
 // engine's KV cache (proportional fill): with caches of several sizes,
 // new prefixes then fill the big ones as much as the small ones instead
 // of spreading evenly and overfilling the small. nil (the smallest tree)
@@ -73,8 +73,9 @@ func roomKey(usable []*replica, capacity CapacityFunc) func(*replica) int {
 	}
 	return func(rep *replica) int {
 		n, _ := capacity(rep.addr)
-		// Fixed point, 1/1024 char per block; bounded so a huge tree
-		// cannot overflow (the key's order is all that matters).
-		return int(min(float64(rep.chars)*1024/float64(n), 1<<30))
+		// Fixed point, 2⁻²⁰ char per token (a cache of millions of
+		// tokens holds a tree of thousands of chars early on); bounded
+		// so a huge tree cannot overflow (only the key's order matters).
+		return int(min(float64(rep.chars)*(1<<20)/float64(n), 1<<30))
 	}
 }

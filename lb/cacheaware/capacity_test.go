@@ -55,7 +55,7 @@ func TestMissFillsCachesInProportionToCapacity(t *testing.T) {
 // replica set (a scraper needs the URLs).
 func TestPickerCapacitySource(t *testing.T) {
 	pk := NewPicker(Config{}, tracker.Config{})
-	src := &fakeCapacity{blocks: map[string]int{"a": 100, "b": 300}}
+	src := &fakeCapacity{tokens: map[string]int{"a": 100, "b": 300}}
 	pk.SetCapacity(src)
 	pk.SetBackends([]lb.Backend{{URL: "http://a", Dial: "a"}, {URL: "https://b", Dial: "b"}})
 	if len(src.set) != 2 || src.set[1].URL != "https://b" {
@@ -80,9 +80,9 @@ func TestPickerCapacitySource(t *testing.T) {
 }
 
 type fakeCapacity struct {
-	blocks map[string]int
+	tokens map[string]int
 	set    []lb.Backend
 }
 
-func (f *fakeCapacity) Blocks(addr string) (int, bool) { n, ok := f.blocks[addr]; return n, ok }
+func (f *fakeCapacity) Tokens(addr string) (int, bool) { n, ok := f.tokens[addr]; return n, ok }
 func (f *fakeCapacity) SetBackends(set []lb.Backend)   { f.set = set }

@@ -80,9 +80,20 @@ func Parse(body []byte) (Sample, error) {
 		if end < 0 {
 			end = len(line) // a name alone: bad if it is one of ours
 		}
-		if string(line[:end]) == cacheConfigInfo {
-			if n, ok := kvBlocks(line[end:]); ok && !s.Have.KVBlocks {
+		switch string(line[:end]) {
+		case cacheConfigInfo:
+			if n, size, ok := kvBlocks(line[end:]); ok && !s.Have.KVBlocks {
 				s.KVBlocks, s.Have.KVBlocks = n, true
+				if t := int64(n) * int64(size); size > 0 && t < maxKVTokens && !s.Have.KVTokens {
+					s.KVTokens, s.Have.KVTokens = int(t), true
+				}
+			}
+			continue
+		case sglangMaxTokens:
+			if n, ok := kvTokens(line[end:]); ok {
+				// One series per rank: tensor-parallel ranks share one
+				// pool and report it alike; the largest is the pool.
+				s.KVTokens, s.Have.KVTokens = max(s.KVTokens, n), true
 			}
 			continue
 		}
@@ -148,15 +159,59 @@ const cacheConfigInfo = "vllm:cache_config_info"
 // as is anything but a plain positive integer ("None" before sizing).
 const maxKVBlocks = 1 << 31
 
-// kvBlocks reads num_gpu_blocks from an info line's label set. An info
-// line is no load figure: a malformed one is ignored, not an error.
-func kvBlocks(rest []byte) (int, bool) {
+// sglangMaxTokens is SGLang's KV cache size in tokens (a gauge set once
+// at its start).
+const sglangMaxTokens = "sglang:max_total_num_tokens"
+
+// maxBlockTokens bounds a believable block size (vLLM's are 1-256
+// tokens); a larger label leaves the size in tokens unknown.
+const maxBlockTokens = 1 << 16
+
+// maxKVTokens bounds a believable size in tokens (and keeps it an int on
+// 32-bit platforms).
+const maxKVTokens = min(1<<47, math.MaxInt)
+
+// kvBlocks reads num_gpu_blocks, and block_size where it is valid (else
+// 0), from an info line's label set. An info line is no load figure: a
+// malformed one is ignored, not an error.
+func kvBlocks(rest []byte) (blocks, blockTokens int, ok bool) {
 	labels, _, err := splitLabels(rest)
+	if err != nil {
+		return 0, 0, false
+	}
+	v, found := labelValue(labels, "num_gpu_blocks")
+	if !found {
+		return 0, 0, false
+	}
+	n, ok := positiveInt(v, maxKVBlocks)
+	if !ok {
+		return 0, 0, false
+	}
+	if v, found := labelValue(labels, "block_size"); found {
+		blockTokens, _ = positiveInt(v, maxBlockTokens)
+	}
+	return n, blockTokens, true
+}
+
+// kvTokens reads a size gauge's value: a whole number of tokens (written
+// as a float, "161721.0"), positive and believable; anything else leaves
+// the size unknown.
+func kvTokens(rest []byte) (int, bool) {
+	_, rest, err := splitLabels(rest)
 	if err != nil {
 		return 0, false
 	}
-	v, ok := labelValue(labels, "num_gpu_blocks")
-	if !ok || len(v) == 0 || len(v) > 10 {
+	v, err := parseValue(rest)
+	if err != nil || v != math.Trunc(v) || v <= 0 || v >= maxKVTokens {
+		return 0, false
+	}
+	return int(v), true
+}
+
+// positiveInt reads a label value that must be a plain decimal integer in
+// (0, limit): "None" (not sized yet), signs, fractions, hex are not.
+func positiveInt(v []byte, limit int64) (int, bool) {
+	if len(v) == 0 || len(v) > 10 {
 		return 0, false
 	}
 	var n int64
@@ -166,7 +221,7 @@ func kvBlocks(rest []byte) (int, bool) {
 		}
 		n = n*10 + int64(c-'0')
 	}
-	if n <= 0 || n >= maxKVBlocks {
+	if n <= 0 || n >= limit {
 		return 0, false
 	}
 	return int(n), true

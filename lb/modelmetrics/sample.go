@@ -9,6 +9,10 @@ type Sample struct {
 	// KVBlocks is the engine's KV cache size in blocks (vLLM's
 	// num_gpu_blocks), known from its start, before the cache fills.
 	KVBlocks int
+	// KVTokens is the same size in tokens, the unit engines agree on:
+	// vLLM's num_gpu_blocks × block_size, SGLang's max_total_num_tokens
+	// (its pages may hold 1 token or 64, vLLM's blocks 16).
+	KVTokens int
 	// Have says which of the fields above the server exports; a missing
 	// field is zero and must not be read as "idle".
 	Have Have
@@ -21,7 +25,7 @@ type Sample struct {
 }
 
 // Have flags the fields a sample carries.
-type Have struct{ Waiting, Running, KVCache, KVBlocks bool }
+type Have struct{ Waiting, Running, KVCache, KVBlocks, KVTokens bool }
 
 // Freshness says whether a sample may be trusted. The zero value is Unknown.
 type Freshness uint8
