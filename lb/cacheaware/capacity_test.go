@@ -30,6 +30,9 @@ func TestMissFillsCachesInProportionToCapacity(t *testing.T) {
 		{"sizes unknown: load comes first", nil, map[string]int{"a": 1}, false, "b"},
 		{"equal room: the less loaded", map[string]int{"a": 100, "b": 200}, map[string]int{"a": 1}, false, "b"},
 		{"a usable replica of unknown capacity: the smallest tree", map[string]int{"a": 100, "b": 300}, nil, true, "a"},
+		// Room never overrides the imbalance guard: b has the room but
+		// 33 more in flight than a (the default absolute threshold is 32).
+		{"imbalanced: the least loaded, whatever the room", map[string]int{"a": 100, "b": 300}, map[string]int{"b": 33}, false, "a"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newRouter(t, Config{}, "a", "b", "c")
@@ -44,7 +47,7 @@ func TestMissFillsCachesInProportionToCapacity(t *testing.T) {
 				cf = func(addr string) (int, bool) { n, ok := c.capacity[addr]; return n, ok }
 			}
 			d := r.PickExact("m", miss, load, nil, nil, cf)
-			if d.Addr != c.want || d.Reason != Miss {
+			if d.Addr != c.want || (d.Reason != Miss && d.Reason != Imbalance) {
 				t.Fatalf("got %+v, want %s (miss)", d, c.want)
 			}
 		})
