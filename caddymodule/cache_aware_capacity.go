@@ -14,8 +14,15 @@ import (
 // runs, but it must be known by the first requests, which come as soon
 // as the engines are up, often just after Sluice (a replica not up yet
 // is tried again after this, backing off if it stays down). Once read,
-// the scrapes only notice a restart with another size.
-const kvCapacityInterval = time.Second
+// a replica is scraped every kvCapacitySettled, which only notices a
+// restart with another size: an engine's /metrics is a large page
+// rendered by its API server, every instance of Sluice reads it, and
+// qll's and load_aware's scrapes already read it each second where they
+// need its load.
+const (
+	kvCapacityInterval = time.Second
+	kvCapacitySettled  = 30 * time.Second
+)
 
 // kvCapacity is cache_aware's source of each replica's KV cache size
 // (with kv_events): its engine's metrics at <replica URL>/metrics
@@ -27,7 +34,8 @@ type kvCapacity struct{ s *modelmetrics.Scraper }
 var _ cacheaware.Capacity = kvCapacity{}
 
 func newKVCapacity() kvCapacity {
-	return kvCapacity{s: modelmetrics.New(modelmetrics.Config{Interval: kvCapacityInterval})}
+	return kvCapacity{s: modelmetrics.New(modelmetrics.Config{Interval: kvCapacityInterval, SettledInterval: kvCapacitySettled,
+		Settled: func(smp modelmetrics.Sample) bool { return smp.Have.KVTokens }})}
 }
 
 // Tokens implements cacheaware.Capacity: the size last read, even when a

@@ -9,7 +9,7 @@ import "time"
 type outcome struct {
 	smp   Sample
 	fails int       // consecutive failed scrapes; 0 after a success
-	due   time.Time // no round scrapes the target before then; zero after a success
+	due   time.Time // no round scrapes the target before then; zero after a success (but see Config.Settled)
 }
 
 // recoveringBackoff caps, in Intervals, the back-off of a target that

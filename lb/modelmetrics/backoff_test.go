@@ -218,3 +218,38 @@ func TestRefreshTargetsAreMergedToOneRoundPerMinRefresh(t *testing.T) {
 		t.Errorf("c was never asked for but scraped %d times", n)
 	}
 }
+
+// A target whose sample holds what its reader wants (Config.Settled: a
+// cache size, fixed at the engine's start) is read every SettledInterval
+// from then on, not every Interval; one that does not yet is read every
+// Interval. The clock is the test's: each round is one tick.
+func TestASettledTargetIsReadSeldom(t *testing.T) {
+	sized := newFakeReplica(t, "vllm:num_requests_waiting 0\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1\n")
+	unsized := newFakeReplica(t, "vllm:num_requests_waiting 0\nvllm:cache_config_info{num_gpu_blocks=\"None\"} 1\n")
+	var now atomic.Int64
+	start := time.Unix(1000, 0)
+	now.Store(start.UnixNano())
+	s := New(Config{Interval: time.Second, SettledInterval: 10 * time.Second,
+		Settled: func(smp Sample) bool { return smp.Have.KVTokens }})
+	s.now = func() time.Time { return time.Unix(0, now.Load()) }
+	s.SetTargets(map[string]string{"sized": sized.URL, "unsized": unsized.URL})
+	defer s.own.CloseIdleConnections()
+	var sizedAt []int
+	for i := range 25 {
+		now.Store(start.Add(time.Duration(i) * time.Second).UnixNano())
+		before := sized.hits.Load()
+		scrapeOnce(s)
+		if sized.hits.Load() > before {
+			sizedAt = append(sizedAt, i)
+		}
+	}
+	if want := []int{0, 10, 20}; !slices.Equal(sizedAt, want) {
+		t.Fatalf("sized target read at ticks %v, want %v", sizedAt, want)
+	}
+	if n := unsized.hits.Load(); n != 25 {
+		t.Fatalf("unsized target read %d times in 25 ticks, want every tick", n)
+	}
+	if v, _ := s.Get("sized"); v.KVTokens != 1600 {
+		t.Fatalf("sized target's sample %+v", v)
+	}
+}

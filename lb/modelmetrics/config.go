@@ -29,6 +29,12 @@ type Config struct {
 	MaxBackoff time.Duration
 	// Path of the metrics endpoint on each target (default "/metrics").
 	Path string
+	// Settled, if set, says a target's sample holds all its reader wants
+	// from it (a size fixed at the engine's start): after such a sample
+	// the target is scraped every SettledInterval (default 30s) instead
+	// of every Interval, which only notices a restart with new values.
+	Settled         func(Sample) bool
+	SettledInterval time.Duration
 	// Client, if set, makes the requests; by default the scraper uses its
 	// own transport (no proxy from the environment), closed when Run ends.
 	Client *http.Client
@@ -55,6 +61,10 @@ func (c Config) WithDefaults() Config {
 	if c.Path == "" {
 		c.Path = "/metrics"
 	}
+	if c.SettledInterval <= 0 {
+		c.SettledInterval = 30 * time.Second
+	}
+	c.SettledInterval = max(c.SettledInterval, c.Interval)
 	return c
 }
 

@@ -268,6 +268,9 @@ func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) (sm
 	} else {
 		next.smp = v
 		next.smp.At = s.now()
+		if cfg := s.Config(); cfg.Settled != nil && cfg.Settled(v) {
+			next.due = start.Add(cfg.SettledInterval)
+		}
 		s.ok.Add(1)
 	}
 	t.last.Store(&next)
