@@ -1,6 +1,7 @@
 package modelmetrics
 
 import (
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
@@ -251,5 +252,19 @@ func TestASettledTargetIsReadSeldom(t *testing.T) {
 	}
 	if v, _ := s.Get("sized"); v.KVTokens != 1600 {
 		t.Fatalf("sized target's sample %+v", v)
+	}
+}
+
+// The config is part of what health answers show (a policy's settings):
+// it must encode as JSON whether or not Settled is set.
+func TestConfigEncodesAsJSON(t *testing.T) {
+	for _, c := range []Config{{}, {Settled: func(Sample) bool { return true }, SettledInterval: time.Minute}} {
+		b, err := json.Marshal(c.WithDefaults())
+		if err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		if !strings.Contains(string(b), `"Interval":1000000000`) {
+			t.Fatalf("encoded config %s", b)
+		}
 	}
 }

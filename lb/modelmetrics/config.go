@@ -33,7 +33,9 @@ type Config struct {
 	// from it (a size fixed at the engine's start): after such a sample
 	// the target is scraped every SettledInterval (default 30s) instead
 	// of every Interval, which only notices a restart with new values.
-	Settled         func(Sample) bool
+	// Not part of the config's JSON (health answers show the settings;
+	// a func cannot be encoded, set or not).
+	Settled         func(Sample) bool `json:"-"`
 	SettledInterval time.Duration
 	// Client, if set, makes the requests; by default the scraper uses its
 	// own transport (no proxy from the environment), closed when Run ends.
