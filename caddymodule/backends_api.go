@@ -105,10 +105,17 @@ func serveSetBackends(w http.ResponseWriter, r *http.Request, name string, allow
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	// Encoded before the status goes out: a value that cannot be encoded
+	// (a Sluice bug) answers 500 saying why, not 200 with an empty body.
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeJSONError(w, http.StatusInternalServerError, "internal", "encoding the answer: "+err.Error())
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(append(b, '\n'))
 }
 
 func urls(bs []lb.Backend) []string {

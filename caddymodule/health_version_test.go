@@ -1,11 +1,15 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sluice-router/sluice/internal/version"
 )
@@ -31,5 +35,51 @@ func TestHealthReportsVersion(t *testing.T) {
 	}
 	if !body.OK || body.Pool != "health-version" || body.Version != version.Version {
 		t.Fatalf("health = %+v, want ok, pool health-version, version %q", body, version.Version)
+	}
+}
+
+// An answer that cannot be encoded (a Sluice bug: a func among a
+// policy's settings once made every health answer 200 with an empty
+// body) is a 500 that says why.
+func TestAnAnswerThatCannotBeEncodedIsA500(t *testing.T) {
+	rec := httptest.NewRecorder()
+	writeJSON(rec, http.StatusOK, map[string]any{"settings": struct{ F func() }{}})
+	var body struct {
+		Error struct{ Type, Message string } `json:"error"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusInternalServerError ||
+		body.Error.Type != "internal" || !strings.Contains(body.Error.Message, "unsupported type") {
+		t.Fatalf("answer %d %q (%v), want 500 naming the encoding error", rec.Code, rec.Body, err)
+	}
+}
+
+// Every policy's health answer encodes: its settings, health and engine
+// metrics included (a policy provisioned as Caddy does, with defaults).
+func TestEveryPolicysHealthAnswerEncodes(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("XDG_DATA_HOME", dir)
+	t.Setenv("XDG_CONFIG_HOME", dir)
+	cctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, p := range []struct {
+		pool string
+		mod  caddy.Provisioner
+	}{
+		{"health-qll", &QueuedLeastLatency{Pool: "health-qll"}},
+		{"health-ca", &CacheAware{Pool: "health-ca"}},
+		{"health-la", &LoadAware{Pool: "health-la"}},
+	} {
+		if err := p.mod.Provision(cctx); err != nil {
+			t.Fatalf("%s: %v", p.pool, err)
+		}
+		rec := httptest.NewRecorder()
+		serveHealth(rec, httptest.NewRequest(http.MethodGet, "/_custom_router/health", nil), p.pool)
+		var body map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusOK || body["ok"] != true {
+			t.Fatalf("%s: health %d %q (%v)", p.pool, rec.Code, rec.Body, err)
+		}
+		if cu, ok := p.mod.(caddy.CleanerUpper); ok {
+			_ = cu.Cleanup()
+		}
 	}
 }
