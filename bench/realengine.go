@@ -58,6 +58,11 @@ type EngineOptions struct {
 	// Scale is the time scale: 1 s of engine time runs in Scale s.
 	// Default 0.25 with the sim, 1 otherwise (real engines run in real time).
 	Scale float64
+	// SharedGPU, with the sim, puts the R engines on one simulated GPU
+	// (sim.GPU) whose work they take turns on, as co-located replicas do;
+	// its value is the share of a step's fixed cost that is GPU work (the
+	// rest is each engine's own CPU time). 0: a GPU each.
+	SharedGPU float64
 	// Prompts (P), PromptWords (W) and UniqueWords (U): P shared system
 	// prompts of W words; each request is one of them + U words of its
 	// own. One word = one token (3 letters + a space: 4 characters, as a
@@ -305,6 +310,12 @@ func realEngine(r *runner, calibrate bool) {
 			r.res.Title = fmt.Sprintf("Real engine (%s, R = %d): %d shared %s-token system prompts, %d streamed tokens, "+
 				"Poisson arrivals, every system with its defaults", e.Engine, e.Replicas, e.Prompts, thousands(e.PromptWords), e.MaxTokens)
 		}
+		if e.Engine == "sim" && e.SharedGPU > 0 {
+			r.res.suffix += "-gpu"
+			r.res.About += fmt.Sprintf(" The %d engines share ONE simulated GPU (-shared-gpu %g): their steps' GPU work "+
+				"(%g of the fixed step cost and all the per-token cost) takes turns on it, the rest of each step runs in parallel.",
+				e.Replicas, e.SharedGPU, e.SharedGPU)
+		}
 		if e.Engine == "llmd" {
 			r.res.About += fmt.Sprintf(" Each replica: llm-d-inference-sim v0.10.2 (fresh for every system) with %s "+
 				"(time factor 1 + 2(n−1)/15 with n running: 3 with the batch full, on the first token and every next one; "+
@@ -337,8 +348,14 @@ func realEngine(r *runner, calibrate bool) {
 	}
 	var fleet []sim.Config
 	if e.Engine == "sim" {
+		var gpu *sim.GPU
+		if e.SharedGPU > 0 {
+			gpu = sim.NewGPU(e.SharedGPU)
+		}
 		for i := range e.Replicas {
-			fleet = append(fleet, engineReplicaConfig(fmt.Sprintf("engine-%d", i), e.Scale))
+			c := engineReplicaConfig(fmt.Sprintf("engine-%d", i), e.Scale)
+			c.GPU = gpu
+			fleet = append(fleet, c)
 		}
 	}
 	// live are the llm-d-inference-sim engines of the system running now

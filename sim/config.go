@@ -234,6 +234,10 @@ type Config struct {
 	PrefixCache PrefixCache `json:"prefix_cache,omitzero"`
 	// Latency is the service-time model.
 	Latency Latency `json:"latency,omitzero"`
+	// GPU, with LatencyEngine, is an accelerator this engine shares with
+	// others (co-located replicas): their steps' GPU work takes turns on
+	// it. Nil: a GPU of its own.
+	GPU *GPU `json:"-"`
 	// PrefillBlocksDecode, with the per_token latency model (invalid with
 	// the others), makes prefills and decodes contend as in an engine
 	// without chunked prefill. The replica runs one prefill at a time:
@@ -378,6 +382,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.validateEngine(); err != nil {
 		return err
+	}
+	if c.GPU != nil && c.Latency.Kind != LatencyEngine {
+		return fmt.Errorf("sim: GPU (a shared GPU) needs Latency.Kind %q, got %q", LatencyEngine, c.Latency.Kind)
 	}
 	if c.KVCapacityTokens < 0 || c.KVCapacityTokens > MaxKVCapacityTokens {
 		return fmt.Errorf("sim: KVCapacityTokens must be between 0 (off) and %d, got %d", MaxKVCapacityTokens, c.KVCapacityTokens)

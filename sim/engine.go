@@ -57,6 +57,7 @@ type engine struct {
 	stepBase, stepPerToken time.Duration
 	stepPerContextToken    time.Duration
 	async                  bool
+	gpu                    *GPU // shared with other engines; nil: its own
 	maxSeqs                int
 	maxBatchTokens         int
 	blockTokens, kvBlocks  int
@@ -136,6 +137,7 @@ func newEngine(cfg Config, done <-chan struct{}) *engine {
 		stepPerToken:        cfg.Latency.StepPerToken,
 		stepPerContextToken: cfg.Latency.StepPerContextToken,
 		async:               cfg.Latency.AsyncScheduling,
+		gpu:                 cfg.GPU,
 		maxSeqs:             cfg.Concurrency,
 		maxBatchTokens:      cfg.MaxBatchTokens,
 		blockTokens:         cfg.BlockTokens,
@@ -250,6 +252,10 @@ func (e *engine) loop() {
 		e.st.maxStepTokens = max(e.st.maxStepTokens, tokens)
 		e.st.busy += d
 		e.mu.Unlock()
+		if e.gpu != nil {
+			// The step's GPU work waits its turn behind the other engines'.
+			d = time.Until(e.gpu.stepEnd(inFlight, d, e.stepBase))
+		}
 
 		if d > 0 {
 			timer.Reset(d)

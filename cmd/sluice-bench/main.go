@@ -41,6 +41,7 @@ func main() {
 	rate := fs.Float64("rate", 0, "real-engine: arrival rate, req/s of engine time (default 4; llmd: 20 and 30)")
 	rates := fs.String("rates", "", "real-engine: several arrival rates, comma-separated (e.g. 4,8,12)")
 	fs.Float64Var(&eng.Scale, "scale", 0, "real-engine: time scale, 1 s of engine time runs in SCALE s (default 0.25 with the sim, else 1)")
+	fs.Float64Var(&eng.SharedGPU, "shared-gpu", 0, "real-engine -engine sim: the R engines share one simulated GPU, as R replicas on one GPU do; the value is the share of a step's fixed cost that is GPU work (0 < F <= 1; default 0: a GPU each)")
 	fs.IntVar(&eng.Prompts, "prompts", 0, "real-engine: P, shared system prompts (default 4)")
 	fs.IntVar(&eng.PromptWords, "prompt-words", 0, "real-engine: W, words (= tokens) per system prompt (default 1500)")
 	fs.IntVar(&eng.UniqueWords, "unique-words", 0, "real-engine: U, unique words per request (default 40)")
@@ -169,7 +170,7 @@ func needsValue(flagArg string) bool {
 	}
 	switch name {
 	case "out", "caddy", "only", "timeout", "reps", "engine", "endpoints", "model", "replicas", "rate", "rates", "scale",
-		"prompts", "prompt-words", "unique-words", "max-tokens", "arrivals", "client-timeout", "python", "server-args":
+		"prompts", "prompt-words", "unique-words", "max-tokens", "arrivals", "client-timeout", "python", "server-args", "shared-gpu":
 		return true
 	}
 	return false
