@@ -46,11 +46,11 @@ func fullBuffer(running int) int { return max(1, running/8) }
 // and the learned limit decides only where it does not.
 //
 // The slots follow the samples the way TCP's window follows acks:
-//   - until the engine has shown it runs two requests at once with
-//     nothing waiting, it is probed one request above Sluice's while it
-//     runs all of them
+//   - until the engine has shown it runs two requests at once, it is
+//     probed one request above Sluice's while it runs all of them
 //     (a one-at-a-time server answers that probe by queueing it for
-//     fullAfter, and is then left to the learned limit for good);
+//     fullAfter, and is then left to the learned limit until a sample
+//     shows two running, which no one-at-a-time server does);
 //   - a batching engine with room gets twice what it ran (or what Sluice
 //     had on it) until it is first seen full, then a quarter more per
 //     sample with room — slots never shrink on an idle sample;
@@ -68,7 +68,7 @@ type engineView struct {
 	queuedSince      time.Time // first of the unbroken run of samples with requests waiting (zero: none)
 	lastAt           time.Time // the last usable sample's time
 	full             bool      // the last sample said full
-	batching         bool      // some sample showed 2+ running with nothing waiting
+	batching         bool      // some sample showed 2+ running
 	single           bool      // some sample showed it full while running at most one
 	sawFull          bool      // some sample since it was seen batching said full
 	slots            int       // what a batching engine gets while samples are fresh
@@ -111,6 +111,15 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 		(smp.Have.KVCache && smp.KVCacheUsage >= kvFullUsage)
 	e.ours = ours
 	base := max(e.running, ours)
+	if e.running >= 2 && !e.batching {
+		// Two running at once: it batches, whatever an earlier sample
+		// made it look like. A batching engine's first steps can queue
+		// the probe for fullAfter (a long prefill, steps slowed by
+		// engines sharing its GPU) exactly as a one-at-a-time server
+		// does; left to the learned limit for good, it took twice its
+		// peers' requests while they were held at what they ran.
+		e.batching, e.single = true, false
+	}
 	switch {
 	case e.full && !e.batching:
 		if e.running <= 1 {
@@ -150,11 +159,20 @@ func (e *engineView) slotsAt(now time.Time, learned int) (int, string) {
 		return learned, slotsLearned
 	case e.batching && e.full:
 		return max(1, e.slots), slotsEngine
-	case e.batching:
+	case e.batching && !e.sawFull:
 		// Room: the learned limit's slow start may run ahead of the
 		// samples (a burst's first tokens come before its next sample
 		// without requests waiting in a step-based engine).
 		return max(learned, e.slots), slotsEngine
+	case e.batching:
+		// Room again after it was full: the engine's own figure, which
+		// grows a quarter per sample with room. The learned limit, grown
+		// by the first bytes of a long ramp, is not a measure of this
+		// engine's room: taken here, one sample without a request waiting
+		// let a KV-full engine take the whole edge queue at once (56 in
+		// flight where it ran 22; four engines on one GPU, TTFT p99 4×
+		// round robin's).
+		return max(1, e.slots), slotsEngine
 	case e.waiting > 0 || e.ours == 0 || e.running < e.ours:
 		// Nothing to probe from: a request waiting for the next step,
 		// none of ours on it, or ours not all running (in transit, or

@@ -253,3 +253,66 @@ func TestWaitingInSamplesFarApartIsNotFull(t *testing.T) {
 		t.Fatalf("waiting in samples %v apart for %v: full %v, slots %d; want full, 1 (none of ours on it)", fullGap, fullAfter, s.replicas["a"].eng.full, got.Parallelism)
 	}
 }
+
+// A batching engine whose first steps queued the probe for fullAfter (a
+// long prefill, or steps slowed by engines sharing its GPU) looks like a
+// one-at-a-time server at first; the first sample with two running says
+// it batches, and its slots come from its metrics again. (Left to the
+// learned limit, one engine of four sharing a GPU took twice its peers'
+// requests while they were held at what they ran: TTFT p99 5× round
+// robin's.)
+func TestTwoRunningRevokesOneAtATime(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 0, 0))
+	l1 := mustAcquire(t, s)
+	defer l1.Release(success(time.Millisecond))
+	s.engineSample("a", engineSays(0, 1, 0.1))
+	l2 := mustAcquire(t, s) // the probe, queued behind a slow first step
+	defer l2.Release(success(time.Millisecond))
+	queuedFor(s, "a", engineSays(1, 1, 0.1), fullAfter)
+	if !s.replicas["a"].eng.single {
+		t.Fatal("setup: not marked one-at-a-time")
+	}
+	s.engineSample("a", engineSays(0, 2, 0.2)) // the step admitted it: two at once
+	if e := s.replicas["a"].eng; e.single || !e.batching {
+		t.Fatalf("two running: single %v batching %v, want a batching engine", e.single, e.batching)
+	}
+	if from := s.Snapshot().Replicas[0].SlotsFrom; from != slotsEngine {
+		t.Fatalf("slots from %q, want %q", from, slotsEngine)
+	}
+}
+
+// An engine seen full that shows room again gets its own figure back (a
+// quarter more than it ran), not the learned limit, which the first
+// bytes of a long ramp may have grown far beyond any engine's room.
+func TestRoomAfterFullIsTheEnginesFigureNotTheLearnedLimit(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 0, 0))
+	var held []*Lease
+	defer func() {
+		for _, l := range held {
+			l.Release(success(time.Millisecond))
+		}
+	}()
+	held = append(held, mustAcquire(t, s))
+	s.engineSample("a", engineSays(0, 1, 0.1))
+	held = append(held, mustAcquire(t, s))
+	s.engineSample("a", engineSays(0, 2, 0.2)) // batching
+	for len(held) < 20 {
+		s.engineSample("a", engineSays(0, len(held), 0.5))
+		held = append(held, mustAcquire(t, s))
+	}
+	s.engineSample("a", engineSays(0, 20, 0.99)) // KV full
+	if got := s.Snapshot().Replicas[0].Parallelism; got != 20 {
+		t.Fatalf("full: %d slots, want the 20 it runs", got)
+	}
+	s.mu.Lock()
+	s.replicas["a"].lim.limit = 64 // slow start ran ahead
+	s.mu.Unlock()
+	s.engineSample("a", engineSays(0, 20, 0.9)) // room again
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 25 || got.SlotsFrom != slotsEngine {
+		t.Fatalf("room after full: %d slots from %q, want 25 (20 and a quarter) from the engine", got.Parallelism, got.SlotsFrom)
+	}
+}
