@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -56,11 +55,7 @@ func TestAnAnswerThatCannotBeEncodedIsA500(t *testing.T) {
 // Every policy's health answer encodes: its settings, health and engine
 // metrics included (a policy provisioned as Caddy does, with defaults).
 func TestEveryPolicysHealthAnswerEncodes(t *testing.T) {
-	dir := t.TempDir()
-	t.Setenv("XDG_DATA_HOME", dir)
-	t.Setenv("XDG_CONFIG_HOME", dir)
-	cctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
+	cctx := provisionContext(t)
 	for _, p := range []struct {
 		pool string
 		mod  caddy.Provisioner

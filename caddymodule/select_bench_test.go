@@ -35,11 +35,7 @@ func (w *benchWriter) WriteHeader(int)             {}
 //
 //	go test -run '^$' -bench Select -benchmem ./caddymodule/
 func BenchmarkSelect(b *testing.B) {
-	dir := b.TempDir()
-	b.Setenv("XDG_DATA_HOME", dir)
-	b.Setenv("XDG_CONFIG_HOME", dir)
-	cctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
+	cctx := provisionContext(b)
 	pool := make(reverseproxy.UpstreamPool, 4)
 	for i := range pool {
 		pool[i] = &reverseproxy.Upstream{Dial: fmt.Sprintf("127.0.0.1:%d", 19100+i), Host: new(reverseproxy.Host)}
@@ -150,4 +146,15 @@ func atInfo(log *zap.Logger) *zap.Logger { return log.WithOptions(zap.IncreaseLe
 func quietScores(pk *loadaware.Picker) {
 	pk.Explain = func(e loadaware.Explanation) { logScores(zap.NewNop(), "bench", e) }
 	pk.Explaining = func() bool { return false }
+}
+
+// provisionContext is a Caddy context to provision modules in, with its
+// data and config directories in a temporary one; it ends with tb.
+func provisionContext(tb testing.TB) caddy.Context {
+	dir := tb.TempDir()
+	tb.Setenv("XDG_DATA_HOME", dir)
+	tb.Setenv("XDG_CONFIG_HOME", dir)
+	cctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	tb.Cleanup(cancel)
+	return cctx
 }
