@@ -56,26 +56,31 @@ func (p *Picker) capacityFunc() CapacityFunc {
 	return nil
 }
 
-// roomKey orders a miss's candidates by tree chars per token of their
+// roomKeys orders a miss's candidates by tree chars per token of their
 // engine's KV cache (proportional fill): with caches of several sizes,
 // new prefixes then fill the big ones as much as the small ones instead
-// of spreading evenly and overfilling the small. nil (the smallest tree)
-// unless every usable replica's size is known: one unknown size would
-// have to be guessed.
-func roomKey(usable []*replica, capacity CapacityFunc) func(*replica) int {
+// of spreading evenly and overfilling the small. It returns each usable
+// replica's key at its index (in buf when it is long enough), each size
+// read once, and false (the smallest tree) unless every usable replica's
+// size is known: one unknown size would have to be guessed.
+func roomKeys(usable []*replica, capacity CapacityFunc, buf []int, n int) ([]int, bool) {
 	if capacity == nil {
-		return nil
+		return nil, false
 	}
+	keys := buf[:0]
+	if cap(keys) < n {
+		keys = make([]int, 0, n)
+	}
+	keys = keys[:n]
 	for _, rep := range usable {
-		if n, ok := capacity(rep.addr); !ok || n <= 0 {
-			return nil
+		size, ok := capacity(rep.addr)
+		if !ok || size <= 0 {
+			return nil, false
 		}
-	}
-	return func(rep *replica) int {
-		n, _ := capacity(rep.addr)
 		// Fixed point, 2⁻²⁰ char per token (a cache of millions of
 		// tokens holds a tree of thousands of chars early on); bounded
-		// so a huge tree cannot overflow (only the key's order matters).
-		return int(min(float64(rep.chars)*(1<<20)/float64(n), 1<<30))
+		// so a huge tree cannot overflow (only the keys' order matters).
+		keys[rep.idx] = int(min(float64(rep.chars)*(1<<20)/float64(size), 1<<30))
 	}
+	return keys, true
 }

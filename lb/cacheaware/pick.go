@@ -112,7 +112,7 @@ const RoomPressure = 0.05
 // replica instead (Decision.Moved): it is prefilled anyway (its home held
 // at most CacheThreshold of it), and from then on it is held where there
 // is room. With capacity (nil: none known), a miss fills the caches in
-// proportion to their sizes (see roomKey).
+// proportion to their sizes (see roomKeys).
 func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, pressure PressureFunc, capacity CapacityFunc) Decision {
 	text = validText(text)
 	r.mu.RLock()
@@ -228,6 +228,15 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 		d.Addr, d.Reason = choose(usable, loads, smallest, turn).addr, Miss
 		return d
 	}
+	// With every cache's size known, the room decides and load only
+	// breaks ties: at light load "least loaded" is whichever replica is
+	// idle at that instant, which spreads prefixes by luck, not by room.
+	var kbuf [64]int
+	if keys, ok := roomKeys(usable, capacity, kbuf[:], n); ok {
+		room := func(rep *replica) int { return keys[rep.idx] }
+		d.Addr, d.Reason = choose(usable, loads, room, turn).addr, Miss
+		return d
+	}
 	// Least load; among the least loaded, the smallest tree. A new prefix
 	// then goes where the fewest prompts live, so prefixes spread evenly
 	// over the caches instead of by the luck of the turn, and instances
@@ -238,13 +247,6 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 		if loads[rep.idx] == minL {
 			least = append(least, rep)
 		}
-	}
-	// With every cache's size known, the room decides and load only
-	// breaks ties: at light load "least loaded" is whichever replica is
-	// idle at that instant, which spreads prefixes by luck, not by room.
-	if room := roomKey(usable, capacity); room != nil {
-		d.Addr, d.Reason = choose(usable, loads, room, turn).addr, Miss
-		return d
 	}
 	d.Addr, d.Reason = choose(least, loads, smallest, turn).addr, Miss
 	return d

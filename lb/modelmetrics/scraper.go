@@ -244,7 +244,8 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup, want func(*targ
 // nothing stored). A failure keeps the last values but sets Err, so the
 // target reads Stale, never idle, and backs the target off.
 func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) (smp Sample, ok bool) {
-	ctx, cancel := context.WithTimeout(runCtx, s.Config().Timeout)
+	cfg := s.Config()
+	ctx, cancel := context.WithTimeout(runCtx, cfg.Timeout)
 	defer cancel()
 	v, err := s.fetch(ctx, t)
 	if err != nil && runCtx.Err() != nil {
@@ -257,7 +258,6 @@ func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) (sm
 		}
 		next.smp.Err = err
 		next.fails++
-		cfg := s.Config()
 		wait := cfg.MaxBackoff
 		if !next.smp.At.IsZero() {
 			// It exported metrics before: restarting, not metric-less.
@@ -268,7 +268,7 @@ func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) (sm
 	} else {
 		next.smp = v
 		next.smp.At = s.now()
-		if cfg := s.Config(); cfg.Settled != nil && cfg.Settled(v) {
+		if cfg.Settled != nil && cfg.Settled(v) {
 			next.due = start.Add(cfg.SettledInterval)
 		}
 		s.ok.Add(1)

@@ -62,13 +62,7 @@ func TestABatchingEngineWithRoomTakesEveryWaiter(t *testing.T) {
 // at a time: its probe is the last, the learned limit decides from then
 // on, whatever later samples say.
 func TestAnEngineThatQueuesBehindOneIsLeftToTheLearnedLimit(t *testing.T) {
-	s := New(Config{})
-	s.SetBackends([]string{"a"})
-	s.engineSample("a", engineSays(0, 0, 0))
-	l1 := mustAcquire(t, s)
-	s.engineSample("a", engineSays(0, 1, 0.1))
-	l2 := mustAcquire(t, s)                             // the probe
-	queuedFor(s, "a", engineSays(1, 1, 0.1), fullAfter) // still waiting: not the next step's
+	s, l1, l2 := probeQueuedBehindOne(t)
 	if !s.replicas["a"].eng.single {
 		t.Fatal("a server that queued one behind one for fullAfter is not marked one-at-a-time")
 	}
@@ -221,6 +215,20 @@ func TestNoProbeWhileOursAreNotAllRunning(t *testing.T) {
 // queuedFor feeds the samples a replica with requests waiting gives when
 // it is asked again while they wait (see fullGap): smp, then smp again
 // every fullGap until d after it.
+// probeQueuedBehindOne is one replica "a" running one of ours whose
+// probe (the second) its engine kept waiting for fullAfter.
+func probeQueuedBehindOne(t *testing.T) (s *State, first, probe *Lease) {
+	t.Helper()
+	s = New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 0, 0))
+	first = mustAcquire(t, s)
+	s.engineSample("a", engineSays(0, 1, 0.1))
+	probe = mustAcquire(t, s)
+	queuedFor(s, "a", engineSays(1, 1, 0.1), fullAfter) // still waiting: not the next step's
+	return s, first, probe
+}
+
 func queuedFor(s *State, addr string, smp modelmetrics.Sample, d time.Duration) {
 	for at := time.Duration(0); at <= d; at += fullGap {
 		s.engineSample(addr, later(smp, at))
@@ -262,15 +270,9 @@ func TestWaitingInSamplesFarApartIsNotFull(t *testing.T) {
 // requests while they were held at what they ran: TTFT p99 5× round
 // robin's.)
 func TestTwoRunningRevokesOneAtATime(t *testing.T) {
-	s := New(Config{})
-	s.SetBackends([]string{"a"})
-	s.engineSample("a", engineSays(0, 0, 0))
-	l1 := mustAcquire(t, s)
+	s, l1, l2 := probeQueuedBehindOne(t) // behind a slow first step
 	defer l1.Release(success(time.Millisecond))
-	s.engineSample("a", engineSays(0, 1, 0.1))
-	l2 := mustAcquire(t, s) // the probe, queued behind a slow first step
 	defer l2.Release(success(time.Millisecond))
-	queuedFor(s, "a", engineSays(1, 1, 0.1), fullAfter)
 	if !s.replicas["a"].eng.single {
 		t.Fatal("setup: not marked one-at-a-time")
 	}
