@@ -82,13 +82,14 @@ func TestHandleErrorsFallbackGetsTheBodyAPolicyRead(t *testing.T) {
 	}
 }
 
-// reverse_proxy retries after a dial error; a policy that read the body
-// to route by the prompt must hand the retry the same body again (it used
-// to send the body the failed attempt had closed: 502 on a healthy
-// replica).
+// reverse_proxy retries after a dial error; the retry must go to another
+// replica (queued_least_latency sent it back to the one that failed: 502
+// once max_fails let that replica stay up) and get the same body again (a
+// policy that read the body to route by the prompt sent the body the
+// failed attempt had closed: 502 on a healthy replica).
 func TestRetryAfterADialErrorResendsTheBody(t *testing.T) {
 	site, sim, dead := 9871, 9872, 9873 // nothing listens on dead
-	for _, policy := range []string{"cache_aware", "load_aware"} {
+	for _, policy := range []string{"cache_aware", "load_aware", "queued_least_latency"} {
 		t.Run(policy, func(t *testing.T) {
 			startCaddy(t, globals+fmt.Sprintf(`
 :%d {

@@ -4,7 +4,8 @@
 // whatever the policy: an empty pool refuses at once; only present
 // replicas are picked; every lease releases exactly once and InFlight
 // counts exactly the leases not yet released (retries, cancellation,
-// removal, a reload and churn included); req.Unavailable is never picked;
+// removal, a reload and churn included); req.Unavailable is never picked,
+// nor req.Avoid for the retry that lists it;
 // concurrent SetReplicas calls leave a consistent picker; a changed
 // setting is applied in place; every pick says why (lb.Request.Reason).
 //
@@ -79,6 +80,7 @@ func Run(t *testing.T, s Subject) {
 		{"CancelledContextLeaksNothing", testCancelled},
 		{"RemovedReplicaIsNeverPickedAndStillReleases", testRemoved},
 		{"UnavailableReplicasAreNeverPicked", testUnavailable},
+		{"RetryAvoidsTheReplicasThatFailedIt", testAvoid},
 		{"ConcurrentSetReplicasLeaveOneSet", testConcurrentSet},
 		{"ReloadKeepsLeasesAndAppliesTheSetting", testReload},
 		{"ChurnEndsAtZero", testChurn},
@@ -525,6 +527,55 @@ func testUnavailable(t *testing.T, s Subject) {
 	if !slices.Contains(distinct(held), a) {
 		t.Errorf("%d leases held for requests with no unavailable replica, none on %s: %v",
 			len(held), a, distinct(held))
+	}
+	releaseAll(t, held)
+	zero(t, p)
+}
+
+// testAvoid: a retry is not sent back to the replicas that failed it
+// (req.Avoid) while another is left; with none left the pick says
+// lb.ErrAllDown at once, and the adapter asks again without Avoid (a
+// picker that queued the retry instead would hold it for nothing). The
+// list is the request's own: other requests still get those replicas.
+func testAvoid(t *testing.T, s Subject) {
+	p := s.New(t)
+	set := addrs(0, 3)
+	p.SetReplicas(set)
+	a := set[0]
+
+	retry := func(i int, avoid ...string) *lb.Request {
+		req := request(i)
+		req.Attempt, req.Avoid = 1, avoid
+		return req
+	}
+	for i := 0; i < 20; i++ {
+		mustRelease(t, mustPick(t, p, retry(i, a), set[1:]), success())
+	}
+	// Held at once; an unknown address in the list changes nothing.
+	var held []lb.Lease
+	for i := 0; i < 2; i++ {
+		held = append(held, mustPick(t, p, retry(30+i, "192.0.2.1:1", a), set[1:]))
+	}
+	wantInFlight(t, p, held)
+	releaseAll(t, held)
+	zero(t, p)
+
+	// Every replica failed this request: lb.ErrAllDown, not a wait.
+	if l, err := pick(p, retry(40, set...)); err == nil {
+		l.Release(cancelled)
+		t.Fatalf("every replica avoided: Pick chose %s", l.Replica())
+	} else if !errors.Is(err, lb.ErrAllDown) {
+		t.Fatalf("every replica avoided: Pick = %v, want lb.ErrAllDown", err)
+	}
+	zero(t, p)
+
+	// Requests that list nothing still use a.
+	held = held[:0]
+	for i := range set {
+		held = append(held, mustPick(t, p, request(50+i), set))
+	}
+	if !slices.Contains(distinct(held), a) {
+		t.Errorf("%d leases held for requests that avoid nothing, none on %s: %v", len(held), a, distinct(held))
 	}
 	releaseAll(t, held)
 	zero(t, p)

@@ -60,6 +60,9 @@ func (p *leastPicker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, erro
 		if req.IsUnavailable(a) && p.bug != "ignores-unavailable" {
 			continue
 		}
+		if slices.Contains(req.Avoid, a) && p.bug != "ignores-avoid" {
+			continue
+		}
 		if best == "" || p.inFlight[a] < p.inFlight[best] {
 			best = a
 		}
@@ -127,7 +130,7 @@ func TestSuiteCatchesFaults(t *testing.T) {
 	if os.Getenv("LBTEST_FAULT") != "" {
 		t.Skip("inside a fault run")
 	}
-	for _, fault := range []string{"keeps-removed", "ignores-unavailable", "releases-twice", "leaks-cancelled", "says-no-reason"} {
+	for _, fault := range []string{"keeps-removed", "ignores-unavailable", "ignores-avoid", "releases-twice", "leaks-cancelled", "says-no-reason"} {
 		t.Run(fault, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestReferencePickerConforms$", "-test.count=1")
 			cmd.Env = append(os.Environ(), "LBTEST_FAULT="+fault)

@@ -2,6 +2,7 @@ package qll
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -39,7 +40,11 @@ import (
 // being one round's latency: weighting by load is what stops the
 // reference's herding (it sent every request to the single lowest-EWMA
 // replica while all were under the threshold).
-func (s *State) pickLocked(now time.Time) *replica {
+//
+// avoid lists the replicas that already failed this request (a retry):
+// they are left out, and the load they are compared on is that of the
+// rest.
+func (s *State) pickLocked(now time.Time, avoid []string) *replica {
 	n := len(s.order)
 	if n == 0 {
 		return nil
@@ -61,7 +66,7 @@ func (s *State) pickLocked(now time.Time) *replica {
 	// to it (see evenLoad).
 	least := -1
 	for _, r := range s.order {
-		if s.usableLocked(r, now) && r.inFlight < s.slotsLocked(r, now) && (least < 0 || r.inFlight < least) {
+		if s.takesLocked(r, now, avoid) && r.inFlight < s.slotsLocked(r, now) && (least < 0 || r.inFlight < least) {
 			least = r.inFlight
 		}
 	}
@@ -76,7 +81,7 @@ func (s *State) pickLocked(now time.Time) *replica {
 	leastWaiting := -1
 	for _, r := range s.order {
 		w := r.inFlight - r.answering
-		if s.usableLocked(r, now) && r.inFlight < s.slotsLocked(r, now) && r.inFlight <= even && (leastWaiting < 0 || w < leastWaiting) {
+		if s.takesLocked(r, now, avoid) && r.inFlight < s.slotsLocked(r, now) && r.inFlight <= even && (leastWaiting < 0 || w < leastWaiting) {
 			leastWaiting = w
 		}
 	}
@@ -86,7 +91,7 @@ func (s *State) pickLocked(now time.Time) *replica {
 	start := s.cursor % n
 	for i := 0; i < n; i++ {
 		r := s.order[(start+i)%n]
-		if !s.usableLocked(r, now) {
+		if !s.takesLocked(r, now, avoid) {
 			continue
 		}
 		par := s.slotsLocked(r, now)
@@ -135,6 +140,24 @@ func (s *State) usableLocked(r *replica, now time.Time) bool {
 		return false
 	}
 	return r.downUntil.IsZero() || (!now.Before(r.downUntil) && r.inFlight == 0)
+}
+
+// takesLocked reports whether r may take this request now: usable, and
+// not one this request already failed on.
+func (s *State) takesLocked(r *replica, now time.Time, avoid []string) bool {
+	return s.usableLocked(r, now) && !slices.Contains(avoid, r.addr)
+}
+
+// noneLeftLocked reports whether every replica present is either down
+// in the proxy's view (not merely full) or in avoid: a retry that
+// avoids them all has nowhere to wait for.
+func (s *State) noneLeftLocked(avoid []string) bool {
+	for _, r := range s.order {
+		if (!r.unavailable || r.full) && !slices.Contains(avoid, r.addr) {
+			return false
+		}
+	}
+	return true
 }
 
 // evenLoad is the most requests in flight on a free replica that still

@@ -25,11 +25,11 @@ func (s *State) SetReplicas(addrs []string) { s.SetBackends(addrs) }
 // time ends on its own. req.Reason: queued if the lease came through the
 // queue, else least_latency.
 func (s *State) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
-	var unavailable, full []string
+	var unavailable, full, avoid []string
 	if req != nil {
-		unavailable, full = req.Unavailable, req.Full
+		unavailable, full, avoid = req.Unavailable, req.Full, req.Avoid
 	}
-	l, err := s.acquire(ctx, unavailable, full)
+	l, err := s.acquire(ctx, unavailable, full, avoid)
 	if err != nil {
 		return nil, err
 	}

@@ -78,6 +78,7 @@ type waiter struct {
 	elem     *list.Element
 	enqueued time.Time
 	ready    chan struct{} // closed once the waiter is resolved
+	avoid    []string      // replicas this request already failed on
 	done     bool          // resolved (under State.mu)
 	lease    *Lease
 	err      error
@@ -295,12 +296,15 @@ func (s *State) RetryAfter() time.Duration {
 // ErrShutdown. It is Pick for a request that reports no replica
 // unavailable (so it clears the proxy's last view).
 func (s *State) Acquire(ctx context.Context) (*Lease, error) {
-	return s.acquire(ctx, nil, nil)
+	return s.acquire(ctx, nil, nil, nil)
 }
 
-// acquire is Acquire with the proxy's current view: the replicas it will
-// not use now, and of those the ones merely full (see Pick).
-func (s *State) acquire(ctx context.Context, unavailable, full []string) (*Lease, error) {
+// acquire is Acquire with the proxy's current view (the replicas it will
+// not use now, and of those the ones merely full; see Pick) and the
+// replicas this request already failed on (a retry's avoid list: never
+// picked for it; lb.ErrAllDown when no other is left, and the adapter
+// asks again without it).
+func (s *State) acquire(ctx context.Context, unavailable, full, avoid []string) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -319,10 +323,14 @@ func (s *State) acquire(ctx context.Context, unavailable, full []string) (*Lease
 		s.mu.Unlock()
 		return nil, lb.ErrAllDown
 	}
+	if len(avoid) > 0 && s.noneLeftLocked(avoid) {
+		s.mu.Unlock()
+		return nil, lb.ErrAllDown // not a refusal: the adapter asks again
+	}
 	now := s.now()
 	// Fast path: nobody is waiting ahead of us and a replica is eligible.
 	if s.queue.Len() == 0 {
-		if r := s.pickLocked(now); r != nil {
+		if r := s.pickLocked(now, avoid); r != nil {
 			l := s.assignLocked(r, now, 0)
 			s.mu.Unlock()
 			return l, nil
@@ -338,7 +346,7 @@ func (s *State) acquire(ctx context.Context, unavailable, full []string) (*Lease
 		s.resolveLocked(oldest, nil, lb.ErrEvicted)
 		s.counters.Evicted++
 	}
-	w := &waiter{enqueued: now, ready: make(chan struct{})}
+	w := &waiter{enqueued: now, ready: make(chan struct{}), avoid: avoid}
 	w.elem = s.queue.PushBack(w)
 	s.dispatchLocked()
 	s.armViewPollLocked()
@@ -397,19 +405,28 @@ func (s *State) failAllLocked(err error) {
 }
 
 // dispatchLocked hands queued requests, oldest first, to eligible replicas
-// until one side runs out.
+// until one side runs out. A retry whose only eligible replicas are the
+// ones it failed on lets the requests behind it pass; one left with no
+// other replica at all is answered lb.ErrAllDown (the adapter asks again
+// without its avoid list).
 func (s *State) dispatchLocked() {
 	if s.queue.Len() == 0 {
 		return
 	}
 	now := s.now()
-	for s.queue.Len() > 0 {
-		r := s.pickLocked(now)
-		if r == nil {
-			break
+	for e := s.queue.Front(); e != nil; {
+		next := e.Next()
+		w := e.Value.(*waiter)
+		r := s.pickLocked(now, w.avoid)
+		switch {
+		case r != nil:
+			s.resolveLocked(w, s.assignLocked(r, now, now.Sub(w.enqueued)), nil)
+		case len(w.avoid) == 0:
+			next = nil // nothing is free for anyone
+		case s.noneLeftLocked(w.avoid):
+			s.resolveLocked(w, nil, lb.ErrAllDown)
 		}
-		w := s.queue.Front().Value.(*waiter)
-		s.resolveLocked(w, s.assignLocked(r, now, now.Sub(w.enqueued)), nil)
+		e = next
 	}
 	s.armRecoveryLocked(now)
 	s.askEngineLocked()

@@ -482,3 +482,67 @@ func TestAFreeSlotIsEligibleWhateverTheEWMA(t *testing.T) {
 		l.Release(success(5 * time.Second))
 	}
 }
+
+// A retry that waits in the queue is never dispatched to the replica it
+// failed on: when that replica frees a slot the request behind it takes
+// it, and the retry gets the next slot of another replica. A retry left
+// with no other replica is answered lb.ErrAllDown (the adapter then asks
+// again without its avoid list), not held.
+func TestAQueuedRetryWaitsForAnotherReplica(t *testing.T) {
+	s := New(Config{Parallelism: 1, MaxFails: 100})
+	s.SetBackends([]string{"a:1", "b:1"})
+	la, lb1 := mustAcquire(t, s), mustAcquire(t, s)
+	if la.Addr == lb1.Addr {
+		t.Fatalf("both leases on %s", la.Addr)
+	}
+	if la.Addr != "a:1" {
+		la, lb1 = lb1, la
+	}
+	retried := make(chan result, 1)
+	depth := s.Snapshot().QueueDepth
+	go func() {
+		l, err := s.Pick(context.Background(), &lb.Request{Attempt: 1, Avoid: []string{"a:1"}})
+		var ql *Lease
+		if l != nil {
+			ql = l.(*Lease)
+		}
+		retried <- result{0, ql, err}
+	}()
+	waitFor(t, "the retry to queue", func() bool { return s.Snapshot().QueueDepth > depth })
+	behind := enqueue(t, s, context.Background(), 1)
+
+	la.Release(success(time.Millisecond))
+	var rb result
+	select {
+	case r := <-retried:
+		t.Fatalf("the retry was dispatched while only a:1 was free: lease %v, err %v", r.lease, r.err)
+	case rb = <-behind:
+	}
+	if rb.err != nil || rb.lease.Addr != "a:1" {
+		t.Fatalf("the request behind the retry: %+v, want a lease on a:1", rb)
+	}
+	lb1.Release(success(time.Millisecond))
+	r := <-retried
+	if r.err != nil || r.lease.Addr != "b:1" {
+		t.Fatalf("the retry: lease %v, err %v; want a lease on b:1", r.lease, r.err)
+	}
+	r.lease.Release(success(time.Millisecond))
+
+	// Its only other replica removed while it waits: lb.ErrAllDown.
+	hold, hold2 := rb.lease, mustAcquire(t, s) // a:1, b:1
+	depth = s.Snapshot().QueueDepth
+	go func() {
+		_, err := s.Pick(context.Background(), &lb.Request{Attempt: 1, Avoid: []string{"a:1"}})
+		retried <- result{err: err}
+	}()
+	waitFor(t, "the retry to queue", func() bool { return s.Snapshot().QueueDepth > depth })
+	s.SetBackends([]string{"a:1"})
+	hold.Release(success(time.Millisecond))
+	hold2.Release(success(time.Millisecond))
+	if r := <-retried; !errors.Is(r.err, lb.ErrAllDown) {
+		t.Fatalf("a retry with no other replica left: %v, want lb.ErrAllDown", r.err)
+	}
+	if n := s.TotalInFlight(); n != 0 {
+		t.Fatalf("in flight at the end = %d", n)
+	}
+}
