@@ -85,7 +85,7 @@ func (s *selector) Cleanup() error { return s.claims.release() }
 // policy). When the request cannot be dispatched it answers the client
 // itself (JSON error, Retry-After) and returns nil.
 func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) (up *reverseproxy.Upstream) {
-	rs, repl := requestStateOf(r, s.maxBody > 0)
+	rs, repl := requestStateOf(r, s.maxBody > 0 || hasSmallBody(r))
 	a := rs.startAttempt(r, repl, s.varKey, s.measure)
 	if a == nil {
 		return nil
@@ -147,8 +147,8 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		}
 		return nil
 	}
-	if s.maxBody > 0 {
-		a.bodyWhole = rs.requestInfoFor(r, s.maxBody).bodyFor(r)
+	if rs.info != nil {
+		a.bodyWhole = rs.info.bodyFor(r)
 	}
 	begun = true
 	if !a.begin(lease, r, st.firstByte.limit(lease.Replica(), s.firstByte), &st.firstByte) {
@@ -186,6 +186,8 @@ func (s *selector) request(rs *requestState, a *attempt, r *http.Request) *lb.Re
 		if ri.Parsed {
 			req.Messages, req.TokenIDs = ri.Messages, ri.TokenIDs
 		}
+	} else if hasSmallBody(r) {
+		rs.readBody(r, smallBodyBytes)
 	}
 	if s.session != "" {
 		req.Session = r.Header.Get(s.session)
