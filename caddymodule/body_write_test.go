@@ -75,7 +75,8 @@ func sendThroughSelect(t *testing.T, maxBody int64, body string) int32 {
 	lease := &recordingLease{addr: addr}
 	s := &selector{module: "test", pool: lb.GetPool("body-write-test"), varKey: "sluice.test.body-write",
 		measure: measureAuto, maxBody: maxBody, log: zap.NewNop(),
-		state: &policyState{picker: &panicPicker{lease: lease}}}
+		state: &policyState{picker: &panicPicker{lease: lease}}, readAhead: new(atomic.Bool)}
+	s.readAhead.Store(true) // a config without a handle_errors proxy
 	r, _, cancel := newRequest(t)
 	r.Body, r.ContentLength = opaqueBody{strings.NewReader(body)}, int64(len(body))
 	if up := s.Select(nil, r, httptest.NewRecorder()); up == nil || up.Dial != addr {

@@ -107,10 +107,8 @@ func (rs *requestState) readBody(r *http.Request, max int64) *requestInfo {
 }
 
 // smallBodyBytes bounds the bodies every policy reads whole before it
-// picks, even one that routes without the prompt: a body in memory goes
-// to the replica in the same write as the headers (see bodyFor), a write
-// system call less per request, which on tiny requests costs the proxy
-// more than reading the body does. Larger bodies stream as they come.
+// picks, even one that routes without the prompt (body_read_ahead.go).
+// Larger bodies stream as they come.
 const smallBodyBytes = 16 << 10
 
 // hasSmallBody: r states a body of at most smallBodyBytes.

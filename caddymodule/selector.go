@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -32,6 +33,10 @@ type selector struct {
 	afterPick func(w http.ResponseWriter, l lb.Lease)
 	// firstByte is the configured first-byte limit (0: auto, < 0: none).
 	firstByte time.Duration
+	// readAhead: a small body may be read whole before the pick even when
+	// no Sluice handler keeps the client's body (body_read_ahead.go); set
+	// when the config starts (a pointer: modules are copied by value).
+	readAhead *atomic.Bool
 
 	state  *policyState
 	claims stateClaims
@@ -71,6 +76,12 @@ func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
 	s.state = v.(*policyState)
 	st := s.state
 	if err := applyOnStart(ctx, key, spec.fingerprint, func() { spec.apply(st) }); err != nil {
+		return fmt.Errorf("%s: %v", spec.module, err)
+	}
+	// No pool's state: the setting is this instance's, for its config.
+	readAhead := new(atomic.Bool)
+	s.readAhead = readAhead
+	if err := applyOnStart(ctx, stateKey{}, "", func() { readAhead.Store(readAheadSafe(ctx)) }); err != nil {
 		return fmt.Errorf("%s: %v", spec.module, err)
 	}
 	registerMetrics(ctx, s.log)
@@ -186,8 +197,8 @@ func (s *selector) request(rs *requestState, a *attempt, r *http.Request) *lb.Re
 		if ri.Parsed {
 			req.Messages, req.TokenIDs = ri.Messages, ri.TokenIDs
 		}
-	} else if hasSmallBody(r) {
-		rs.readBody(r, smallBodyBytes)
+	} else if hasSmallBody(r) && (s.readsAhead() || rs.body.ReadCloser != nil) {
+		rs.readBody(r, smallBodyBytes) // body_read_ahead.go
 	}
 	if s.session != "" {
 		req.Session = r.Header.Get(s.session)
@@ -195,6 +206,10 @@ func (s *selector) request(rs *requestState, a *attempt, r *http.Request) *lb.Re
 	a.req = req
 	return req
 }
+
+// readsAhead: the config lets this instance read a small body it cannot
+// give back (see readAhead).
+func (s *selector) readsAhead() bool { return s.readAhead != nil && s.readAhead.Load() }
 
 // unavailable lists the upstreams Caddy itself would not use now (active
 // or passive health checks, max_requests) and, of those, the ones that

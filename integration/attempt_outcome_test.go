@@ -50,10 +50,11 @@ func TestDeadReplicaIsAFailureEvenWhenHandleErrorsProxiesElsewhere(t *testing.T)
 // A policy that reads the prompt reads the client's body in Select, on
 // reverse_proxy's copy of the request, which shares the client's body:
 // read, it was gone for a handle_errors reverse_proxy to a fallback, which
-// then sent an empty body (502 instead of the fallback's answer). Ports
-// 9590-9595.
+// then sent an empty body (502 instead of the fallback's answer). So does
+// one that reads a small body ahead for its write (body_read_ahead.go).
+// Ports 9590-9598.
 func TestHandleErrorsFallbackGetsTheBodyAPolicyRead(t *testing.T) {
-	for i, policy := range []string{"cache_aware", "load_aware"} {
+	for i, policy := range []string{"cache_aware", "load_aware", "queued_least_latency"} {
 		t.Run(policy, func(t *testing.T) {
 			site, sim, dead := 9590+3*i, 9591+3*i, 9592+3*i // nothing listens on dead
 			startCaddy(t, globals+fmt.Sprintf(`
@@ -79,6 +80,33 @@ func TestHandleErrorsFallbackGetsTheBodyAPolicyRead(t *testing.T) {
 				t.Fatalf("the fallback did not answer (its body was read away): %+v", o)
 			}
 		})
+	}
+}
+
+// A policy that routes without the prompt reads a small body whole before
+// it picks (the headers and the body then go out in one write), but not
+// where a handle_errors reverse_proxy may send the client's body again and
+// no Sluice handler keeps it (static upstreams): reverse_proxy leaves the
+// client's body unread after a dial error, and the fallback must get it.
+// Ports 9600-9602.
+func TestHandleErrorsFallbackGetsTheBodyOfAStaticPool(t *testing.T) {
+	site, sim, dead := 9600, 9601, 9602 // nothing listens on dead
+	startCaddy(t, globals+fmt.Sprintf(`
+:%d {
+	bind 127.0.0.1
+	reverse_proxy 127.0.0.1:%d {
+		lb_policy queued_least_latency {
+			pool hebody-static
+		}
+	}
+	handle_errors {
+		reverse_proxy 127.0.0.1:%d
+	}
+}
+`, site, dead, sim)+sims(sim))
+	url := fmt.Sprintf("http://127.0.0.1:%d", site)
+	if o := complete(url); o.status != 200 || o.replica != fmt.Sprintf("sim-%d", sim) {
+		t.Fatalf("the fallback did not answer (its body was read away): %+v", o)
 	}
 }
 
