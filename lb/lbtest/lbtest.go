@@ -494,17 +494,7 @@ func testUnavailable(t *testing.T, s Subject) {
 		req.Unavailable = u
 		return req
 	}
-	for i := 0; i < 20; i++ {
-		mustRelease(t, mustPick(t, p, unavailable(i, a), set[1:]), success())
-	}
-	// Held at once; an unknown address in the list changes nothing.
-	var held []lb.Lease
-	for i := 0; i < 2; i++ {
-		held = append(held, mustPick(t, p, unavailable(30+i, "192.0.2.1:1", a), set[1:]))
-	}
-	wantInFlight(t, p, held)
-	releaseAll(t, held)
-	zero(t, p)
+	neverPicked(t, p, set, unavailable)
 
 	// Every replica unavailable: refused, not queued.
 	l, err := pick(p, unavailable(40, set...))
@@ -520,16 +510,7 @@ func testUnavailable(t *testing.T, s Subject) {
 	zero(t, p)
 
 	// The view is each request's own: without it, a is picked again.
-	held = held[:0]
-	for i := range set {
-		held = append(held, mustPick(t, p, request(50+i), set))
-	}
-	if !slices.Contains(distinct(held), a) {
-		t.Errorf("%d leases held for requests with no unavailable replica, none on %s: %v",
-			len(held), a, distinct(held))
-	}
-	releaseAll(t, held)
-	zero(t, p)
+	stillPicked(t, p, set, a)
 }
 
 // testAvoid: a retry is not sent back to the replicas that failed it
@@ -541,24 +522,13 @@ func testAvoid(t *testing.T, s Subject) {
 	p := s.New(t)
 	set := addrs(0, 3)
 	p.SetReplicas(set)
-	a := set[0]
 
 	retry := func(i int, avoid ...string) *lb.Request {
 		req := request(i)
 		req.Attempt, req.Avoid = 1, avoid
 		return req
 	}
-	for i := 0; i < 20; i++ {
-		mustRelease(t, mustPick(t, p, retry(i, a), set[1:]), success())
-	}
-	// Held at once; an unknown address in the list changes nothing.
-	var held []lb.Lease
-	for i := 0; i < 2; i++ {
-		held = append(held, mustPick(t, p, retry(30+i, "192.0.2.1:1", a), set[1:]))
-	}
-	wantInFlight(t, p, held)
-	releaseAll(t, held)
-	zero(t, p)
+	neverPicked(t, p, set, retry)
 
 	// Every replica failed this request: lb.ErrAllDown, not a wait.
 	if l, err := pick(p, retry(40, set...)); err == nil {
@@ -569,13 +539,37 @@ func testAvoid(t *testing.T, s Subject) {
 	}
 	zero(t, p)
 
-	// Requests that list nothing still use a.
-	held = held[:0]
+	stillPicked(t, p, set, set[0])
+}
+
+// neverPicked checks that requests built by excluding(i, set[0]) never
+// get set[0], one after another and held at once (an unknown address in
+// the list changing nothing).
+func neverPicked(t *testing.T, p lb.Picker, set []string, excluding func(i int, addrs ...string) *lb.Request) {
+	t.Helper()
+	a := set[0]
+	for i := 0; i < 20; i++ {
+		mustRelease(t, mustPick(t, p, excluding(i, a), set[1:]), success())
+	}
+	var held []lb.Lease
+	for i := 0; i < 2; i++ {
+		held = append(held, mustPick(t, p, excluding(30+i, "192.0.2.1:1", a), set[1:]))
+	}
+	wantInFlight(t, p, held)
+	releaseAll(t, held)
+	zero(t, p)
+}
+
+// stillPicked checks that requests excluding nothing still get a: one
+// request's exclusions say nothing about the next.
+func stillPicked(t *testing.T, p lb.Picker, set []string, a string) {
+	t.Helper()
+	var held []lb.Lease
 	for i := range set {
 		held = append(held, mustPick(t, p, request(50+i), set))
 	}
 	if !slices.Contains(distinct(held), a) {
-		t.Errorf("%d leases held for requests that avoid nothing, none on %s: %v", len(held), a, distinct(held))
+		t.Errorf("%d leases held for requests that exclude nothing, none on %s: %v", len(held), a, distinct(held))
 	}
 	releaseAll(t, held)
 	zero(t, p)
