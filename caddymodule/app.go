@@ -146,6 +146,12 @@ func applyOnStart(ctx caddy.Context, key stateKey, fingerprint string, apply fun
 	return applyOnStartChecked(ctx, key, fingerprint, nil, apply)
 }
 
+// onConfigStart is applyOnStart for a setting of one module instance,
+// not of a pool's shared state: no key, nothing to conflict with.
+func onConfigStart(ctx caddy.Context, apply func()) error {
+	return applyOnStart(ctx, stateKey{}, "", apply)
+}
+
 // applyOnStartChecked is applyOnStart with a check that runs first, when
 // the whole config is provisioned; its error refuses the config. Without a
 // config there is nothing to check against: the settings apply at once.

@@ -33,22 +33,16 @@ func readAheadSafe(ctx caddy.Context) bool {
 	if !ok {
 		return true
 	}
-	for _, srv := range app.Servers {
-		var routes caddyhttp.RouteList
-		if srv.Errors != nil {
-			routes = append(routes, srv.Errors.Routes...)
+	safe := true
+	forEachChain(app, func(chain []caddyhttp.MiddlewareHandler, _ []string, kind chainKind) {
+		if kind == primaryChain {
+			return
 		}
-		for _, rt := range srv.NamedRoutes {
-			routes = append(routes, *rt)
-		}
-		for _, rt := range routes {
-			chain, _ := flattenRoute(rt, nil, nil, "")
-			for _, mh := range chain {
-				if _, ok := mh.(*reverseproxy.Handler); ok {
-					return false
-				}
+		for _, mh := range chain {
+			if _, ok := mh.(*reverseproxy.Handler); ok {
+				safe = false
 			}
 		}
-	}
-	return true
+	})
+	return safe
 }

@@ -61,7 +61,7 @@ func (s poolSource) agrees(t poolSource) bool {
 func checkPoolUpstreams(app *caddyhttp.App) error {
 	byPool := map[string][]poolSource{}
 	seen := map[*reverseproxy.Handler]bool{}
-	forEachChain(app, func(chain []caddyhttp.MiddlewareHandler, site []string) {
+	forEachChain(app, func(chain []caddyhttp.MiddlewareHandler, site []string, _ chainKind) {
 		for i, mh := range chain {
 			rp, ok := mh.(*reverseproxy.Handler)
 			if !ok || seen[rp] || rp.LoadBalancing == nil {

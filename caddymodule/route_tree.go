@@ -11,11 +11,20 @@ import (
 // finds the reverse_proxy it guards (flow_control_replicas.go), and the
 // config check finds every reverse_proxy of a pool (pool_upstreams.go).
 
+// chainKind says which of a server's route lists a chain comes from.
+type chainKind int
+
+const (
+	primaryChain chainKind = iota // the routes every request meets
+	errorsChain                   // handle_errors: after a handler failed
+	namedChain                    // a named route, run where invoke says
+)
+
 // forEachChain calls fn with each server's handlers in the order a request
 // meets them (subroutes flattened in place), and the same for its error
 // routes and named routes. site[i] names where chain[i] is configured, for
 // error messages: the site's host names, else its listener addresses.
-func forEachChain(app *caddyhttp.App, fn func(chain []caddyhttp.MiddlewareHandler, site []string)) {
+func forEachChain(app *caddyhttp.App, fn func(chain []caddyhttp.MiddlewareHandler, site []string, kind chainKind)) {
 	names := make([]string, 0, len(app.Servers))
 	for name := range app.Servers {
 		names = append(names, name)
@@ -29,17 +38,17 @@ func forEachChain(app *caddyhttp.App, fn func(chain []caddyhttp.MiddlewareHandle
 		for _, rt := range srv.Routes {
 			chain, site = flattenRoute(rt, chain, site, siteName(rt, listen))
 		}
-		fn(chain, site)
+		fn(chain, site, primaryChain)
 		if srv.Errors != nil {
 			chain, site = nil, nil
 			for _, rt := range srv.Errors.Routes {
 				chain, site = flattenRoute(rt, chain, site, siteName(rt, listen)+" (handle_errors)")
 			}
-			fn(chain, site)
+			fn(chain, site, errorsChain)
 		}
 		for rname, rt := range srv.NamedRoutes {
 			chain, site := flattenRoute(*rt, nil, nil, "named route "+rname)
-			fn(chain, site)
+			fn(chain, site, namedChain)
 		}
 	}
 }

@@ -78,10 +78,9 @@ func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
 	if err := applyOnStart(ctx, key, spec.fingerprint, func() { spec.apply(st) }); err != nil {
 		return fmt.Errorf("%s: %v", spec.module, err)
 	}
-	// No pool's state: the setting is this instance's, for its config.
 	readAhead := new(atomic.Bool)
 	s.readAhead = readAhead
-	if err := applyOnStart(ctx, stateKey{}, "", func() { readAhead.Store(readAheadSafe(ctx)) }); err != nil {
+	if err := onConfigStart(ctx, func() { readAhead.Store(readAheadSafe(ctx)) }); err != nil {
 		return fmt.Errorf("%s: %v", spec.module, err)
 	}
 	registerMetrics(ctx, s.log)
