@@ -213,6 +213,9 @@ func (e Explanation) String() string {
 	fmt.Fprintf(&b, "picked=%s hot=%t session=%q shift=%.3f", e.Picked, e.Hot, e.Session, e.Shift)
 	for i, c := range e.Candidates {
 		fmt.Fprintf(&b, " | %s total=%.3f", c.Addr, e.Rank.Total[i])
+		if c.Even {
+			b.WriteString(" even")
+		}
 		for _, name := range AllScorers {
 			if s, ok := e.Rank.Scores[name]; ok {
 				fmt.Fprintf(&b, " %s=%.3f", name, s[i])
@@ -247,7 +250,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 			if p.usable(addr, req) {
 				if l := p.tracker.AcquireCost(addr, req.Tokens); l != nil {
 					req.Reason = lb.ReasonFallback
-					return p.lease(l), nil
+					return p.lease(l, p.policy.Config().SLO), nil
 				}
 			}
 		}
@@ -273,20 +276,23 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		cands = make([]Candidate, 0, len(addrs))
 	}
 	for _, addr := range addrs {
-		if !p.usable(addr, req) {
+		if req.Excluded(addr) {
 			continue
 		}
-		c := Candidate{Addr: addr}
+		v, ok := p.tracker.View(addr, cutoff)
+		if !ok || !v.Usable {
+			continue
+		}
+		c := Candidate{Addr: addr, Active: v.Active, ActiveTokens: v.ActiveCost, LastPick: v.LastAcquired, Pace: v.Pace}
 		if lru {
 			c.LastCold = p.policy.LastCold(addr)
 		}
-		c.Active, c.ActiveTokens = p.tracker.Active(addr, cutoff)
-		c.LastPick = p.tracker.LastAcquired(addr)
 		s, fresh := p.scraper.Get(addr)
 		c.MetricsUnknown = fresh == modelmetrics.Unknown
 		if fresh == modelmetrics.Fresh && s.Have.Waiting {
 			c.Waiting, c.MetricsFresh = s.Waiting, true
-			c.KVCacheUsage = 1 // not exported: no credit for free cache
+			c.Running = s.Running // 0 when not exported: never even
+			c.KVCacheUsage = 1    // not exported: no credit for free cache
 			if s.Have.KVCache {
 				c.KVCacheUsage = s.KVCacheUsage
 			}
@@ -338,7 +344,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 			}
 		}
 		req.Reason = lb.ReasonScore
-		return p.lease(l), nil
+		return p.lease(l, cfg.SLO), nil
 	}
 	return nil, lb.ErrNoBackends
 }
@@ -357,8 +363,8 @@ func (p *Picker) sessionAddr(token string) string {
 
 // lease wraps l to feed adaptive mode; without an SLO nothing is fed, so
 // the tracker's lease goes as it is.
-func (p *Picker) lease(l *tracker.Lease) lb.Lease {
-	if p.policy.Config().SLO == 0 {
+func (p *Picker) lease(l *tracker.Lease, slo time.Duration) lb.Lease {
+	if slo == 0 {
 		return l
 	}
 	return &ttftLease{Lease: l, policy: p.policy}

@@ -174,7 +174,7 @@ type Ranking struct {
 // them: a batching engine takes newcomers best one at a time (each
 // prefill stalls the decodes of its step). At random alone, one of four
 // engines with equal counts got two requests in a row about once a
-// round.
+// round. It marks the candidates whose load is even (markEven) in cs.
 func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking {
 	order, total, scores := p.rank(cs, f, true, nil, nil)
 	return Ranking{Order: order, Total: total, Scores: scores}
@@ -200,6 +200,7 @@ func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool, buf []float6
 	clear(buf)
 	total := buf[:n:n]
 	scratch := buf[n:]
+	markEven(cs)
 	var scores map[string][]float64
 	if explain {
 		scores = make(map[string][]float64, len(weights))

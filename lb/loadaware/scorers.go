@@ -5,6 +5,7 @@
 package loadaware
 
 import (
+	"math"
 	"slices"
 	"time"
 )
@@ -37,6 +38,7 @@ type Candidate struct {
 	// stale, which scores as the heaviest possible: a replica that stopped
 	// answering its metrics must not look idle.
 	Waiting      float64
+	Running      float64 // 0 when not exported
 	KVCacheUsage float64 // 0..1
 	MetricsFresh bool
 	// MetricsUnknown: never read yet (a replica just added, or the first
@@ -56,6 +58,12 @@ type Candidate struct {
 	// LastPick orders the replicas by their latest request (0: none yet):
 	// equal totals go to the one picked longest ago.
 	LastPick uint64
+	// Pace is the replica's recent time to last byte per token, seconds
+	// (tracker.Pace; 0: none yet).
+	Pace float64
+	// Even: loaded like the least loaded candidate (markEven); the load
+	// scorers score it as that one.
+	Even bool
 }
 
 // RequestFacts are the request-dependent inputs.
@@ -114,28 +122,32 @@ func scoreLoadAware(cs []Candidate, threshold float64, out []float64) {
 
 // scoreActive: no active request → 1, the most active → 0, proportional
 // (1 − active/max); all idle → 1.
-func scoreActive(cs []Candidate, out []float64) {
-	scoreInverse(cs, out, func(c Candidate) float64 { return float64(c.Active) })
-}
+func scoreActive(cs []Candidate, out []float64) { scoreInverse(cs, out, activeCount) }
 
 // scoreActiveTokens: the same over the estimated tokens in flight (prompt
 // + requested output of each unanswered request).
-func scoreActiveTokens(cs []Candidate, out []float64) {
-	scoreInverse(cs, out, func(c Candidate) float64 { return float64(c.ActiveTokens) })
-}
+func scoreActiveTokens(cs []Candidate, out []float64) { scoreInverse(cs, out, activeTokens) }
+
+func activeCount(c Candidate) float64  { return float64(c.Active) }
+func activeTokens(c Candidate) float64 { return float64(c.ActiveTokens) }
 
 // scoreInverse scores v(c) ≥ 0 relative to the largest: 0 → 1, the
-// largest → 0, linear between; all 0 → 1.
+// largest → 0, linear between; all 0 → 1. An Even candidate scores as
+// the least loaded one (markEven).
 func scoreInverse(cs []Candidate, out []float64, v func(Candidate) float64) {
-	top := 0.0
+	top, least := 0.0, math.Inf(1)
 	for _, c := range cs {
-		top = max(top, v(c))
+		top, least = max(top, v(c)), min(least, v(c))
 	}
 	for i, c := range cs {
+		x := v(c)
+		if c.Even {
+			x = least
+		}
 		if top == 0 {
 			out[i] = 1
 		} else {
-			out[i] = 1 - v(c)/top
+			out[i] = 1 - x/top
 		}
 	}
 }

@@ -53,6 +53,9 @@ type replica struct {
 	lastAcquired atomic.Uint64
 	// inFlightCost sums the in-flight leases' costs (estimated tokens).
 	inFlightCost atomic.Int64
+	// pace: float64 bits of the EWMA of time to last byte per cost unit
+	// (pace.go); 0 until a success reports one.
+	pace atomic.Uint64
 	// health, guarded by hmu: rarely written (on failures and recoveries)
 	hmu         sync.Mutex
 	consecFails int
@@ -177,41 +180,6 @@ func (t *Tracker) AcquireCost(addr string, cost int64) *Lease {
 	return l
 }
 
-// Active is addr's in-flight count and the sum of those requests' costs,
-// not counting requests started before cutoff: a request an engine
-// dropped without answering must stop counting at some point (Heimdall's
-// active-request scorer timeout).
-func (t *Tracker) Active(addr string, cutoff time.Time) (n int, cost int64) {
-	t.mu.RLock()
-	r, ok := t.reps[addr]
-	t.mu.RUnlock()
-	if !ok {
-		return 0, 0
-	}
-	r.lmu.Lock()
-	defer r.lmu.Unlock()
-	// A lease's cost leaves the sum under lmu, as it is unlinked, so the
-	// walk below never subtracts a cost twice.
-	n, cost = int(r.inFlight.Load()), r.inFlightCost.Load()
-	for l := r.head; l != nil && l.start.Before(cutoff); l = l.next {
-		n--
-		cost -= l.cost
-	}
-	return max(n, 0), max(cost, 0)
-}
-
-// LastAcquired is the acquisition number of addr's latest request: the
-// replica with the smallest got one longest ago (0: never, or unknown).
-func (t *Tracker) LastAcquired(addr string) uint64 {
-	t.mu.RLock()
-	r, ok := t.reps[addr]
-	t.mu.RUnlock()
-	if !ok {
-		return 0
-	}
-	return r.lastAcquired.Load()
-}
-
 // Release ends the attempt and applies its outcome to passive health.
 func (l *Lease) Release(o lb.Outcome) bool {
 	if !l.released.CompareAndSwap(false, true) {
@@ -231,6 +199,9 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	}
 	l.prev, l.next = nil, nil
 	r.inFlightCost.Add(-l.cost)
+	if o.Kind == lb.Success && o.Total > 0 {
+		r.observePace(o.Total, l.cost)
+	}
 	r.lmu.Unlock()
 	switch o.Kind {
 	case lb.Success:

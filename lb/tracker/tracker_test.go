@@ -122,20 +122,20 @@ func TestActiveStopsCountingRequestsOlderThanTheTimeout(t *testing.T) {
 	mid := tr.AcquireCost("a:1", 200)
 	now = now.Add(time.Minute)
 	recent := tr.AcquireCost("a:1", 30)
-	if n, c := tr.Active("a:1", now.Add(-90*time.Second)); n != 2 || c != 230 {
+	if n, c := active(tr, "a:1", now.Add(-90*time.Second)); n != 2 || c != 230 {
 		t.Fatalf("active = %d (cost %d), want 2 (230): the oldest timed out", n, c)
 	}
 	mid.Release(lb.Outcome{Kind: lb.Success})
 	mid.Release(lb.Outcome{Kind: lb.Success}) // a second release changes nothing
-	if n, c := tr.Active("a:1", now.Add(-90*time.Second)); n != 1 || c != 30 {
+	if n, c := active(tr, "a:1", now.Add(-90*time.Second)); n != 1 || c != 30 {
 		t.Fatalf("after releasing the middle one: %d (cost %d), want 1 (30)", n, c)
 	}
-	if n, c := tr.Active("a:1", time.Time{}); n != 2 || c != 1030 {
+	if n, c := active(tr, "a:1", time.Time{}); n != 2 || c != 1030 {
 		t.Fatalf("without a cutoff: %d (cost %d), want 2 (1030)", n, c)
 	}
 	old.Release(lb.Outcome{Kind: lb.Cancelled})
 	recent.Release(lb.Outcome{Kind: lb.Success})
-	if n, c := tr.Active("a:1", time.Time{}); n != 0 || c != 0 {
+	if n, c := active(tr, "a:1", time.Time{}); n != 0 || c != 0 {
 		t.Fatalf("after all releases: %d (cost %d)", n, c)
 	}
 }
@@ -151,7 +151,7 @@ func TestCostsReleasedExactlyOnceUnderConcurrency(t *testing.T) {
 			for i := range 500 {
 				addr := []string{"a:1", "b:1"}[(g+i)%2]
 				l := tr.AcquireCost(addr, int64(1+i%97))
-				tr.Active(addr, time.Now().Add(-time.Hour))
+				active(tr, addr, time.Now().Add(-time.Hour))
 				// Release races with itself: only one may count.
 				var rw sync.WaitGroup
 				for range 2 {
@@ -164,7 +164,7 @@ func TestCostsReleasedExactlyOnceUnderConcurrency(t *testing.T) {
 	}
 	wg.Wait()
 	for _, addr := range []string{"a:1", "b:1"} {
-		if n, c := tr.Active(addr, time.Time{}); n != 0 || c != 0 {
+		if n, c := active(tr, addr, time.Time{}); n != 0 || c != 0 {
 			t.Fatalf("%s: %d in flight, cost %d after every release", addr, n, c)
 		}
 	}
@@ -192,4 +192,10 @@ func TestLeaseReplicaAndPerReplicaCounts(t *testing.T) {
 	if c := tr.Config(); c.MaxFails != 2 || c.FailDuration != 5*time.Second {
 		t.Fatalf("Config() = %+v", c)
 	}
+}
+
+// active is View's Active and ActiveCost (0, 0 for an unknown replica).
+func active(tr *Tracker, addr string, cutoff time.Time) (int, int64) {
+	v, _ := tr.View(addr, cutoff)
+	return v.Active, v.ActiveCost
 }
