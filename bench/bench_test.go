@@ -170,7 +170,18 @@ var (
 	caddyOnce sync.Once
 	caddyBin  string
 	caddyErr  error
+	caddyDir  string // the shared build's directory, removed by TestMain
 )
+
+// TestMain removes the Caddy the tests built (~95 MB in the system's
+// temporary directory, left behind by every run before).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if caddyDir != "" {
+		os.RemoveAll(caddyDir)
+	}
+	os.Exit(code)
+}
 
 // caddyForTests is the Sluice Caddy binary the harness tests run:
 // SLUICE_CADDY_BIN, or one build shared by the tests of this package.
@@ -184,6 +195,7 @@ func caddyForTests(ctx context.Context, t *testing.T) string {
 			caddyErr = err
 			return
 		}
+		caddyDir = dir
 		caddyBin, caddyErr = BuildCaddy(ctx, dir, testLog{t})
 	})
 	if caddyErr != nil {
