@@ -114,12 +114,15 @@ func (t *Tracker) Load(addr string) (inFlight int, usable bool) {
 		return 0, false
 	}
 	n := int(r.inFlight.Load())
-	if until := r.downUntil.Load(); until != 0 {
-		if t.now().UnixNano() < until || n > 0 {
-			return n, false
-		}
-	}
-	return n, true
+	return n, !t.downNow(r, n)
+}
+
+// downNow: r may not take a request now, with n in flight: failures
+// marked it down and its down time is not over, or is over and a probe
+// (one of the n) is in flight.
+func (t *Tracker) downNow(r *replica, n int) bool {
+	until := r.downUntil.Load()
+	return until != 0 && (t.now().UnixNano() < until || n > 0)
 }
 
 // Down reports whether addr is a replica that failures marked down and
@@ -133,8 +136,7 @@ func (t *Tracker) Down(addr string) bool {
 	if !ok {
 		return false
 	}
-	until := r.downUntil.Load()
-	return until != 0 && (t.now().UnixNano() < until || r.inFlight.Load() > 0)
+	return t.downNow(r, int(r.inFlight.Load()))
 }
 
 // Lease is one attempt on a replica; Release it exactly once (later calls

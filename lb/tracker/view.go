@@ -39,7 +39,7 @@ func (t *Tracker) View(addr string, cutoff time.Time) (View, bool) {
 	if !ok {
 		return View{}, false
 	}
-	v := View{Usable: true, LastAcquired: r.lastAcquired.Load(), Pace: math.Float64frombits(r.pace.Load())}
+	v := View{LastAcquired: r.lastAcquired.Load(), Pace: math.Float64frombits(r.pace.Load())}
 	r.lmu.Lock()
 	// A lease's cost leaves the sum under lmu, as it is unlinked, so the
 	// walk below never subtracts a cost twice; leases are linked oldest
@@ -52,8 +52,6 @@ func (t *Tracker) View(addr string, cutoff time.Time) (View, bool) {
 	}
 	r.lmu.Unlock()
 	v.Active, v.ActiveCost = max(n, 0), max(cost, 0)
-	if until := r.downUntil.Load(); until != 0 && (t.now().UnixNano() < until || v.InFlight > 0) {
-		v.Usable = false
-	}
+	v.Usable = !t.downNow(r, v.InFlight)
 	return v, true
 }
