@@ -80,7 +80,11 @@ type EngineOptions struct {
 	// last one wins).
 	Python     string
 	ServerArgs []string
-	// Seed seeds the prompts and the arrival times (default 1).
+	// Seed seeds the prompts and the arrival times (default 1). Every
+	// repetition draws its own arrivals and requests (workloadSeed): all
+	// systems of one repetition see the same ones, so they stay paired,
+	// and the mean over repetitions is over workloads, not over replays
+	// of one.
 	Seed uint64
 }
 
@@ -192,7 +196,7 @@ var realEngineScenario = scenario{
 		"every system with its defaults",
 	about: "The workload measured on one H100 (../shared/real-engine/2026-11-24-h100-transformers.md): P shared system " +
 		"prompts of W words + U unique words per request (1 word = 1 token), max_tokens M, streamed /v1/completions, " +
-		"Poisson arrivals, a client timeout per request; the same prompts and arrival times for every system. " +
+		"Poisson arrivals, a client timeout per request; the same prompts and arrival times for every system (each repetition draws its own). " +
 		"Replicas: simulated engines (-engine sim, time scaled), your own endpoints (-endpoints), the transformers " +
 		"server bench/realengine/server.py (-engine transformers), or llm-d-inference-sim (-engine llmd). All figures are in engine time. ttft = time to the " +
 		"first streamed token; p50/p90/p99 = end to end; out tok/s = output tokens counted from the SSE chunks ÷ wall " +
@@ -260,6 +264,15 @@ func sharedPrompts(seed uint64, n, w int) []string {
 		out[p] = b.String()
 	}
 	return out
+}
+
+// workloadSeed seeds the arrivals and requests of rate index ri in
+// repetition rep (1-based); the first repetition's are those of every
+// earlier run. One workload replayed rep after rep measured its timing
+// jitter only: a system that one draw of arrivals and prefixes happened
+// to suit (or not) read so in every repetition.
+func workloadSeed(seed uint64, ri, rep int) uint64 {
+	return seed*1000 + uint64(ri) + 1 + 1_000_003*uint64(max(rep, 1)-1)
 }
 
 // engineBody is one request: its prefix id and JSON body.
@@ -377,13 +390,14 @@ func realEngine(r *runner, calibrate bool) {
 		rates = rates[:1]
 	}
 	for ri, rate := range rates {
-		arrivals := poisson(rate/e.Scale, scaled(e.Arrivals), e.Seed*1000+uint64(ri)+1)
+		seed := workloadSeed(e.Seed, ri, r.rep)
+		arrivals := poisson(rate/e.Scale, scaled(e.Arrivals), seed)
 		if real := measuredAt(rate); calibrate && real != nil && e.Arrivals == 25*time.Second {
 			// As many requests as the measured run sent (Poisson given its
 			// count), so the two are compared at the same load.
-			arrivals = poissonGiven(real.sent, scaled(e.Arrivals), e.Seed*1000+uint64(ri)+1)
+			arrivals = poissonGiven(real.sent, scaled(e.Arrivals), seed)
 		}
-		bodies := engineBodies(e, prefixes, len(arrivals), e.Seed*1000+uint64(ri)+1)
+		bodies := engineBodies(e, prefixes, len(arrivals), seed)
 		var before []map[string]float64
 		var occ *occupancy
 		load := func(f []*sim.Server, proxies []string) workload {

@@ -221,6 +221,29 @@ func TestParseMetricsAndBodies(t *testing.T) {
 	}
 }
 
+// Every repetition of a real-engine run draws its own workload, the same
+// for every system of that repetition; the first one is the workload
+// every earlier run used (its figures stay comparable).
+func TestEveryRepetitionDrawsItsOwnWorkload(t *testing.T) {
+	if got := workloadSeed(1, 0, 1); got != 1001 {
+		t.Fatalf("first repetition's seed %d, want 1001 (the seed of runs before repetitions drew their own)", got)
+	}
+	seen := map[uint64]string{}
+	for rep := 1; rep <= 6; rep++ {
+		for ri := range 3 {
+			s := workloadSeed(1, ri, rep)
+			if prev, ok := seen[s]; ok {
+				t.Fatalf("rate %d of repetition %d reuses the workload of %s", ri, rep, prev)
+			}
+			seen[s] = fmt.Sprintf("rate %d of repetition %d", ri, rep)
+		}
+	}
+	a1, a2 := poisson(16, time.Second, workloadSeed(1, 0, 1)), poisson(16, time.Second, workloadSeed(1, 0, 2))
+	if len(a1) > 0 && len(a2) > 0 && a1[0] == a2[0] {
+		t.Fatalf("repetitions 1 and 2 arrive alike: %v, %v", a1[0], a2[0])
+	}
+}
+
 // The pieces of -engine llmd that need no process: its defaults, the
 // engine's flags, the ratio-to-direct verdicts and the edge occupancy.
 func TestLLMDDefaultsAndRatios(t *testing.T) {
