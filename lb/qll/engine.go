@@ -47,10 +47,11 @@ func fullBuffer(running int) int { return max(1, running/8) }
 //
 // The slots follow the samples the way TCP's window follows acks:
 //   - until the engine has shown it runs two requests at once, it is
-//     probed one request above Sluice's while it runs all of them
-//     (a one-at-a-time server answers that probe by queueing it for
-//     fullAfter, and is then left to the learned limit until a sample
-//     shows two running, which no one-at-a-time server does);
+//     probed one request above Sluice's while it holds all of them, at
+//     most one waiting (a one-at-a-time server answers that probe by
+//     queueing it for fullAfter, and is then left to the learned limit
+//     until a sample shows two running, which no one-at-a-time server
+//     does);
 //   - a batching engine with room gets twice what it ran (or what Sluice
 //     had on it) until it is first seen full, then a quarter more per
 //     sample with room — slots never shrink on an idle sample;
@@ -65,6 +66,7 @@ func fullBuffer(running int) int { return max(1, running/8) }
 type engineView struct {
 	until            time.Time // the sample is trusted until then (zero: no usable sample)
 	waiting, running int
+	runMax           int       // the most running in a sample since queuedSince
 	queuedSince      time.Time // first of the unbroken run of samples with requests waiting (zero: none)
 	lastAt           time.Time // the last usable sample's time
 	full             bool      // the last sample said full
@@ -91,6 +93,13 @@ type engineView struct {
 // request waiting for its step in two samples in a row often enough to
 // be held at what it ran while its peers took its share and queued), and
 // the state asks again for a replica whose sample shows requests waiting.
+// Nor does an engine that admits while they wait: running more than in
+// any sample since they began to wait starts the run again (a batch
+// growing under a ramp, or its first steps slowed by cold prefixes, each
+// arrival waiting for its step; taken for full, one calibrated engine of
+// four was cut to the 8 it ran and grew a quarter per scrape, a second
+// apart, while its peers took its share up to their KV bound). A full
+// engine runs no more than it did, one ending as another starts.
 func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.Duration) {
 	if smp.Err != nil || smp.At.IsZero() || !smp.Have.Waiting || !smp.Have.Running {
 		// A failed scrape, or a server that does not say what waits:
@@ -103,8 +112,8 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 	switch {
 	case e.waiting == 0:
 		e.queuedSince = time.Time{}
-	case e.queuedSince.IsZero() || smp.At.Sub(e.lastAt) > fullGap:
-		e.queuedSince = smp.At
+	case e.queuedSince.IsZero() || smp.At.Sub(e.lastAt) > fullGap || e.running > e.runMax:
+		e.queuedSince, e.runMax = smp.At, e.running
 	}
 	e.lastAt = smp.At
 	e.full = (e.waiting > 0 && smp.At.Sub(e.queuedSince) >= fullAfter) ||
@@ -150,8 +159,9 @@ const (
 
 // slotsAt is the replica's slots at now given the learned limit's, and
 // where they come from: the engine's while its samples are fresh and it
-// batches (at least the learned limit's while it has room); one above Sluice's requests on it while it runs them all with
-// room and has not shown yet whether it batches; the learned limit's
+// batches (at least the learned limit's while it has room); one above
+// Sluice's requests on it while it holds them all, at most one waiting,
+// and has not shown yet whether it batches; the learned limit's
 // otherwise.
 func (e *engineView) slotsAt(now time.Time, learned int) (int, string) {
 	switch {
@@ -173,10 +183,17 @@ func (e *engineView) slotsAt(now time.Time, learned int) (int, string) {
 		// flight where it ran 22; four engines on one GPU, TTFT p99 4×
 		// round robin's).
 		return max(1, e.slots), slotsEngine
-	case e.waiting > 0 || e.ours == 0 || e.running < e.ours:
-		// Nothing to probe from: a request waiting for the next step,
-		// none of ours on it, or ours not all running (in transit, or
-		// a one-at-a-time server caught between two of them).
+	case e.ours == 0 || e.waiting > 1 || e.running+e.waiting < e.ours:
+		// Nothing to probe from: none of ours on it, ours not all in the
+		// engine (in transit, or a one-at-a-time server caught between
+		// two of them), or two waiting behind what it runs (a
+		// one-at-a-time server's queue). One waiting is the probe's own
+		// picture on a step-based engine (waiting until the step that
+		// admits it): held at the edge until a sample showed two running,
+		// the calibrated engine's first requests at R = 4 waited a scrape
+		// and then went two to one replica (TTFT p99 0.64 s, round robin
+		// 0.56 s). A one-at-a-time server so takes at most two behind the
+		// one it runs before it is known.
 		return learned, slotsLearned
 	}
 	return max(learned, e.ours+1), slotsEngineProbe

@@ -212,6 +212,72 @@ func TestNoProbeWhileOursAreNotAllRunning(t *testing.T) {
 	}
 }
 
+// A new engine whose sample shows the probe waiting (a step-based engine
+// counts a request as waiting until the step that admits it) is probed
+// once more; two waiting behind what it runs end the probe. Held at the
+// edge instead until a sample showed two running, the calibrated
+// engine's first requests at R = 4 waited for a scrape and then went two
+// to one replica: TTFT p99 0.64 s against round robin's 0.56 s.
+func TestAProbeWaitingForItsStepIsProbedOnce(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 0, 0))
+	held := []*Lease{mustAcquire(t, s)}
+	defer func() {
+		for _, l := range held {
+			l.Release(success(time.Millisecond))
+		}
+	}()
+	s.engineSample("a", engineSays(0, 1, 0.1))
+	held = append(held, mustAcquire(t, s)) // the probe
+	s.engineSample("a", engineSays(1, 1, 0.1))
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 3 || got.SlotsFrom != slotsEngineProbe {
+		t.Fatalf("one running, the probe waiting for its step: slots %d from %q, want 3 from the probe", got.Parallelism, got.SlotsFrom)
+	}
+	held = append(held, mustAcquire(t, s))
+	s.engineSample("a", engineSays(2, 1, 0.1)) // two waiting behind one: a one-at-a-time server's picture
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 1 || got.SlotsFrom != slotsLearned {
+		t.Fatalf("one running, two waiting: slots %d from %q, want 1 from the learned limit", got.Parallelism, got.SlotsFrom)
+	}
+}
+
+// An engine that keeps admitting while requests wait in it is not full:
+// its batch is growing under a ramp, each arrival waiting for the step
+// that admits it. Requests waiting in every sample for fullAfter while
+// the engine ran more than in any sample since they began to wait do not
+// make it full; waiting while it runs no more (requests ending as others
+// start) does. Taken for full on a ramp, one calibrated
+// engine of four was cut to the 8 it ran and grew a quarter per
+// scrape, a second apart, while its peers took its share to their KV
+// bound (R = 4: in-flight 15 against 29, TTFT p99 1.4 s).
+func TestAnEngineAdmittingWhileRequestsWaitIsNotFull(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 2, 0.1))
+	s.engineSample("a", engineSays(0, 8, 0.3)) // 16 slots
+	at := time.Now()
+	for i := 0; i <= 8; i++ { // 400 ms of samples 50 ms apart, one more running in each
+		smp := engineSays(2, 8+i, 0.3)
+		smp.At = at.Add(time.Duration(i) * 50 * time.Millisecond)
+		s.engineSample("a", smp)
+	}
+	if e := s.replicas["a"].eng; e.full || e.sawFull {
+		t.Fatalf("running 8 → 16 while 2 wait, for %v: full %v (seen full %v), want room", 8*50*time.Millisecond, e.full, e.sawFull)
+	}
+	if got := s.Snapshot().Replicas[0]; got.Parallelism < 16 {
+		t.Fatalf("slots %d, want at least 16", got.Parallelism)
+	}
+	at = at.Add(time.Second)
+	for i := 0; i <= 8; i++ { // as many running, give or take one: full
+		smp := engineSays(3, 16+i%2, 0.8)
+		smp.At = at.Add(time.Duration(i) * 50 * time.Millisecond)
+		s.engineSample("a", smp)
+	}
+	if !s.replicas["a"].eng.full {
+		t.Fatal("3 waiting for 400 ms while it ran 16-17: not full")
+	}
+}
+
 // queuedFor feeds the samples a replica with requests waiting gives when
 // it is asked again while they wait (see fullGap): smp, then smp again
 // every fullGap until d after it.

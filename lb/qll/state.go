@@ -138,10 +138,11 @@ func (s *State) engineSample(addr string, smp modelmetrics.Sample) {
 	now := s.now()
 	before := s.slotsLocked(r, now)
 	r.eng.observe(smp, r.inFlight, s.engine.Config().Staleness)
-	if r.eng.waiting > 0 && r.eng.wantsSample() {
+	if r.eng.wantsSample() && (r.eng.waiting > 0 || (r.eng.batching && r.inFlight >= s.slotsLocked(r, now))) {
 		// Only samples close together tell requests waiting for a step
-		// from a full engine (see fullGap), and a full one is let go as
-		// soon as its queue empties: ask again.
+		// from a full engine (see fullGap), a full one is let go as soon
+		// as its queue empties, and a batching engine at its slots gets
+		// more only from a sample: ask again.
 		s.engine.RefreshTargets(addr)
 	}
 	if s.slotsLocked(r, now) > before {
@@ -440,6 +441,13 @@ func (s *State) assignLocked(r *replica, now time.Time, waited time.Duration) *L
 	par := s.slotsLocked(r, now)
 	rounds := (r.inFlight + par) / par
 	r.inFlight++
+	if r.inFlight >= par && r.eng.batching && r.eng.wantsSample() {
+		// Its slots are used up, and only a sample gives it more: until
+		// then its peers take its share (cut to what it ran, a batching
+		// engine waited a second for its next scrape, its slots growing a
+		// quarter per scrape, while its peers filled up to their KV bound).
+		s.engine.RefreshTargets(r.addr)
+	}
 	r.dispatched++
 	s.picks++
 	r.lastPick = s.picks
