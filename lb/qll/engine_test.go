@@ -246,7 +246,7 @@ func TestAProbeWaitingForItsStepIsProbedOnce(t *testing.T) {
 // that admits it. Requests waiting in every sample for fullAfter while
 // the engine ran more than in any sample since they began to wait do not
 // make it full; waiting while it runs no more (requests ending as others
-// start) does. Taken for full on a ramp, one calibrated
+// start), or no more than it ran when it was last full, does. Taken for full on a ramp, one calibrated
 // engine of four was cut to the 8 it ran and grew a quarter per
 // scrape, a second apart, while its peers took its share to their KV
 // bound (R = 4: in-flight 15 against 29, TTFT p99 1.4 s).
@@ -275,6 +275,23 @@ func TestAnEngineAdmittingWhileRequestsWaitIsNotFull(t *testing.T) {
 	}
 	if !s.replicas["a"].eng.full {
 		t.Fatal("3 waiting for 400 ms while it ran 16-17: not full")
+	}
+	// Room again, then requests waiting while it climbs back to what it
+	// was full at: a burst on an engine at its bound, full as before (the
+	// mixed fleet's slow engines, 8 sequences each, took the burst's
+	// requests into their queues for 300 ms more: TTFT p99 0.31 s against
+	// 0.21 s).
+	at = at.Add(time.Second)
+	smp := engineSays(0, 14, 0.7)
+	smp.At = at
+	s.engineSample("a", smp)
+	for i := 1; i <= 8; i++ {
+		smp := engineSays(2, min(13+i, 16), 0.8)
+		smp.At = at.Add(time.Duration(i) * 50 * time.Millisecond)
+		s.engineSample("a", smp)
+	}
+	if !s.replicas["a"].eng.full {
+		t.Fatal("2 waiting for 350 ms while it climbed back to the 16 it was last full at: not full")
 	}
 }
 
