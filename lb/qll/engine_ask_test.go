@@ -32,6 +32,14 @@ func newMetricsReplica(t *testing.T, body string) *metricsReplica {
 
 func (m *metricsReplica) addr() string { return strings.TrimPrefix(m.URL, "http://") }
 
+// runEngine reads the replicas' metrics for s until the test ends.
+func runEngine(t *testing.T, s *State) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // While requests wait at the edge only the replicas holding them whose
 // fresh sample could give them slots are scraped again: not one that
 // exports no queue (its samples never decide its slots), nor one that is
@@ -43,10 +51,7 @@ func TestWaitersRefreshOnlyTheReplicasThatCouldTakeThem(t *testing.T) {
 	c := newMetricsReplica(t, queue)
 	// No tick during the test: only the first scrapes and refreshes.
 	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runEngine(t, s)
 	s.SetBackends([]string{a.addr(), b.addr(), c.addr()})
 	waitFor(t, "the first samples", func() bool {
 		s.mu.Lock()
@@ -88,10 +93,7 @@ func TestAnEngineWithRequestsWaitingIsAskedAgain(t *testing.T) {
 	b := newMetricsReplica(t, "vllm:num_requests_waiting 0\nvllm:num_requests_running 4\nvllm:kv_cache_usage_perc 0.3\n")
 	// No tick during the test: only the first scrapes and refreshes.
 	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runEngine(t, s)
 	s.SetBackends([]string{a.addr(), b.addr()})
 	waitFor(t, "a asked again", func() bool { return a.hits.Load() >= 3 })
 	if nb := b.hits.Load(); nb != 1 {
@@ -111,10 +113,7 @@ func TestABatchingEngineAtItsSlotsIsReadAgain(t *testing.T) {
 	a, b := newMetricsReplica(t, batch), newMetricsReplica(t, batch)
 	// No tick during the test: only the first scrapes and refreshes.
 	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runEngine(t, s)
 	s.SetBackends([]string{a.addr(), b.addr()})
 	waitFor(t, "the first samples", func() bool {
 		s.mu.Lock()
