@@ -4,7 +4,7 @@
 #
 #   eval "$(scripts/redis-test-server.sh)"
 #   go test ./lb/redisleast/
-#   kill "$SLUICE_TEST_REDIS_PID"
+#   kill "$SLUICE_TEST_REDIS_PID"; rm -rf "$SLUICE_TEST_REDIS_DIR"
 #
 # No persistence, bound to 127.0.0.1 only. Installs the Debian package when
 # redis-server is missing (CI runs as root). Diagnostics go to stderr, so
@@ -41,7 +41,7 @@ for attempt in $(seq 1 20); do
 	deadline=$((SECONDS + timeout_s))
 	while [ "$SECONDS" -lt "$deadline" ]; do
 		if [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = "PONG" ] && [ -s "$dir/redis.pid" ]; then
-			echo "export SLUICE_TEST_REDIS_ADDR=127.0.0.1:$port; export SLUICE_TEST_REDIS_PID=$(cat "$dir/redis.pid")"
+			echo "export SLUICE_TEST_REDIS_ADDR=127.0.0.1:$port; export SLUICE_TEST_REDIS_PID=$(cat "$dir/redis.pid"); export SLUICE_TEST_REDIS_DIR=$dir"
 			exit 0
 		fi
 		sleep 0.1
@@ -55,4 +55,5 @@ for attempt in $(seq 1 20); do
 	rm -f "$dir/redis.pid"
 done
 log "could not start redis-server on a free loopback port after 20 attempts"
+rm -rf "$dir"
 exit 1

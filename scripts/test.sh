@@ -22,12 +22,12 @@ if ! command -v haproxy >/dev/null 2>&1; then
 fi
 
 eval "$(bash scripts/redis-test-server.sh)"
-trap 'kill "$SLUICE_TEST_REDIS_PID" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+trap 'kill "$SLUICE_TEST_REDIS_PID" 2>/dev/null || true; rm -rf "$tmp" "$SLUICE_TEST_REDIS_DIR"' EXIT
 echo "test redis at $SLUICE_TEST_REDIS_ADDR (pid $SLUICE_TEST_REDIS_PID)"
 # A 3-master Redis Cluster: every Redis-backed feature is tested against
 # it as well (redistest.Targets; under CI=true a missing cluster fails).
 eval "$(bash scripts/redis-cluster-test.sh)"
-trap 'kill "$SLUICE_TEST_REDIS_PID" $SLUICE_TEST_REDIS_CLUSTER_PIDS 2>/dev/null || true; rm -rf "$tmp" "$SLUICE_TEST_REDIS_CLUSTER_DIR"' EXIT
+trap 'kill "$SLUICE_TEST_REDIS_PID" $SLUICE_TEST_REDIS_CLUSTER_PIDS 2>/dev/null || true; rm -rf "$tmp" "$SLUICE_TEST_REDIS_DIR" "$SLUICE_TEST_REDIS_CLUSTER_DIR"' EXIT
 echo "test redis cluster at $SLUICE_TEST_REDIS_CLUSTER_ADDRS (pids $SLUICE_TEST_REDIS_CLUSTER_PIDS)"
 
 # llm-d-inference-sim, an engine simulator that publishes KV-cache events
