@@ -138,14 +138,15 @@ func (s *State) engineSample(addr string, smp modelmetrics.Sample) {
 	now := s.now()
 	before := s.slotsLocked(r, now)
 	r.eng.observe(smp, r.inFlight, s.engine.Config().Staleness)
-	if r.eng.wantsSample() && (r.eng.waiting > 0 || (r.eng.batching && r.inFlight >= s.slotsLocked(r, now))) {
+	after := s.slotsLocked(r, now)
+	if r.eng.wantsSample() && (r.eng.waiting > 0 || (r.eng.batching && r.inFlight >= after)) {
 		// Only samples close together tell requests waiting for a step
 		// from a full engine (see fullGap), a full one is let go as soon
 		// as its queue empties, and a batching engine at its slots gets
 		// more only from a sample: ask again.
 		s.engine.RefreshTargets(addr)
 	}
-	if s.slotsLocked(r, now) > before {
+	if after > before {
 		s.dispatchLocked()
 	}
 }
