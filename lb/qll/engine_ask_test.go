@@ -73,13 +73,19 @@ func TestWaitersRefreshOnlyTheReplicasThatCouldTakeThem(t *testing.T) {
 		t.Fatalf("c not down: %+v", snap.Replicas[2])
 	}
 
+	// a and c were read again when their one request took their slot
+	// (TestAProbedEngineAtItsSlotsIsReadAgain); what counts is after.
+	waitFor(t, "c's read at its slots", func() bool { return c.hits.Load() >= 2 })
+	time.Sleep(20 * time.Millisecond)
+	nc0, na0 := c.hits.Load(), a.hits.Load()
+
 	wctx, wcancel := context.WithCancel(context.Background())
 	defer wcancel()
 	enqueue(t, s, wctx, 1)
-	waitFor(t, "a refreshed", func() bool { return a.hits.Load() >= 2 })
+	waitFor(t, "a refreshed", func() bool { return a.hits.Load() > na0 })
 	time.Sleep(100 * time.Millisecond) // a round asking for all would have reached b and c by now
-	if nb, nc := b.hits.Load(), c.hits.Load(); nb != 1 || nc != 1 {
-		t.Fatalf("scrapes of b %d, of c %d: want 1 each (the first), only a could take the waiter", nb, nc)
+	if nb, nc := b.hits.Load(), c.hits.Load(); nb != 1 || nc != nc0 {
+		t.Fatalf("scrapes of b %d, of c %d: want 1 and %d (none since the waiter came), only a could take the waiter", nb, nc, nc0)
 	}
 }
 
@@ -141,5 +147,64 @@ func TestABatchingEngineAtItsSlotsIsReadAgain(t *testing.T) {
 	}
 	if got := s.Snapshot().Replicas[0]; got.Parallelism <= slots {
 		t.Fatalf("a's slots %d after its fresh sample, want more than %d", got.Parallelism, slots)
+	}
+}
+
+// An engine not yet known to batch whose slots are all taken (its probe
+// included) is read again at once, with nothing waiting at the edge: its
+// next sample is what shows it batching and gives it more slots. Left to
+// the interval, the calibrated engines of R = 4 learned they batch a
+// scrape apart, a second; the one read first took every arrival in the
+// meantime (four in a row, TTFT 0.9-1.0 s against round robin's 0.6-0.7)
+// while the others sat at their probe.
+func TestAProbedEngineAtItsSlotsIsReadAgain(t *testing.T) {
+	var running atomic.Int64 // the engine runs what Sluice holds on it
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		fmt.Fprintf(w, "vllm:num_requests_waiting 0\nvllm:num_requests_running %d\nvllm:kv_cache_usage_perc 0.1\n", running.Load())
+	}))
+	t.Cleanup(srv.Close)
+	a := strings.TrimPrefix(srv.URL, "http://")
+	b := newMetricsReplica(t, "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n")
+	// No tick during the test: only the first scrapes and refreshes.
+	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
+	runEngine(t, s)
+	s.SetBackends([]string{a, b.addr()})
+	waitFor(t, "the first samples", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return !s.replicas[a].eng.until.IsZero() && !s.replicas[b.addr()].eng.until.IsZero()
+	})
+	var held []*Lease
+	defer func() {
+		for _, l := range held {
+			l.Release(success(time.Millisecond))
+		}
+	}()
+	// Requests to a, one at a time, each running in the engine once taken,
+	// until a sample shows it batching; b is kept out.
+	take := func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		r := s.pickLocked(s.now(), []string{b.addr()})
+		if r == nil {
+			return false
+		}
+		held = append(held, s.assignLocked(r, s.now(), 0))
+		running.Add(1)
+		return true
+	}
+	waitFor(t, "a known to batch", func() bool {
+		take()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.replicas[a].eng.batching
+	})
+	if slots := s.Snapshot().Replicas[0].Parallelism; slots < 4 {
+		t.Fatalf("a's slots %d once known to batch with %d running, want at least 4", slots, running.Load())
+	}
+	if nb := b.hits.Load(); nb != 1 {
+		t.Fatalf("scrapes of b %d: want 1 (the first), it holds nothing", nb)
 	}
 }

@@ -139,11 +139,11 @@ func (s *State) engineSample(addr string, smp modelmetrics.Sample) {
 	before := s.slotsLocked(r, now)
 	r.eng.observe(smp, r.inFlight, s.engine.Config().Staleness)
 	after := s.slotsLocked(r, now)
-	if r.eng.wantsSample() && (r.eng.waiting > 0 || (r.eng.batching && r.inFlight >= after)) {
+	if r.eng.wantsSample() && (r.eng.waiting > 0 || r.inFlight >= after) {
 		// Only samples close together tell requests waiting for a step
 		// from a full engine (see fullGap), a full one is let go as soon
-		// as its queue empties, and a batching engine at its slots gets
-		// more only from a sample: ask again.
+		// as its queue empties, and an engine at its slots (batching, or
+		// at its probe) gets more only from a sample: ask again.
 		s.engine.RefreshTargets(addr)
 	}
 	if after > before {
@@ -442,11 +442,13 @@ func (s *State) assignLocked(r *replica, now time.Time, waited time.Duration) *L
 	par := s.slotsLocked(r, now)
 	rounds := (r.inFlight + par) / par
 	r.inFlight++
-	if r.inFlight >= par && r.eng.batching && r.eng.wantsSample() {
+	if r.inFlight >= par && r.eng.wantsSample() {
 		// Its slots are used up, and only a sample gives it more: until
 		// then its peers take its share (cut to what it ran, a batching
 		// engine waited a second for its next scrape, its slots growing a
-		// quarter per scrape, while its peers filled up to their KV bound).
+		// quarter per scrape, while its peers filled up to their KV bound;
+		// at its probe, an engine not yet known to batch waited a second
+		// to show it does, while the one read first took every arrival).
 		s.engine.RefreshTargets(r.addr)
 	}
 	r.dispatched++
