@@ -60,9 +60,10 @@ func fullBuffer(running int) int { return max(1, running/8) }
 //     waiting in its own queue (fullBuffer): nothing more is sent until
 //     one ends.
 //
-// While requests wait at the edge the state asks the scraper for fresh
-// samples (at most every MinRefresh), so a burst grows the slots in
-// scrape round trips, not in first tokens.
+// While requests wait at the edge, and whenever a replica's slots are all
+// taken, the state asks the scraper for fresh samples (at most every
+// MinRefresh), so a burst grows the slots in scrape round trips, not in
+// first tokens, and a probe is answered in one.
 type engineView struct {
 	until            time.Time // the sample is trusted until then (zero: no usable sample)
 	waiting, running int
