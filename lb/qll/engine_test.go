@@ -23,6 +23,16 @@ func later(smp modelmetrics.Sample, d time.Duration) modelmetrics.Sample {
 
 func inFlight(s *State, addr string) int { return s.InFlight()[addr] }
 
+// batchingEngine is a state with one replica, "a", known to batch: seen
+// running 2, then 8 with nothing waiting (16 slots).
+func batchingEngine() *State {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 2, 0.1))
+	s.engineSample("a", engineSays(0, 8, 0.3))
+	return s
+}
+
 // A batching engine with room takes every request: probed one above what
 // it runs until it shows two running with nothing waiting, then twice
 // what it runs per sample. The learned limit (1 while nothing has
@@ -163,10 +173,7 @@ func TestUntrustedSamplesLeaveTheLearnedLimit(t *testing.T) {
 // engine's probe are cut for them, however many samples see them, and a
 // one-at-a-time verdict needs them waiting for fullAfter.
 func TestRequestsWaitingBrieflyAreNotFull(t *testing.T) {
-	s := New(Config{})
-	s.SetBackends([]string{"a"})
-	s.engineSample("a", engineSays(0, 2, 0.1))
-	s.engineSample("a", engineSays(0, 8, 0.3)) // 16 slots
+	s := batchingEngine() // 16 slots
 	waiting := engineSays(2, 8, 0.3)
 	for _, d := range []time.Duration{0, 50 * time.Millisecond, 100 * time.Millisecond, fullAfter - time.Millisecond} {
 		s.engineSample("a", later(waiting, d))
@@ -251,16 +258,18 @@ func TestAProbeWaitingForItsStepIsProbedOnce(t *testing.T) {
 // scrape, a second apart, while its peers took its share to their KV
 // bound (R = 4: in-flight 15 against 29, TTFT p99 1.4 s).
 func TestAnEngineAdmittingWhileRequestsWaitIsNotFull(t *testing.T) {
-	s := New(Config{})
-	s.SetBackends([]string{"a"})
-	s.engineSample("a", engineSays(0, 2, 0.1))
-	s.engineSample("a", engineSays(0, 8, 0.3)) // 16 slots
-	at := time.Now()
-	for i := 0; i <= 8; i++ { // 400 ms of samples 50 ms apart, one more running in each
-		smp := engineSays(2, 8+i, 0.3)
-		smp.At = at.Add(time.Duration(i) * 50 * time.Millisecond)
-		s.engineSample("a", smp)
+	s := batchingEngine() // 16 slots
+	// feed gives a the samples smp(0..8), 50 ms apart from start.
+	feed := func(start time.Time, smp func(i int) modelmetrics.Sample) {
+		for i := 0; i <= 8; i++ {
+			m := smp(i)
+			m.At = start.Add(time.Duration(i) * 50 * time.Millisecond)
+			s.engineSample("a", m)
+		}
 	}
+	at := time.Now()
+	// 400 ms of samples, one more running in each
+	feed(at, func(i int) modelmetrics.Sample { return engineSays(2, 8+i, 0.3) })
 	if e := s.replicas["a"].eng; e.full || e.sawFull {
 		t.Fatalf("running 8 → 16 while 2 wait, for %v: full %v (seen full %v), want room", 8*50*time.Millisecond, e.full, e.sawFull)
 	}
@@ -268,11 +277,8 @@ func TestAnEngineAdmittingWhileRequestsWaitIsNotFull(t *testing.T) {
 		t.Fatalf("slots %d, want at least 16", got.Parallelism)
 	}
 	at = at.Add(time.Second)
-	for i := 0; i <= 8; i++ { // as many running, give or take one: full
-		smp := engineSays(3, 16+i%2, 0.8)
-		smp.At = at.Add(time.Duration(i) * 50 * time.Millisecond)
-		s.engineSample("a", smp)
-	}
+	// as many running, give or take one: full
+	feed(at, func(i int) modelmetrics.Sample { return engineSays(3, 16+i%2, 0.8) })
 	if !s.replicas["a"].eng.full {
 		t.Fatal("3 waiting for 400 ms while it ran 16-17: not full")
 	}
@@ -282,14 +288,12 @@ func TestAnEngineAdmittingWhileRequestsWaitIsNotFull(t *testing.T) {
 	// requests into their queues for 300 ms more: TTFT p99 0.31 s against
 	// 0.21 s).
 	at = at.Add(time.Second)
-	smp := engineSays(0, 14, 0.7)
-	smp.At = at
-	s.engineSample("a", smp)
-	for i := 1; i <= 8; i++ {
-		smp := engineSays(2, min(13+i, 16), 0.8)
-		smp.At = at.Add(time.Duration(i) * 50 * time.Millisecond)
-		s.engineSample("a", smp)
-	}
+	feed(at, func(i int) modelmetrics.Sample {
+		if i == 0 {
+			return engineSays(0, 14, 0.7)
+		}
+		return engineSays(2, min(13+i, 16), 0.8)
+	})
 	if !s.replicas["a"].eng.full {
 		t.Fatal("2 waiting for 350 ms while it climbed back to the 16 it was last full at: not full")
 	}
@@ -327,10 +331,7 @@ func queuedFor(s *State, addr string, smp modelmetrics.Sample, d time.Duration) 
 // (the calibrated engine at R = 4, 16 req/s: 15 running against 33 on
 // another, TTFT p99 1.3 s against round robin's 0.53 s).
 func TestWaitingInSamplesFarApartIsNotFull(t *testing.T) {
-	s := New(Config{})
-	s.SetBackends([]string{"a"})
-	s.engineSample("a", engineSays(0, 2, 0.1))
-	s.engineSample("a", engineSays(0, 8, 0.3)) // 16 slots
+	s := batchingEngine() // 16 slots
 	waiting := engineSays(1, 15, 0.77)
 	s.engineSample("a", later(waiting, time.Second))
 	s.engineSample("a", later(waiting, 2*time.Second))
