@@ -460,6 +460,14 @@ func realEngine(r *runner, calibrate bool) {
 				})
 			}
 			systems = append(systems, fc)
+			if r.res.Reps > 1 {
+				// Round robin again, last in every rep: what the method
+				// itself moves between two runs of one system (a policy
+				// within that of round robin is not told apart from it).
+				systems = append(systems, sys.caddy("caddy_round_robin_again"+at,
+					"Caddy lb_policy round_robin again, last in every rep: the method's own error (should read as round robin)",
+					"lb_policy round_robin"))
+			}
 		}
 		for _, s := range systems {
 			if e.Engine == "llmd" {
@@ -484,6 +492,8 @@ func realEngine(r *runner, calibrate bool) {
 		r.res.appendix = calibrationTable(r.res.Systems, r.rep)
 	case e.Replicas == 1 && r.rep == r.res.Reps:
 		r.res.appendix = directRatios(r.res.Systems)
+	case r.res.Reps > 1 && r.rep == r.res.Reps:
+		r.res.appendix = pairedRatios(r.res.Systems)
 	}
 }
 
