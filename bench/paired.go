@@ -22,16 +22,7 @@ const pairedBase = "caddy_round_robin"
 // left is the method's own spread (caddy_round_robin_again's row: round
 // robin against itself).
 func pairedRatios(systems []Summary) string {
-	type key struct {
-		rep  int
-		rate float64
-	}
-	base := map[key]Summary{}
-	for _, s := range systems {
-		if strings.Split(s.System, "@")[0] == pairedBase {
-			base[key{s.Rep, s.Extra["rate"]}] = s
-		}
-	}
+	base := runsOf(systems, pairedBase)
 	cols := []struct{ key, head string }{
 		{"ttft_p50_s", "ttft p50"}, {"ttft_p90_s", "ttft p90"}, {"ttft_p99_s", "ttft p99"}, {"out_tok_s", "out tok/s"},
 	}
@@ -43,7 +34,7 @@ func pairedRatios(systems []Summary) string {
 	var order []*group
 	groups := map[string]*group{}
 	for _, s := range systems {
-		b, ok := base[key{s.Rep, s.Extra["rate"]}]
+		b, ok := base[runOf(s)]
 		if !ok || s.System == b.System {
 			continue
 		}
@@ -97,4 +88,23 @@ func pairedCell(d []float64) string {
 		return fmt.Sprintf("%+.2f%%", 100*m)
 	}
 	return fmt.Sprintf("%+.2f%% ± %.2f%%", 100*m, 100*sd/math.Sqrt(float64(len(d))))
+}
+
+// repRate names one run of a system in a multi-rate, multi-rep scenario.
+type repRate struct {
+	rep  int
+	rate float64
+}
+
+func runOf(s Summary) repRate { return repRate{s.Rep, s.Extra["rate"]} }
+
+// runsOf indexes the runs of the system named name (before its "@rate").
+func runsOf(systems []Summary, name string) map[repRate]Summary {
+	runs := map[repRate]Summary{}
+	for _, s := range systems {
+		if strings.Split(s.System, "@")[0] == name {
+			runs[runOf(s)] = s
+		}
+	}
+	return runs
 }

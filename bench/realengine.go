@@ -993,16 +993,8 @@ const (
 // system's TTFT p50 and output tokens/s ÷ direct's, pass or fail against
 // ratioTTFT and ratioTokens, and how many Sluice rows pass.
 func directRatios(systems []Summary) string {
-	type key struct {
-		rep  int
-		rate float64
-	}
-	direct := map[key]Summary{}
-	for _, s := range systems {
-		if strings.HasPrefix(s.System, "direct@") {
-			direct[key{s.Rep, s.Extra["rate"]}] = s
-		}
-	}
+	type key = repRate
+	direct := runsOf(systems, "direct")
 	ratio := func(a, b float64) (float64, string) {
 		if b == 0 {
 			return 0, "—"
@@ -1013,7 +1005,7 @@ func directRatios(systems []Summary) string {
 	var sluice, sluicePass int
 	var failed []string
 	for _, s := range systems {
-		d, ok := direct[key{s.Rep, s.Extra["rate"]}]
+		d, ok := direct[runOf(s)]
 		if !ok || strings.HasPrefix(s.System, "direct@") {
 			continue
 		}
