@@ -62,8 +62,8 @@ type QueuedLeastLatency struct {
 	// Whether the replicas' own metrics decide their slots where they
 	// export their queue (vLLM, SGLang, TGI, Triton): on (default) or off.
 	// On: a request waits at the edge only while the engine says it is
-	// full (requests waiting, KV cache full); replicas that export no
-	// queue keep the learned limit.
+	// full (more requests waiting than a full engine may keep, KV cache
+	// full); replicas that export no queue keep the learned limit.
 	EngineMetrics string `json:"engine_metrics,omitempty"`
 	// How often the replicas' metrics are read (default 1s; again every
 	// 50ms while requests wait at the edge), how
