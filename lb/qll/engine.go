@@ -87,8 +87,8 @@ type engineView struct {
 // engine may hold (waitingAllowed) in every sample for fullAfter: a
 // step-based engine counts a request as waiting from its arrival to the
 // step that admits it (a step or two later, with async scheduling), so
-// requests waiting in a sample, or in two samples closer
-// than a step, say nothing about room (on the calibrated engine, cutting
+// requests waiting in a sample, or in two samples closer than a step,
+// say nothing about room (on the calibrated engine, cutting
 // the slots on every such sample held requests at the edge and tripled
 // the TTFT p90; with two samples in a row, 50 ms apart, a burst of 24
 // onto an engine with room for 64 still lost one to the edge). Nor do

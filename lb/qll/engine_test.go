@@ -314,7 +314,9 @@ func TestABatchingEngineKeepingAFewWaitingIsNotFull(t *testing.T) {
 		full             bool
 	}{{1, 15, false}, {2, 16, false}, {2, 15, true}, {3, 16, true}} {
 		at = at.Add(2 * time.Second) // a run of its own
-		queuedFor(s, "a", later(engineSays(c.waiting, c.running, 0.77), time.Until(at)), 2*fullAfter)
+		smp := engineSays(c.waiting, c.running, 0.77)
+		smp.At = at
+		queuedFor(s, "a", smp, 2*fullAfter)
 		e := s.replicas["a"].eng
 		if e.full != c.full {
 			t.Errorf("%d waiting behind %d running for %v, samples %v apart: full %v, want %v",

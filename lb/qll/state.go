@@ -142,8 +142,9 @@ func (s *State) engineSample(addr string, smp modelmetrics.Sample) {
 	if r.eng.wantsSample() && (r.eng.waiting > 0 || r.inFlight >= after) {
 		// Only samples close together tell requests waiting for a step
 		// from a full engine (see fullGap), a full one is let go as soon
-		// as its queue empties, and an engine at its slots (batching, or
-		// at its probe) gets more only from a sample: ask again.
+		// as its queue is back within what it may hold (waitingAllowed),
+		// and an engine at its slots (batching, or at its probe) gets
+		// more only from a sample: ask again.
 		s.engine.RefreshTargets(addr)
 	}
 	if after > before {
