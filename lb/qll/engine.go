@@ -52,14 +52,16 @@ func fullBuffer(running int) int { return max(1, running/8) }
 //     queueing it for fullAfter, and is then left to the learned limit
 //     until a sample shows two running, which no one-at-a-time server
 //     does);
-//   - a batching engine with room gets twice what it ran (or what Sluice
-//     had on it) until it is first seen full, then a quarter more per
-//     sample with room — slots never shrink on an idle sample;
+//   - a batching engine with room (no more waiting than a full engine
+//     may hold, or running more than in the last sample: admitting)
+//     gets twice what it ran (or what Sluice had on it) until it is
+//     first seen full, then a quarter more per sample with room — slots
+//     never shrink on an idle sample;
 //   - a full engine (KV cache full, or more requests waiting than it may
 //     hold, waitingAllowed, in every sample for fullAfter, the samples at
 //     most fullGap apart) keeps what it runs of Sluice's requests and a
-//     few more waiting in its own queue (fullBuffer): nothing more is
-//     sent until one ends.
+//     few more waiting in its own queue (fullBuffer), refilled as the
+//     engine admits them: nothing more is sent until one ends.
 //
 // While requests wait at the edge, and whenever a replica's slots are all
 // taken, the state asks the scraper for fresh samples (at most every
@@ -116,7 +118,12 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 		return
 	}
 	e.until = smp.At.Add(staleness)
+	ran := e.running
 	e.waiting, e.running = int(smp.Waiting), int(smp.Running)
+	// Room to grow into: no more waiting than a full engine may hold
+	// (each waits for its step), or more running than in the last
+	// sample (admitting them) and than it ran when last full.
+	room := e.waiting <= e.waitingAllowed() || (e.running > ran && e.running > e.fullAt)
 	switch {
 	case e.waiting <= e.waitingAllowed():
 		e.queuedSince = time.Time{}
@@ -144,9 +151,12 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 		}
 	case e.full:
 		e.sawFull, e.fullAt = true, e.running
-		e.slots = max(1, min(ours, e.running+fullBuffer(e.running)))
-	case e.single || e.waiting > 0:
-		// one-at-a-time, or a request waiting for the next step: no change
+		// What it runs of ours and the buffer, not capped at ours: each
+		// moment the edge had nothing to send would otherwise ratchet a
+		// KV-full engine down to what it runs, its queue empty.
+		e.slots = max(1, min(ours, e.running)+fullBuffer(e.running))
+	case e.single || !room:
+		// one-at-a-time, or requests waiting behind what it runs: no change
 	case e.running >= 2 || e.batching:
 		e.batching = true
 		grown := 2 * base
