@@ -55,13 +55,15 @@ func fullBuffer(running int) int { return max(1, running/8) }
 //   - a batching engine with room (no more waiting than a full engine
 //     may hold, or running more than in the last sample: admitting)
 //     gets twice what it ran (or what Sluice had on it) until it is
-//     first seen full, then a quarter more per sample with room — slots
-//     never shrink on an idle sample;
+//     first seen full, then a quarter more per sample with room (twice
+//     again once it runs half as much again as it was full at: that was
+//     no bound) — slots never shrink on an idle sample;
 //   - a full engine (KV cache full, or more requests waiting than it may
-//     hold, waitingAllowed, in every sample for fullAfter, the samples at
-//     most fullGap apart) keeps what it runs of Sluice's requests and a
-//     few more waiting in its own queue (fullBuffer), refilled as the
-//     engine admits them: nothing more is sent until one ends.
+//     hold, waitingAllowed, in every sample for fullAfter or three of
+//     its steps, the samples at most fullGap apart) keeps what it runs
+//     of Sluice's requests and a few more waiting in its own queue
+//     (fullBuffer), refilled as the engine admits them: nothing more is
+//     sent until one ends.
 //
 // While requests wait at the edge, and whenever a replica's slots are all
 // taken, the state asks the scraper for fresh samples (at most every
@@ -80,13 +82,15 @@ type engineView struct {
 	sawFull          bool      // some sample since it was seen batching said full
 	slots            int       // what a batching engine gets while samples are fresh
 	ours             int       // Sluice's requests in flight on it at the last sample
+	steps            stepClock // its step, read from the samples
 }
 
 // observe folds a sample in, taken while ours of Sluice's requests were in
 // flight on the replica; staleness is how long a sample is trusted.
 //
 // Full is a KV cache at kvFullUsage, or more requests waiting than the
-// engine may hold (waitingAllowed) in every sample for fullAfter: a
+// engine may hold (waitingAllowed) in every sample for fullAfter, or
+// stepsToFull of its steps where they are longer (stepClock): a
 // step-based engine counts a request as waiting from its arrival to the
 // step that admits it (a step or two later, with async scheduling), so
 // requests waiting in a sample, or in two samples closer than a step,
@@ -120,6 +124,7 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 	e.until = smp.At.Add(staleness)
 	ran := e.running
 	e.waiting, e.running = int(smp.Waiting), int(smp.Running)
+	e.steps.note(smp.At, e.running != ran, !e.lastAt.IsZero() && smp.At.Sub(e.lastAt) <= fullGap)
 	// Room to grow into: no more waiting than a full engine may hold
 	// (each waits for its step), or more running than in the last
 	// sample (admitting them) and than it ran when last full.
@@ -131,9 +136,14 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 		e.queuedSince, e.runMax = smp.At, e.running
 	}
 	e.lastAt = smp.At
-	e.full = (!e.queuedSince.IsZero() && smp.At.Sub(e.queuedSince) >= fullAfter) ||
+	e.full = (!e.queuedSince.IsZero() && smp.At.Sub(e.queuedSince) >= e.fullAfter()) ||
 		(smp.Have.KVCache && smp.KVCacheUsage >= kvFullUsage)
 	e.ours = ours
+	if e.sawFull && e.running >= e.fullAt+max(2, e.fullAt/2) {
+		// Half as much again as when it was full: that was no bound (a
+		// long step read as full), it grows as one never seen full.
+		e.sawFull = false
+	}
 	base := max(e.running, ours)
 	if e.running >= 2 && !e.batching {
 		// Two running at once: it batches, whatever an earlier sample
@@ -215,6 +225,17 @@ func (e *engineView) slotsAt(now time.Time, learned int) (int, string) {
 		return learned, slotsLearned
 	}
 	return max(learned, e.ours+1), slotsEngineProbe
+}
+
+// fullAfter is how long requests must wait in the engine, in every
+// sample, before it counts as full: fullAfter, or stepsToFull of a
+// batching engine's steps where they are longer (a one-at-a-time server
+// is told by its probe's wait, which its service time sets, not a step).
+func (e *engineView) fullAfter() time.Duration {
+	if !e.batching {
+		return fullAfter
+	}
+	return max(fullAfter, stepsToFull*e.steps.estimate())
 }
 
 // waitingAllowed is how many requests may wait in the engine's own queue,

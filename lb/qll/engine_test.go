@@ -222,6 +222,38 @@ func TestABatchingEngineAdmittingWhileRequestsWaitGrows(t *testing.T) {
 	}
 }
 
+// An engine taken for full that then runs half as much again as it did
+// was not at its bound (a step longer than fullAfter, its arrivals
+// waiting for it, read as full): it grows again as one never seen full,
+// twice what it runs per sample with room, not a quarter more. Left to
+// a quarter a sample, the four engines sharing one simulated GPU, each
+// taken for full at 2-4 running in its first seconds, ramped slower
+// than their arrivals and held them at the edge.
+func TestAnEngineRunningHalfAgainWhatItWasFullAtGrowsAsNeverFull(t *testing.T) {
+	s := batchingEngine() // 16 slots
+	var held []*Lease
+	defer func() {
+		for _, l := range held {
+			l.Release(success(time.Millisecond))
+		}
+	}()
+	for len(held) < 8 {
+		held = append(held, mustAcquire(t, s))
+	}
+	queuedFor(s, "a", engineSays(4, 4, 0.3), fullAfter)
+	if !s.replicas["a"].eng.full {
+		t.Fatal("4 waiting behind 4 for fullAfter: not full")
+	}
+	s.engineSample("a", engineSays(0, 5, 0.3)) // room, a little more than at full
+	if got := s.Snapshot().Replicas[0].Parallelism; got != 10 {
+		t.Fatalf("room at 5 running, 8 of ours, after full at 4: %d slots, want 10 (8 and a quarter)", got)
+	}
+	s.engineSample("a", engineSays(0, 8, 0.4)) // twice what it was full at
+	if got := s.Snapshot().Replicas[0].Parallelism; got != 16 {
+		t.Fatalf("room at 8 running after full at 4: %d slots, want 16 (twice 8)", got)
+	}
+}
+
 // Samples that cannot be trusted leave the learned limit in charge: a
 // failed scrape, a server that does not export its queue, a sample older
 // than the staleness, and every sample with engine_metrics off.
