@@ -23,6 +23,32 @@ func later(smp modelmetrics.Sample, d time.Duration) modelmetrics.Sample {
 
 func inFlight(s *State, addr string) int { return s.InFlight()[addr] }
 
+// leases holds requests in flight on a state until the test ends.
+type leases struct {
+	t    *testing.T
+	s    *State
+	held []*Lease
+}
+
+// holding returns an empty holder whose requests are released when t ends.
+func holding(t *testing.T, s *State) *leases {
+	h := &leases{t: t, s: s}
+	t.Cleanup(func() {
+		for _, l := range h.held {
+			l.Release(success(time.Millisecond))
+		}
+	})
+	return h
+}
+
+// upTo acquires until n are held (each must be let through at once).
+func (h *leases) upTo(n int) {
+	h.t.Helper()
+	for len(h.held) < n {
+		h.held = append(h.held, mustAcquire(h.t, h.s))
+	}
+}
+
 // batchingEngine is a state with one replica, "a", known to batch: seen
 // running 2, then 8 with nothing waiting (16 slots).
 func batchingEngine() *State {
@@ -149,23 +175,14 @@ func TestAFullEngineKeepsWhatItRunsAndABuffer(t *testing.T) {
 // robin's).
 func TestAFullEngineWhoseQueueEmptiedGetsItsBufferBack(t *testing.T) {
 	s := batchingEngine() // 16 slots
-	var held []*Lease
-	defer func() {
-		for _, l := range held {
-			l.Release(success(time.Millisecond))
-		}
-	}()
-	for len(held) < 16 {
-		held = append(held, mustAcquire(t, s))
-	}
+	held := holding(t, s)
+	held.upTo(16)
 	s.engineSample("a", engineSays(0, 16, 0.99)) // KV full, its queue empty
 	want := 16 + fullBuffer(16)
 	if got := s.Snapshot().Replicas[0].Parallelism; got != want {
 		t.Fatalf("full with its queue empty: %d slots, want the 16 it runs and %d waiting", got, fullBuffer(16))
 	}
-	for len(held) < want {
-		held = append(held, mustAcquire(t, s)) // the buffer, sent at once
-	}
+	held.upTo(want)                                    // the buffer, sent at once
 	s.engineSample("a", engineSays(want-16, 16, 0.99)) // the buffer waits in its queue
 	if got := s.Snapshot().Replicas[0].Parallelism; got != want {
 		t.Fatalf("full with its buffer waiting: %d slots, want %d", got, want)
@@ -191,17 +208,8 @@ func TestAFullEngineWhoseQueueEmptiedGetsItsBufferBack(t *testing.T) {
 // may hold is not grown: it may be at its bound.
 func TestABatchingEngineAdmittingWhileRequestsWaitGrows(t *testing.T) {
 	s := batchingEngine() // 16 slots
-	var held []*Lease
-	defer func() {
-		for _, l := range held {
-			l.Release(success(time.Millisecond))
-		}
-	}()
-	take := func(n int) {
-		for len(held) < n {
-			held = append(held, mustAcquire(t, s))
-		}
-	}
+	held := holding(t, s)
+	take := held.upTo
 	slots := func() int { return s.Snapshot().Replicas[0].Parallelism }
 	take(16)
 	s.engineSample("a", engineSays(fullBuffer(14), 14, 0.4)) // a few waiting for its step
@@ -231,15 +239,7 @@ func TestABatchingEngineAdmittingWhileRequestsWaitGrows(t *testing.T) {
 // than their arrivals and held them at the edge.
 func TestAnEngineRunningHalfAgainWhatItWasFullAtGrowsAsNeverFull(t *testing.T) {
 	s := batchingEngine() // 16 slots
-	var held []*Lease
-	defer func() {
-		for _, l := range held {
-			l.Release(success(time.Millisecond))
-		}
-	}()
-	for len(held) < 8 {
-		held = append(held, mustAcquire(t, s))
-	}
+	holding(t, s).upTo(8)
 	queuedFor(s, "a", engineSays(4, 4, 0.3), fullAfter)
 	if !s.replicas["a"].eng.full {
 		t.Fatal("4 waiting behind 4 for fullAfter: not full")
