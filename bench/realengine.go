@@ -993,7 +993,6 @@ const (
 // system's TTFT p50 and output tokens/s ÷ direct's, pass or fail against
 // ratioTTFT and ratioTokens, and how many Sluice rows pass.
 func directRatios(systems []Summary) string {
-	type key = repRate
 	direct := runsOf(systems, "direct")
 	ratio := func(a, b float64) (float64, string) {
 		if b == 0 {
@@ -1041,7 +1040,7 @@ func directRatios(systems []Summary) string {
 	fmt.Fprintf(&b, "Against direct to the one replica (same rate and rep): TTFT p50 ÷ direct's (pass: ≤ %.2f×) and output "+
 		"tokens/s ÷ direct's (pass: ≥ %.2f×); ok = answered of sent (a request the client timed out has no TTFT: "+
 		"compare the ok counts too).\n\n", ratioTTFT, ratioTokens)
-	var dk []key
+	var dk []repRate
 	for k := range direct {
 		dk = append(dk, k)
 	}

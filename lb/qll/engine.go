@@ -128,15 +128,16 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 	// Room to grow into: no more waiting than a full engine may hold
 	// (each waits for its step), or more running than in the last
 	// sample (admitting them) and than it ran when last full.
-	room := e.waiting <= e.waitingAllowed() || (e.running > ran && e.running > e.fullAt)
+	fewWaiting := e.waiting <= e.waitingAllowed()
+	room := fewWaiting || (e.running > ran && e.running > e.fullAt)
 	switch {
-	case e.waiting <= e.waitingAllowed():
+	case fewWaiting:
 		e.queuedSince = time.Time{}
 	case e.queuedSince.IsZero() || smp.At.Sub(e.lastAt) > fullGap || (e.running > e.runMax && e.running > e.fullAt):
 		e.queuedSince, e.runMax = smp.At, e.running
 	}
 	e.lastAt = smp.At
-	e.full = (!e.queuedSince.IsZero() && smp.At.Sub(e.queuedSince) >= e.fullAfter()) ||
+	e.full = (!e.queuedSince.IsZero() && smp.At.Sub(e.queuedSince) >= e.waitForFull()) ||
 		(smp.Have.KVCache && smp.KVCacheUsage >= kvFullUsage)
 	e.ours = ours
 	if e.sawFull && e.running >= e.fullAt+max(2, e.fullAt/2) {
@@ -227,11 +228,11 @@ func (e *engineView) slotsAt(now time.Time, learned int) (int, string) {
 	return max(learned, e.ours+1), slotsEngineProbe
 }
 
-// fullAfter is how long requests must wait in the engine, in every
+// waitForFull is how long requests must wait in the engine, in every
 // sample, before it counts as full: fullAfter, or stepsToFull of a
 // batching engine's steps where they are longer (a one-at-a-time server
 // is told by its probe's wait, which its service time sets, not a step).
-func (e *engineView) fullAfter() time.Duration {
+func (e *engineView) waitForFull() time.Duration {
 	if !e.batching {
 		return fullAfter
 	}

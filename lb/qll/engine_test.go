@@ -209,14 +209,13 @@ func TestAFullEngineWhoseQueueEmptiedGetsItsBufferBack(t *testing.T) {
 func TestABatchingEngineAdmittingWhileRequestsWaitGrows(t *testing.T) {
 	s := batchingEngine() // 16 slots
 	held := holding(t, s)
-	take := held.upTo
 	slots := func() int { return s.Snapshot().Replicas[0].Parallelism }
-	take(16)
+	held.upTo(16)
 	s.engineSample("a", engineSays(fullBuffer(14), 14, 0.4)) // a few waiting for its step
 	if got := slots(); got != 32 {
 		t.Fatalf("%d waiting behind 14 running, 16 of ours: %d slots, want 32", fullBuffer(14), got)
 	}
-	take(32)
+	held.upTo(32)
 	s.engineSample("a", engineSays(8, 24, 0.6)) // admitting: 24 running where it ran 14
 	if got := slots(); got != 64 {
 		t.Fatalf("8 waiting behind 24 running, up from 14: %d slots, want 64", got)
