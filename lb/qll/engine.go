@@ -137,8 +137,11 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 		e.queuedSince, e.runMax = smp.At, e.running
 	}
 	e.lastAt = smp.At
-	e.full = (!e.queuedSince.IsZero() && smp.At.Sub(e.queuedSince) >= e.waitForFull()) ||
-		(smp.Have.KVCache && smp.KVCacheUsage >= kvFullUsage)
+	waited := !e.queuedSince.IsZero() && smp.At.Sub(e.queuedSince) >= e.waitForFull()
+	if !e.batching && probeFits(smp) {
+		waited = false // its probe waits for a step, not for the one it runs to end
+	}
+	e.full = waited || (smp.Have.KVCache && smp.KVCacheUsage >= kvFullUsage)
 	e.ours = ours
 	if e.sawFull && e.running >= e.fullAt+max(2, e.fullAt/2) {
 		// Half as much again as when it was full: that was no bound (a
@@ -226,6 +229,22 @@ func (e *engineView) slotsAt(now time.Time, learned int) (int, string) {
 		return learned, slotsLearned
 	}
 	return max(learned, e.ours+1), slotsEngineProbe
+}
+
+// probeFits reports whether smp shows a paged KV cache with room for
+// another request as large as what it holds: an engine not yet known to
+// batch whose probe waits beside one running request then waits for a
+// step (a long cold prefill, steps slowed by engines sharing its GPU),
+// not for the one it runs to end, and is not taken for one-at-a-time.
+// Servers that run one at a time export no KV cache (diffusion, TGI's
+// queue gauges) or report it full while busy (the harness's); both are
+// still told by their probe's wait. (Taken for one-at-a-time, four
+// calibrated engines sharing one GPU, KV usage 0.14, were held at the
+// learned limit, one or two requests each, from 1.5 s in while round
+// robin sent them three or four; so told, Sluice sent their first 17
+// requests where round robin did, at the same TTFTs.)
+func probeFits(smp modelmetrics.Sample) bool {
+	return smp.Have.KVCache && smp.KVCacheUsage < kvFullUsage/2
 }
 
 // waitForFull is how long requests must wait in the engine, in every

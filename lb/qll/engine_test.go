@@ -115,6 +115,34 @@ func TestAnEngineThatQueuesBehindOneIsLeftToTheLearnedLimit(t *testing.T) {
 	l2.Release(success(time.Millisecond))
 }
 
+// An engine whose KV cache has room for another request as large as the
+// one it runs, and whose probe waits beside that one for fullAfter and
+// more, is waiting for a step (a cold prefill, a GPU shared with other
+// engines), not for the one it runs to end: it is probed, one above
+// Sluice's requests on it, and the step that admits them shows it
+// batches.
+func TestAProbeWaitingBesideOneWithRoomInTheKVCacheWaitsForAStep(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 0, 0))
+	h := holding(t, s)
+	h.upTo(1)
+	s.engineSample("a", engineSays(0, 1, 0.13))
+	h.upTo(2)
+	queuedFor(s, "a", engineSays(1, 1, 0.13), 3*fullAfter)
+	if e := s.replicas["a"].eng; e.single || e.full {
+		t.Fatalf("a probe waiting %v beside one running at KV 0.13: single %v full %v, want neither", 3*fullAfter, e.single, e.full)
+	}
+	if got := s.Snapshot().Replicas[0]; got.Parallelism != 3 || got.SlotsFrom != slotsEngineProbe {
+		t.Fatalf("slots %d from %q, want 3 (one above the 2 of ours) from %q", got.Parallelism, got.SlotsFrom, slotsEngineProbe)
+	}
+	h.upTo(3)
+	s.engineSample("a", engineSays(0, 3, 0.3)) // the step admitted them
+	if e := s.replicas["a"].eng; !e.batching {
+		t.Fatal("three running: not known to batch")
+	}
+}
+
 // The simulator's one-at-a-time replicas say so with a full KV cache
 // while they run one: never probed.
 func TestAFullKVCacheAtOneRunningIsOneAtATime(t *testing.T) {
@@ -454,10 +482,17 @@ func probeQueuedBehindOne(t *testing.T) (s *State, first, probe *Lease) {
 	s.SetBackends([]string{"a"})
 	s.engineSample("a", engineSays(0, 0, 0))
 	first = mustAcquire(t, s)
-	s.engineSample("a", engineSays(0, 1, 0.1))
+	s.engineSample("a", queueOnly(engineSays(0, 1, 0)))
 	probe = mustAcquire(t, s)
-	queuedFor(s, "a", engineSays(1, 1, 0.1), fullAfter) // still waiting: not the next step's
+	queuedFor(s, "a", queueOnly(engineSays(1, 1, 0)), fullAfter) // still waiting: not the next step's
 	return s, first, probe
+}
+
+// queueOnly is smp from a server that exports its queue but no KV cache
+// (TGI's gauges, a diffusion server's).
+func queueOnly(smp modelmetrics.Sample) modelmetrics.Sample {
+	smp.KVCacheUsage, smp.Have.KVCache = 0, false
+	return smp
 }
 
 func queuedFor(s *State, addr string, smp modelmetrics.Sample, d time.Duration) {
