@@ -255,7 +255,18 @@ func (e *engineView) waitForFull() time.Duration {
 	if !e.batching {
 		return fullAfter
 	}
-	return max(fullAfter, stepsToFull*e.steps.estimate())
+	step := e.steps.estimate()
+	if step == 0 {
+		// Not read yet (its samples came far apart, or its running count
+		// has not changed twice): the longest step believed. Given
+		// fullAfter, engines on a shared GPU whose steps take 400-700 ms
+		// were taken for full at 2-4 running and KV usage 0.3-0.4 in
+		// their first seconds and held there, while a peer whose step
+		// was read took a burst: 14 in flight against 6-9, its TTFT 3×
+		// theirs.
+		step = maxStep
+	}
+	return max(fullAfter, stepsToFull*step)
 }
 
 // waitingAllowed is how many requests may wait in the engine's own queue,

@@ -50,10 +50,26 @@ func (h *leases) upTo(n int) {
 }
 
 // batchingEngine is a state with one replica, "a", known to batch: seen
-// running 2, then 8 with nothing waiting (16 slots).
+// running 2, then 8 with nothing waiting (16 slots); its step not read.
 func batchingEngine() *State {
 	s := New(Config{})
 	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 2, 0.1))
+	s.engineSample("a", engineSays(0, 8, 0.3))
+	return s
+}
+
+// steppedEngine is batchingEngine whose step was read as 50 ms a second
+// before (running 1, 2, 3 in samples 50 ms apart).
+func steppedEngine() *State {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	ago := time.Now().Add(-time.Second)
+	for i := range 3 {
+		smp := engineSays(0, 1+i, 0.1)
+		smp.At = ago.Add(time.Duration(i) * 50 * time.Millisecond)
+		s.engineSample("a", smp)
+	}
 	s.engineSample("a", engineSays(0, 2, 0.1))
 	s.engineSample("a", engineSays(0, 8, 0.3))
 	return s
@@ -161,10 +177,7 @@ func TestAFullKVCacheAtOneRunningIsOneAtATime(t *testing.T) {
 // running): the rest wait at the edge, and each of ours that ends lets
 // one through.
 func TestAFullEngineKeepsWhatItRunsAndABuffer(t *testing.T) {
-	s := New(Config{})
-	s.SetBackends([]string{"a"})
-	s.engineSample("a", engineSays(0, 2, 0.1))
-	s.engineSample("a", engineSays(0, 8, 0.4))
+	s := steppedEngine()
 	var leases []*Lease
 	for i := 0; i < 11; i++ {
 		leases = append(leases, mustAcquire(t, s))
@@ -450,7 +463,7 @@ func TestAnEngineAdmittingWhileRequestsWaitIsNotFull(t *testing.T) {
 // cut to what they ran one after another at KV usage 0.75-0.94, and the
 // arrivals each missed went to its peers: TTFT 1.1% above round robin's.
 func TestABatchingEngineKeepingAFewWaitingIsNotFull(t *testing.T) {
-	s := batchingEngine() // 16 slots
+	s := steppedEngine() // 16 slots
 	at := time.Now()
 	for _, c := range []struct {
 		waiting, running int
@@ -510,7 +523,7 @@ func queuedFor(s *State, addr string, smp modelmetrics.Sample, d time.Duration) 
 // (the calibrated engine at R = 4, 16 req/s: 15 running against 33 on
 // another, TTFT p99 1.3 s against round robin's 0.53 s).
 func TestWaitingInSamplesFarApartIsNotFull(t *testing.T) {
-	s := batchingEngine()              // 16 slots
+	s := steppedEngine()               // 16 slots
 	waiting := engineSays(2, 15, 0.77) // beyond the one a full engine of 15 may hold
 	s.engineSample("a", later(waiting, time.Second))
 	s.engineSample("a", later(waiting, 2*time.Second))
@@ -522,6 +535,31 @@ func TestWaitingInSamplesFarApartIsNotFull(t *testing.T) {
 	queuedFor(s, "a", later(waiting, 4*time.Second), fullAfter)
 	if got := s.Snapshot().Replicas[0]; !s.replicas["a"].eng.full || got.Parallelism != 1 {
 		t.Fatalf("waiting in samples %v apart for %v: full %v, slots %d; want full, 1 (none of ours on it)", fullGap, fullAfter, s.replicas["a"].eng.full, got.Parallelism)
+	}
+}
+
+// An engine whose step is not read yet (its samples far apart, or its
+// running count changed once) is given the longest step believed
+// (maxStep) before requests waiting in it make it full. Given fullAfter,
+// four engines sharing one GPU, their steps 400-700 ms, were taken for
+// full at 2-4 running in their first seconds and held there while a peer
+// whose step was read took a burst: 14 in flight against 6-9, its TTFT
+// three times theirs.
+func TestAnEngineWhoseStepIsUnknownGetsTheLongestStepBeforeFull(t *testing.T) {
+	s := New(Config{})
+	s.SetBackends([]string{"a"})
+	s.engineSample("a", engineSays(0, 2, 0.1)) // batching, no step read
+	holding(t, s).upTo(4)
+	waiting := later(engineSays(2, 2, 0.27), time.Second)
+	for at := time.Duration(0); at < stepsToFull*maxStep; at += fullGap {
+		s.engineSample("a", later(waiting, at))
+		if s.replicas["a"].eng.full {
+			t.Fatalf("two waiting behind 2 running, its step unknown: full after %v, want %v", at, stepsToFull*maxStep)
+		}
+	}
+	s.engineSample("a", later(waiting, stepsToFull*maxStep))
+	if !s.replicas["a"].eng.full {
+		t.Fatalf("two waiting behind 2 running for %v: not full", stepsToFull*maxStep)
 	}
 }
 
