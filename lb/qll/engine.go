@@ -51,7 +51,8 @@ func fullBuffer(running int) int { return max(1, running/8) }
 //     most one waiting (a one-at-a-time server answers that probe by
 //     queueing it for fullAfter, and is then left to the learned limit
 //     until a sample shows two running, which no one-at-a-time server
-//     does);
+//     does; one whose KV cache has room for the probe is waiting for a
+//     step, see probeFits);
 //   - a batching engine with room (no more waiting than a full engine
 //     may hold, or running more than in the last sample: admitting)
 //     gets twice what it ran (or what Sluice had on it) until it is
@@ -60,7 +61,8 @@ func fullBuffer(running int) int { return max(1, running/8) }
 //     no bound) — slots never shrink on an idle sample;
 //   - a full engine (KV cache full, or more requests waiting than it may
 //     hold, waitingAllowed, in every sample for fullAfter or three of
-//     its steps, the samples at most fullGap apart) keeps what it runs
+//     its steps, 1 s each until one is read, the samples at most
+//     fullGap apart) keeps what it runs
 //     of Sluice's requests and a few more waiting in its own queue
 //     (fullBuffer), refilled as the engine admits them: nothing more is
 //     sent until one ends.
@@ -249,7 +251,8 @@ func probeFits(smp modelmetrics.Sample) bool {
 
 // waitForFull is how long requests must wait in the engine, in every
 // sample, before it counts as full: fullAfter, or stepsToFull of a
-// batching engine's steps where they are longer (a one-at-a-time server
+// batching engine's steps where they are longer, maxStep each until its
+// step is read (a one-at-a-time server
 // is told by its probe's wait, which its service time sets, not a step).
 func (e *engineView) waitForFull() time.Duration {
 	if !e.batching {
