@@ -54,9 +54,14 @@ func (h *leases) upTo(n int) {
 func batchingEngine() *State {
 	s := New(Config{})
 	s.SetBackends([]string{"a"})
+	seenBatching(s)
+	return s
+}
+
+// seenBatching gives replica "a" of s the samples of batchingEngine.
+func seenBatching(s *State) {
 	s.engineSample("a", engineSays(0, 2, 0.1))
 	s.engineSample("a", engineSays(0, 8, 0.3))
-	return s
 }
 
 // steppedEngine is batchingEngine whose step was read as 50 ms a second
@@ -70,8 +75,7 @@ func steppedEngine() *State {
 		smp.At = ago.Add(time.Duration(i) * 50 * time.Millisecond)
 		s.engineSample("a", smp)
 	}
-	s.engineSample("a", engineSays(0, 2, 0.1))
-	s.engineSample("a", engineSays(0, 8, 0.3))
+	seenBatching(s)
 	return s
 }
 
@@ -278,7 +282,7 @@ func TestABatchingEngineAdmittingWhileRequestsWaitGrows(t *testing.T) {
 // taken for full at 2-4 running in its first seconds, ramped slower
 // than their arrivals and held them at the edge.
 func TestAnEngineRunningHalfAgainWhatItWasFullAtGrowsAsNeverFull(t *testing.T) {
-	s := batchingEngine() // 16 slots
+	s := steppedEngine() // 16 slots
 	holding(t, s).upTo(8)
 	queuedFor(s, "a", engineSays(4, 4, 0.3), fullAfter)
 	if !s.replicas["a"].eng.full {
