@@ -174,16 +174,17 @@ func (a *attempt) retry() {
 // to r, the request reverse_proxy is about to send. If the request already
 // ended, l is released at once and begin returns false.
 //
-// limit (if > 0) bounds the attempt's time to first byte; stats (if not
+// limit (if > 0) bounds the attempt's time to first byte; usual (if not
 // nil) learns the replica's time to first byte.
-func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, stats *firstByteStats) bool {
+func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, usual *firstByteUsual) bool {
 	// One allocation (none for the first attempt: the record's) for
 	// everything the attempt adds to the request: its trace, its context
 	// and its body wrapper.
 	whole := a.bodyWhole
 	a.bodyWhole = false
 	t := a.newTrace()
-	t.base, t.dial, t.stats, t.att = a.base, l.Replica(), stats, a
+	t.base, t.usual, t.att = a.base, usual, a
+	_, t.firstByter = l.(lb.FirstByter)
 	// The attempt's clock starts now, not at the transport's GetConn: a
 	// hook fewer per attempt, for the microseconds reverse_proxy takes to
 	// prepare the request.
@@ -334,9 +335,11 @@ type attemptTrace struct {
 	base  context.Context // the request's
 	ctx   attemptContext  // the attempt's
 	hooks httptrace.ClientTrace
-	body  clientBody // wraps the request body, when there is one
-	dial  string
-	stats *firstByteStats
+	body  clientBody      // wraps the request body, when there is one
+	usual *firstByteUsual // the replica's usual time to first byte
+	// firstByter: the attempt's lease learns from its first byte
+	// (lb.FirstByter); the others skip the record's lock for it.
+	firstByter bool
 	// att is released early (attempt.bodyRead) once the response body was
 	// read to its end; nil in tests of the trace alone.
 	att *attempt
@@ -407,10 +410,10 @@ func (t *attemptTrace) setHooks() {
 			if first {
 				firstByteWatched.unwatch(t)
 			}
-			if first && t.stats != nil {
-				t.stats.observe(t.dial, d)
+			if first && t.usual != nil {
+				t.usual.observe(d)
 			}
-			if first && t.att != nil {
+			if first && t.att != nil && t.firstByter {
 				t.att.firstByte(t, d)
 			}
 		},

@@ -179,6 +179,56 @@ func TestAttemptTraceTimesTheRealRoundTrip(t *testing.T) {
 	}
 }
 
+// firstByteLease is a lease that learns from its first byte, as qll's.
+type firstByteLease struct {
+	recordingLease
+	firstBytes []time.Duration
+}
+
+func (l *firstByteLease) FirstByte(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.firstBytes = append(l.firstBytes, d)
+}
+
+// A lease that learns from its first byte (qll's) is told it once, when
+// the replica's answer begins; the replica's usual time to first byte,
+// which sets the next attempts' limit, learns it too.
+func TestAttemptTellsItsLeaseAndTheReplicaItsFirstByte(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("ok"))
+	}))
+	defer srv.Close()
+	dial := strings.TrimPrefix(srv.URL, "http://")
+
+	var stats firstByteStats
+	r, _, cancel := newRequest(t)
+	r.URL, _ = url.Parse(srv.URL)
+	r.RequestURI, r.Host = "", dial
+	a := attemptFor(r, "test", measureLastByte)
+	l := &firstByteLease{recordingLease: recordingLease{addr: dial}}
+	if !a.begin(l, r, 0, stats.of(dial)) {
+		t.Fatal("begin refused a live request")
+	}
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	cancel()
+	waitOutcomes(t, &l.recordingLease, 1)
+	l.mu.Lock()
+	got := append([]time.Duration(nil), l.firstBytes...)
+	l.mu.Unlock()
+	if len(got) != 1 || got[0] <= 0 {
+		t.Fatalf("lease told first bytes %v, want one, positive", got)
+	}
+	if limit := stats.of(dial).limit(0); limit != firstByteMin {
+		t.Fatalf("limit after a fast first byte %v, want the floor %v (not the %v of a replica never heard)", limit, firstByteMin, firstByteUnknown)
+	}
+}
+
 func TestAttemptRetryReleasesThePreviousAsFailureExactlyOnce(t *testing.T) {
 	r, repl, cancel := newRequest(t)
 	a := attemptFor(r, "test", measureAuto)
@@ -397,15 +447,18 @@ func TestSecondProxyAfterAnAnswerIsNoFailure(t *testing.T) {
 // (an attempt context of Sluice's own type, hidden behind the values,
 // cost one goroutine per attempt); and an attempt abandoned at its
 // first-byte limit ends the transport's child with the timeout (the error
-// the transport returns, which reverse_proxy answers with 504).
+// the transport returns, which reverse_proxy answers with 504); the
+// client leaving ends it too, and the request's values read through it.
 func TestTransportsChildContextJoinsTheAttempts(t *testing.T) {
 	type dialInfoKey struct{}
 	const n = 200
 	before := runtime.NumGoroutine()
 	var children []context.Context
 	var traces []*attemptTrace
+	var ends []context.CancelFunc
 	for range n {
-		r, _, _ := newRequest(t)
+		r, repl, end := newRequest(t)
+		ends = append(ends, end)
 		r.Body = io.NopCloser(strings.NewReader("{}"))
 		a := attemptFor(r, "k", measureLastByte)
 		if !a.begin(&recordingLease{addr: "r:1"}, r, time.Hour, nil) {
@@ -417,6 +470,9 @@ func TestTransportsChildContextJoinsTheAttempts(t *testing.T) {
 		child, cancel := context.WithCancelCause(ctx)
 		t.Cleanup(func() { cancel(nil) })
 		children = append(children, child)
+		if child.Value(caddy.ReplacerCtxKey) != repl {
+			t.Fatal("the request's Replacer is not found through the attempt's context")
+		}
 	}
 	if grown := runtime.NumGoroutine() - before; grown >= n/2 {
 		t.Fatalf("%d goroutines more after %d round-trip contexts: the transport's child watches the attempt in a goroutine", grown, n)
@@ -432,5 +488,17 @@ func TestTransportsChildContextJoinsTheAttempts(t *testing.T) {
 	}
 	if children[1].Err() != nil {
 		t.Fatal("abandoning one attempt ended another's transport context")
+	}
+	ends[1]() // the client leaves
+	select {
+	case <-children[1].Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the client left and the transport's context kept running")
+	}
+	if err := context.Cause(children[1]); !errors.Is(err, context.Canceled) {
+		t.Fatalf("transport's context ended with %v after the client left, want context.Canceled", err)
+	}
+	if children[2].Err() != nil {
+		t.Fatal("one client leaving ended another's transport context")
 	}
 }

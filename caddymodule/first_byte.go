@@ -35,40 +35,50 @@ const (
 // firstByteStats keeps each replica's usual time to first byte (an EWMA),
 // learned from the attempts' traces; it lives in the pool's shared state.
 type firstByteStats struct {
-	m sync.Map // dial -> *atomic.Int64 (nanoseconds)
+	m sync.Map // dial -> *firstByteUsual
 }
 
-func (s *firstByteStats) observe(dial string, d time.Duration) {
+// firstByteUsual is one replica's usual time to first byte. An attempt
+// looks it up once, in Select, for both its limit and its sample.
+type firstByteUsual struct {
+	ns atomic.Int64 // 0: no sample yet
+}
+
+// of is dial's record, made on first use.
+func (s *firstByteStats) of(dial string) *firstByteUsual {
 	v, ok := s.m.Load(dial)
-	if !ok { // LoadOrStore alone would allocate a counter on every call
-		v, _ = s.m.LoadOrStore(dial, new(atomic.Int64))
+	if !ok { // LoadOrStore alone would allocate a record on every call
+		v, _ = s.m.LoadOrStore(dial, new(firstByteUsual))
 	}
-	e := v.(*atomic.Int64)
+	return v.(*firstByteUsual)
+}
+
+func (u *firstByteUsual) observe(d time.Duration) {
 	for {
-		old := e.Load()
+		old := u.ns.Load()
 		next := int64(d)
 		if old > 0 {
 			next = int64(firstByteEWMAKeep*float64(old) + (1-firstByteEWMAKeep)*float64(d))
 		}
-		if e.CompareAndSwap(old, next) {
+		if u.ns.CompareAndSwap(old, next) {
 			return
 		}
 	}
 }
 
-// limit is the attempt's first-byte limit for dial (0: none).
-func (s *firstByteStats) limit(dial string, configured time.Duration) time.Duration {
+// limit is an attempt's first-byte limit on this replica (0: none).
+func (u *firstByteUsual) limit(configured time.Duration) time.Duration {
 	switch {
 	case configured < 0:
 		return 0
 	case configured > 0:
 		return configured
 	}
-	v, ok := s.m.Load(dial)
-	if !ok || v.(*atomic.Int64).Load() == 0 {
+	usual := time.Duration(u.ns.Load())
+	if usual == 0 {
 		return firstByteUnknown
 	}
-	return min(max(firstByteFactor*time.Duration(v.(*atomic.Int64).Load()), firstByteMin), firstByteMax)
+	return min(max(firstByteFactor*usual, firstByteMin), firstByteMax)
 }
 
 // errFirstByteTimeout is why an attempt was abandoned. It is a timeout

@@ -128,9 +128,9 @@ func FuzzFirstByteLimit(f *testing.F) {
 	f.Fuzz(func(t *testing.T, sample, configured int64) {
 		var s firstByteStats
 		if sample > 0 {
-			s.observe("r", time.Duration(sample))
+			s.of("r").observe(time.Duration(sample))
 		}
-		got := s.limit("r", time.Duration(configured))
+		got := s.of("r").limit(time.Duration(configured))
 		switch {
 		case configured < 0 && got != 0, configured > 0 && got != time.Duration(configured):
 			t.Fatalf("configured %d: limit %v", configured, got)

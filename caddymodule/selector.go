@@ -161,7 +161,8 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		a.bodyWhole = rs.info.bodyFor(r)
 	}
 	begun = true
-	if !a.begin(lease, r, st.firstByte.limit(lease.Replica(), s.firstByte), &st.firstByte) {
+	usual := st.firstByte.of(lease.Replica())
+	if !a.begin(lease, r, usual.limit(s.firstByte), usual) {
 		recordDecision(vars, "", reasonCancelled, req.Attempt+1) // the client left: the lease went back
 		return nil
 	}
