@@ -1,8 +1,10 @@
 package caddymodule
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/zap"
@@ -19,19 +21,29 @@ func usePoolsDir(t *testing.T) string {
 	return dir
 }
 
+// freshPoolName is a pool name no earlier run of the test in this process
+// used (pools are process-wide: under -count 2 the first run's set would
+// still be there).
+func freshPoolName(prefix string) string {
+	return fmt.Sprintf("%s-%d", prefix, freshPools.Add(1))
+}
+
+var freshPools atomic.Int64
+
 func TestBackendSetSurvivesARestart(t *testing.T) {
 	usePoolsDir(t)
 	bs, err := lb.ParseBackends([]string{"http://10.0.0.1:80", "https://replica-2:8443"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	persistPool("persist-a", bs, zap.NewNop())
+	name := freshPoolName("persist-a")
+	persistPool(name, bs, zap.NewNop())
 	// "After the restart": the pool has no set in this process yet.
-	if lb.GetPool("persist-a").Managed() {
+	if lb.GetPool(name).Managed() {
 		t.Fatal("precondition: pool should be unmanaged")
 	}
-	restorePool("persist-a", zap.NewNop())
-	got, managed := lb.GetPool("persist-a").Backends()
+	restorePool(name, zap.NewNop())
+	got, managed := lb.GetPool(name).Backends()
 	if !managed || len(got) != 2 || got[0].URL != "http://10.0.0.1:80" || got[1].URL != "https://replica-2:8443" {
 		t.Fatalf("restored %v (managed %v)", got, managed)
 	}
