@@ -53,6 +53,27 @@ func newRequest(t *testing.T) (*http.Request, *caddy.Replacer, context.CancelFun
 	return r, repl, cancel
 }
 
+// requestTo is newRequest for a round trip to base (a test server's URL),
+// as reverse_proxy sends it: no RequestURI, the replica as Host.
+func requestTo(t *testing.T, base string) (*http.Request, *caddy.Replacer, context.CancelFunc) {
+	r, repl, cancel := newRequest(t)
+	r.URL, _ = url.Parse(base)
+	r.RequestURI, r.Host = "", r.URL.Host
+	return r, repl, cancel
+}
+
+// roundTripWhole sends r and reads the response body to its end, as
+// reverse_proxy does for a response it copies to the client.
+func roundTripWhole(t *testing.T, r *http.Request) {
+	t.Helper()
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+}
+
 func waitOutcomes(t *testing.T, l *recordingLease, n int) []lb.Outcome {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
@@ -139,9 +160,7 @@ func TestAttemptTraceTimesTheRealRoundTrip(t *testing.T) {
 	defer srv.Close()
 	dial := strings.TrimPrefix(srv.URL, "http://")
 
-	r, repl, cancel := newRequest(t)
-	r.URL, _ = url.Parse(srv.URL)
-	r.RequestURI, r.Host = "", dial
+	r, repl, cancel := requestTo(t, srv.URL)
 	a := attemptFor(r, "test", measureLastByte)
 	l := &recordingLease{addr: dial}
 	if !a.begin(l, r, 0, nil) {
@@ -149,12 +168,7 @@ func TestAttemptTraceTimesTheRealRoundTrip(t *testing.T) {
 	}
 	repl.Set(keyStatus, 200)
 	repl.Set(keyHostport, dial)
-	resp, err := http.DefaultTransport.RoundTrip(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.ReadAll(resp.Body)
-	resp.Body.Close()
+	roundTripWhole(t, r)
 	cancel()
 	got := waitOutcomes(t, l, 1)[0]
 	if got.Kind != lb.Success || got.Latency <= 0 {
@@ -202,20 +216,13 @@ func TestAttemptTellsItsLeaseAndTheReplicaItsFirstByte(t *testing.T) {
 	dial := strings.TrimPrefix(srv.URL, "http://")
 
 	var stats firstByteStats
-	r, _, cancel := newRequest(t)
-	r.URL, _ = url.Parse(srv.URL)
-	r.RequestURI, r.Host = "", dial
+	r, _, cancel := requestTo(t, srv.URL)
 	a := attemptFor(r, "test", measureLastByte)
 	l := &firstByteLease{recordingLease: recordingLease{addr: dial}}
 	if !a.begin(l, r, 0, stats.of(dial)) {
 		t.Fatal("begin refused a live request")
 	}
-	resp, err := http.DefaultTransport.RoundTrip(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.ReadAll(resp.Body)
-	resp.Body.Close()
+	roundTripWhole(t, r)
 	cancel()
 	waitOutcomes(t, &l.recordingLease, 1)
 	l.mu.Lock()
