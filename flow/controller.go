@@ -124,15 +124,18 @@ func New(cfg Config, det SaturationDetector, opts ...Option) (*Controller, error
 		o(c)
 	}
 	if c.feed != nil {
-		if !c.feed.ctl.CompareAndSwap(nil, c) {
-			return nil, fmt.Errorf("flow: the demand feed already has a controller publishing to it")
-		}
 		c.perFlow = map[FlowKey]*InFlight{}
 	}
 	for _, b := range c.cfg.Bands {
 		c.addBandLocked(b)
 	}
 	c.askLocked()
+	// Linked to its feed last: the feed's reader (a gate's own goroutine)
+	// reads the controller under its lock as soon as it is linked, and
+	// what New made so far was made without it.
+	if c.feed != nil && !c.feed.ctl.CompareAndSwap(nil, c) {
+		return nil, fmt.Errorf("flow: the demand feed already has a controller publishing to it")
+	}
 	go c.poll()
 	return c, nil
 }

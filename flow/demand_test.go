@@ -2,7 +2,9 @@ package flow
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // sharedGate is a detector like flow/redisgate's: n requests in flight
@@ -159,4 +161,52 @@ func TestSharedBandQueueStillAdmitsTheQuietTenant(t *testing.T) {
 	if s := c.Snapshot(); s.Queued != 8 {
 		t.Fatalf("queued %d", s.Queued)
 	}
+}
+
+// A feed's reader (flow/redisgate's gate, in its own goroutine since
+// before the controller exists) may read the demand the moment New links
+// the controller to the feed: New must have made everything the reading
+// walks by then. It linked first and made the per-flow counts and the
+// bands after, unlocked: a data race (go test -race), seen in CI.
+func TestFeedReadWhileTheControllerIsMadeIsNoRace(t *testing.T) {
+	cfg := Config{Bands: []BandConfig{{Priority: 0}, {Priority: 3}}}
+	for range 20 {
+		g := &slowFirstVerdict{}
+		g.n.Store(1)
+		feed := NewDemandFeed()
+		done := make(chan struct{})
+		read := make(chan struct{})
+		go func() {
+			defer close(read)
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				feed.Read(true, func(Demand) {})
+			}
+		}()
+		c, err := New(cfg, g, PublishDemand(feed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		close(done)
+		<-read
+		c.Close()
+	}
+}
+
+// slowFirstVerdict takes a while over the first verdict New asks for,
+// which leaves a reader of the feed time to read while New runs.
+type slowFirstVerdict struct {
+	sharedGate
+	asked atomic.Bool
+}
+
+func (g *slowFirstVerdict) Saturation(in InFlight) Verdict {
+	if !g.asked.Swap(true) {
+		time.Sleep(2 * time.Millisecond)
+	}
+	return g.sharedGate.Saturation(in)
 }
