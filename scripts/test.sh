@@ -21,13 +21,44 @@ if ! command -v haproxy >/dev/null 2>&1; then
 	fi
 fi
 
+# stop_and_wait PID...: SIGTERM, then up to 10 s until each is gone (or a
+# zombie left for init to reap), then SIGKILL for what is left. A Redis
+# node writes its log, and a cluster node its config, as it shuts down:
+# its directory removed before that, rm failed with "Directory not empty"
+# and the whole run with it, every test passed.
+stop_and_wait() {
+	[ $# -gt 0 ] || return 0
+	kill "$@" 2>/dev/null || true
+	local deadline=$((SECONDS + 10)) p st left
+	while :; do
+		left=()
+		for p in "$@"; do
+			st=$(ps -o stat= -p "$p" 2>/dev/null || true)
+			if [ -n "$st" ] && [ "${st:0:1}" != Z ]; then left+=("$p"); fi
+		done
+		[ ${#left[@]} -eq 0 ] && return 0
+		if [ "$SECONDS" -ge "$deadline" ]; then
+			kill -9 "${left[@]}" 2>/dev/null || true
+			return 0
+		fi
+		sleep 0.1
+	done
+}
+
+# cleanup stops the Redis servers this run started and removes what it
+# wrote; it never changes the run's outcome.
+cleanup() {
+	stop_and_wait "$SLUICE_TEST_REDIS_PID" ${SLUICE_TEST_REDIS_CLUSTER_PIDS:-}
+	rm -rf "$tmp" "$SLUICE_TEST_REDIS_DIR" "${SLUICE_TEST_REDIS_CLUSTER_DIR:-}" ||
+		echo "test.sh: could not remove every test Redis directory" >&2
+}
+
 eval "$(bash scripts/redis-test-server.sh)"
-trap 'kill "$SLUICE_TEST_REDIS_PID" 2>/dev/null || true; rm -rf "$tmp" "$SLUICE_TEST_REDIS_DIR"' EXIT
+trap cleanup EXIT
 echo "test redis at $SLUICE_TEST_REDIS_ADDR (pid $SLUICE_TEST_REDIS_PID)"
 # A 3-master Redis Cluster: every Redis-backed feature is tested against
 # it as well (redistest.Targets; under CI=true a missing cluster fails).
 eval "$(bash scripts/redis-cluster-test.sh)"
-trap 'kill "$SLUICE_TEST_REDIS_PID" $SLUICE_TEST_REDIS_CLUSTER_PIDS 2>/dev/null || true; rm -rf "$tmp" "$SLUICE_TEST_REDIS_DIR" "$SLUICE_TEST_REDIS_CLUSTER_DIR"' EXIT
 echo "test redis cluster at $SLUICE_TEST_REDIS_CLUSTER_ADDRS (pids $SLUICE_TEST_REDIS_CLUSTER_PIDS)"
 
 # llm-d-inference-sim, an engine simulator that publishes KV-cache events
