@@ -62,10 +62,9 @@ func fullBuffer(running int) int { return max(1, running/8) }
 //   - a full engine (KV cache full, or more requests waiting than it may
 //     hold, waitingAllowed, in every sample for fullAfter or three of
 //     its steps, 1 s each until one is read, the samples at most
-//     fullGap apart) keeps what it runs
-//     of Sluice's requests and a few more waiting in its own queue
-//     (fullBuffer), refilled as the engine admits them: nothing more is
-//     sent until one ends.
+//     fullGap apart) keeps what it runs of Sluice's requests and a few
+//     more waiting in its own queue (fullBuffer), refilled as the engine
+//     admits them: nothing more is sent until one ends.
 //
 // While requests wait at the edge, and whenever a replica's slots are all
 // taken, the state asks the scraper for fresh samples (at most every
@@ -252,8 +251,8 @@ func probeFits(smp modelmetrics.Sample) bool {
 // waitForFull is how long requests must wait in the engine, in every
 // sample, before it counts as full: fullAfter, or stepsToFull of a
 // batching engine's steps where they are longer, maxStep each until its
-// step is read (a one-at-a-time server
-// is told by its probe's wait, which its service time sets, not a step).
+// step is read (a one-at-a-time server is told by its probe's wait,
+// which its service time sets, not a step).
 func (e *engineView) waitForFull() time.Duration {
 	if !e.batching {
 		return fullAfter
