@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sluice-router/sluice/lb"
 )
 
 // A replica that accepts connections and never answers would hold every
@@ -51,6 +53,23 @@ func (s *firstByteStats) of(dial string) *firstByteUsual {
 		v, _ = s.m.LoadOrStore(dial, new(firstByteUsual))
 	}
 	return v.(*firstByteUsual)
+}
+
+// keepOnly drops the records of replicas not in set: a pool whose
+// replicas keep changing would otherwise keep one for every address it
+// ever picked. A replica that comes back starts again from no sample; an
+// attempt still out to a dropped one updates a record nobody reads.
+func (s *firstByteStats) keepOnly(set []lb.Backend) {
+	keep := make(map[string]struct{}, len(set))
+	for _, b := range set {
+		keep[b.Dial] = struct{}{}
+	}
+	s.m.Range(func(k, _ any) bool {
+		if _, ok := keep[k.(string)]; !ok {
+			s.m.Delete(k)
+		}
+		return true
+	})
 }
 
 func (u *firstByteUsual) observe(d time.Duration) {

@@ -68,9 +68,10 @@ func newPolicyState(key stateKey, pk lb.Picker, parts policyParts) *policyState 
 func (st *policyState) setBackends(set []lb.Backend) {
 	if bs, ok := st.picker.(backendSetter); ok {
 		bs.SetBackends(set)
-		return
+	} else {
+		st.picker.SetReplicas(lb.Dials(set))
 	}
-	st.picker.SetReplicas(lb.Dials(set))
+	st.firstByte.keepOnly(set)
 }
 
 // syncStatic makes reverse_proxy's own upstream list the replica set, for
