@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-router/sluice/sim"
@@ -196,7 +197,9 @@ var realEngineScenario = scenario{
 		"every system with its defaults",
 	about: "The workload measured on one H100 (../shared/real-engine/2026-11-24-h100-transformers.md): P shared system " +
 		"prompts of W words + U unique words per request (1 word = 1 token), max_tokens M, streamed /v1/completions, " +
-		"Poisson arrivals, a client timeout per request; the same prompts and arrival times for every system (each repetition draws its own). " +
+		"Poisson arrivals, a client timeout per request; the same prompts and arrival times for every system (each repetition draws its own), " +
+		"except that each system's run opens every shared prompt with two words of its own (a replica that outlives a run, " +
+		"yours or a transformers one, must not hold the next system's prompts in its prefix cache). " +
 		"Replicas: simulated engines (-engine sim, time scaled), your own endpoints (-endpoints), the transformers " +
 		"server bench/realengine/server.py (-engine transformers), or llm-d-inference-sim (-engine llmd). All figures are in engine time. ttft = time to the " +
 		"first streamed token; p50/p90/p99 = end to end; out tok/s = output tokens counted from the SSE chunks ÷ wall " +
@@ -262,6 +265,39 @@ func sharedPrompts(seed uint64, n, w int) []string {
 			b.WriteString(words[rng.IntN(len(words))] + " ")
 		}
 		out[p] = b.String()
+	}
+	return out
+}
+
+// promptRuns numbers the system runs of the real-engine scenario in this
+// process, from a random start, so that no two runs, in this invocation
+// or another against the same replicas, open their prompts alike.
+var promptRuns = func() *atomic.Uint64 {
+	var n atomic.Uint64
+	n.Store(rand.Uint64())
+	return &n
+}()
+
+// promptsOfARun returns the shared prompts as one system's run sends
+// them: each opens with two words of the run's own in place of its first
+// two. Replicas that outlive a run (your endpoints, the transformers
+// replicas) keep its prompts in their prefix caches; sent the same ones,
+// the next system found them cached on every replica (on all of them
+// after round robin), and how it placed prompts showed only in its first
+// requests. Every run pays for its own cold prompts, and the workload is
+// otherwise the same: lengths, words and each request's prompt.
+func promptsOfARun(prefixes []string) []string {
+	run := promptRuns.Add(1)
+	words := engineWords()
+	out := make([]string, len(prefixes))
+	for p, text := range prefixes {
+		rng := rand.New(rand.NewPCG(run, uint64(p)))
+		var b strings.Builder
+		k := min(2, len(text)/4) // words of 3 letters and a space
+		for range k {
+			b.WriteString(words[rng.IntN(len(words))] + " ")
+		}
+		out[p] = b.String() + text[4*k:]
 	}
 	return out
 }
@@ -397,10 +433,11 @@ func realEngine(r *runner, calibrate bool) {
 			// count), so the two are compared at the same load.
 			arrivals = poissonGiven(real.sent, scaled(e.Arrivals), seed)
 		}
-		bodies := engineBodies(e, prefixes, len(arrivals), seed)
+		var bodies []engineBody
 		var before []map[string]float64
 		var occ *occupancy
 		load := func(f []*sim.Server, proxies []string) workload {
+			bodies = engineBodies(e, promptsOfARun(prefixes), len(arrivals), seed)
 			before = scrapeReplicas(r.ctx, replicaURLs(f))
 			w := workload{arrivals: arrivals, sse: true, build: func(n int) (*http.Request, int) {
 				p := n % len(proxies)

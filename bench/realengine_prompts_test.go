@@ -1,0 +1,138 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/sim"
+)
+
+// promptRecorder stands in front of a replica that outlives the systems'
+// runs (as your own endpoints and the transformers replicas do) and
+// records the prompt of every completion sent to it.
+type promptRecorder struct {
+	mu      sync.Mutex
+	prompts []recordedPrompt
+}
+
+type recordedPrompt struct {
+	prefixID string
+	prompt   string
+}
+
+func (pr *promptRecorder) front(t *testing.T, replica string) *httptest.Server {
+	u, err := url.Parse(replica)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	proxy.FlushInterval = -1 // streamed tokens go on at once
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/completions" {
+			body, _ := io.ReadAll(r.Body)
+			var req struct {
+				Prompt string `json:"prompt"`
+			}
+			if err := json.Unmarshal(body, &req); err != nil {
+				t.Errorf("a completion the replica cannot read: %v", err)
+			}
+			pr.mu.Lock()
+			pr.prompts = append(pr.prompts, recordedPrompt{r.Header.Get("X-Prefix-Id"), req.Prompt})
+			pr.mu.Unlock()
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Replicas that outlive a system's run keep what it left in their prefix
+// caches. Sent the same shared prompts, the next system found them cached
+// on every replica (on all of them after round robin): it was measured
+// on warm replicas, the first on cold ones, and a policy's placement of
+// prompts showed in nothing but its first requests. Every system's run
+// must send shared prompts of its own, otherwise the same workload: the
+// same prompt for each request, the same words after the prompts'
+// openings.
+func TestNoSystemFindsTheSharedPromptsOfAnother(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	bin := caddyForTests(ctx, t)
+	rec := &promptRecorder{}
+	var endpoints []string
+	for i := range 2 {
+		// The calibrated engine, ten times faster than real time.
+		s, err := sim.Start(engineReplicaConfig(fmt.Sprintf("kept-%d", i), 0.1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		endpoints = append(endpoints, rec.front(t, s.URL()).URL)
+	}
+	res, err := Run(ctx, Options{Scenario: "real-engine", Quick: true, OutDir: t.TempDir(), CaddyBin: bin,
+		Only: "caddy_round_robin,caddy_least_conn", NoInstall: true, Command: "go test ./bench/", Log: testLog{t},
+		Engine: EngineOptions{Endpoints: endpoints, Arrivals: 2 * time.Second, Rates: []float64{8}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Err(); err != nil {
+		t.Fatalf("run not clean: %v", err)
+	}
+	if len(res.Systems) != 2 {
+		t.Fatalf("%d systems ran, want round robin and least_conn", len(res.Systems))
+	}
+	// A prompt's opening (one simulated KV block: 64 characters) tells
+	// whose run it belongs to; the rest of its shared part is the prompt's.
+	const opening = 64
+	e, _ := EngineOptions{}.resolve(false, true)
+	openings := map[string]map[string]bool{} // prefix id -> openings seen
+	rest := map[string]string{}              // prefix id -> its shared words after the opening
+	var ok int
+	for _, s := range res.Systems {
+		ok += s.OK
+	}
+	if len(rec.prompts) != ok {
+		t.Fatalf("the replicas saw %d completions, the systems answered %d", len(rec.prompts), ok)
+	}
+	for _, p := range rec.prompts {
+		if len(p.prompt) != 4*(e.PromptWords+e.UniqueWords) {
+			t.Fatalf("prompt %s of %d characters, want %d words of 4", p.prefixID, len(p.prompt), e.PromptWords+e.UniqueWords)
+		}
+		shared := p.prompt[:4*e.PromptWords]
+		if openings[p.prefixID] == nil {
+			openings[p.prefixID] = map[string]bool{}
+			rest[p.prefixID] = shared[opening:]
+		}
+		openings[p.prefixID][shared[:opening]] = true
+		if shared[opening:] != rest[p.prefixID] {
+			t.Errorf("prompt %s: its shared words after the opening differ between requests", p.prefixID)
+		}
+	}
+	all := map[string]bool{}
+	for id, o := range openings {
+		if len(o) != len(res.Systems) {
+			t.Errorf("prompt %s was sent with %d openings over %d systems' runs, want one per run", id, len(o), len(res.Systems))
+		}
+		for k := range o {
+			if all[k] {
+				t.Errorf("two prompts share the opening %q", strings.TrimSpace(k))
+			}
+			all[k] = true
+		}
+	}
+}
