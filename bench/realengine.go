@@ -436,8 +436,19 @@ func realEngine(r *runner, calibrate bool) {
 		var bodies []engineBody
 		var before []map[string]float64
 		var occ *occupancy
+		var idleNote string
 		load := func(f []*sim.Server, proxies []string) workload {
 			bodies = engineBodies(e, promptsOfARun(prefixes), len(arrivals), seed)
+			idleNote = ""
+			if len(r.engines) > 0 { // they outlive the runs: the last one's work may go on
+				waited, busy := replicasIdle(r.ctx, r.engines, idleLimit)
+				switch {
+				case busy != "":
+					idleNote = fmt.Sprintf("started on replicas still busy after %v (%s)", waited.Round(time.Second), busy)
+				case waited >= time.Second:
+					idleNote = fmt.Sprintf("started once the replicas were idle, %.1f s after the run before", waited.Seconds())
+				}
+			}
 			before = scrapeReplicas(r.ctx, replicaURLs(f))
 			w := workload{arrivals: arrivals, sse: true, build: func(n int) (*http.Request, int) {
 				p := n % len(proxies)
@@ -455,6 +466,9 @@ func realEngine(r *runner, calibrate bool) {
 			return w
 		}
 		after := func(f []*sim.Server, recs []Record, s *Summary) {
+			if idleNote != "" {
+				s.Notes = append(s.Notes, idleNote)
+			}
 			now := scrapeReplicas(r.ctx, replicaURLs(f))
 			if e.Engine != "sim" {
 				now = settledCounts(r.ctx, replicaURLs(f), before, now, recs)
@@ -886,6 +900,38 @@ func calibrationTable(systems []Summary, rep int) string {
 	b.WriteString(md.String())
 	return b.String()
 }
+
+// replicasIdle waits until no replica runs or holds a request (its
+// vllm:num_requests_running and _waiting at 0), at most limit, and says
+// how long it waited and, past limit, what was still there. Replicas that
+// outlive a system's run may still work on its requests whose clients
+// left (server.py, like other servers, notices a client gone only when it
+// writes the request's first token): the next system must not start on
+// that work. Replicas without both gauges are not waited for.
+func replicasIdle(ctx context.Context, replicas []string, limit time.Duration) (waited time.Duration, busy string) {
+	start := time.Now()
+	for {
+		busy = ""
+		for i, m := range scrapeReplicas(ctx, replicas) {
+			run, okR := m[runningGauge]
+			wait, okW := m[waitingGauge]
+			if okR && okW && run+wait > 0 {
+				busy += fmt.Sprintf(" %s: %g running, %g waiting;", replicas[i], run, wait)
+			}
+		}
+		waited = time.Since(start)
+		if busy == "" || waited >= limit || ctx.Err() != nil {
+			return waited, strings.TrimSuffix(strings.TrimSpace(busy), ";")
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// idleLimit bounds replicasIdle's wait before a system's run.
+const idleLimit = 2 * time.Minute
 
 // occupancy samples the replicas' own gauges during a run —
 // vllm:num_requests_running (the batch) and vllm:num_requests_waiting

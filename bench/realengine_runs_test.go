@@ -24,6 +24,10 @@ import (
 type promptRecorder struct {
 	mu      sync.Mutex
 	prompts []recordedPrompt
+	// first, if set, runs when the first completion arrives, before it
+	// goes on to the replica.
+	first     func()
+	firstOnce sync.Once
 }
 
 type recordedPrompt struct {
@@ -46,6 +50,9 @@ func (pr *promptRecorder) front(t *testing.T, replica string) *httptest.Server {
 			}
 			if err := json.Unmarshal(body, &req); err != nil {
 				t.Errorf("a completion the replica cannot read: %v", err)
+			}
+			if pr.first != nil {
+				pr.firstOnce.Do(pr.first)
 			}
 			pr.mu.Lock()
 			pr.prompts = append(pr.prompts, recordedPrompt{r.Header.Get("X-Prefix-Id"), req.Prompt})
@@ -134,5 +141,86 @@ func TestNoSystemFindsTheSharedPromptsOfAnother(t *testing.T) {
 			}
 			all[k] = true
 		}
+	}
+}
+
+// A replica that outlives a system's run may still be working on its
+// requests when the run ends (those whose clients gave up: a server may
+// notice only at their first token). The next system must start on an
+// idle replica, not on that work: its first request reaches the replica
+// only once nothing runs or waits there.
+func TestNoSystemStartsOnTheWorkOfAnother(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	bin := caddyForTests(ctx, t)
+	s, err := sim.Start(engineReplicaConfig("kept", 0.1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	busy := func() float64 {
+		m, err := scrapeMetrics(ctx, s.URL()+"/metrics")
+		if err != nil {
+			t.Errorf("the replica's metrics: %v", err)
+			return -1
+		}
+		return m[runningGauge] + m[waitingGauge]
+	}
+	var atFirst sync.Mutex
+	busyAtFirst := -1.0
+	rec := &promptRecorder{first: func() {
+		b := busy()
+		atFirst.Lock()
+		busyAtFirst = b
+		atFirst.Unlock()
+	}}
+	front := rec.front(t, s.URL())
+	// Work left by an earlier run: long requests sent straight to the
+	// replica, still running as the next system starts.
+	var left sync.WaitGroup
+	for range 3 {
+		left.Add(1)
+		go func() {
+			defer left.Done()
+			body := `{"prompt":"kept kept kept","max_tokens":600,"stream":false,"ignore_eos":true}`
+			resp, err := http.Post(s.URL()+"/v1/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Errorf("leftover request: %v", err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	defer left.Wait()
+	for busy() < 3 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := Run(ctx, Options{Scenario: "real-engine", Quick: true, OutDir: t.TempDir(), CaddyBin: bin,
+		Only: "caddy_round_robin", NoInstall: true, Command: "go test ./bench/", Log: testLog{t},
+		Engine: EngineOptions{Endpoints: []string{front.URL}, Arrivals: time.Second, Rates: []float64{4}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Err(); err != nil {
+		t.Fatalf("run not clean: %v", err)
+	}
+	if len(rec.prompts) == 0 {
+		t.Fatal("the system sent nothing")
+	}
+	atFirst.Lock()
+	defer atFirst.Unlock()
+	if busyAtFirst != 0 {
+		t.Fatalf("the system's first request reached the replica with %g requests of the run before running or waiting there", busyAtFirst)
+	}
+	var noted bool
+	for _, n := range res.Systems[0].Notes {
+		noted = noted || strings.Contains(n, "once the replicas were idle")
+	}
+	if !noted {
+		t.Errorf("the system's notes do not say it waited for the replica: %q", res.Systems[0].Notes)
 	}
 }
