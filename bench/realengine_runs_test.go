@@ -18,6 +18,28 @@ import (
 	"github.com/sluice-router/sluice/sim"
 )
 
+// quickRealEngine runs real-engine -quick with only the systems named in
+// only, over the replicas e says, and fails t unless the run was clean.
+// It builds (once) the Caddy it runs; skipped with -short.
+func quickRealEngine(t *testing.T, only string, e EngineOptions) *Result {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts processes; skipped with -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	bin := caddyForTests(ctx, t)
+	res, err := Run(ctx, Options{Scenario: "real-engine", Quick: true, OutDir: t.TempDir(), CaddyBin: bin, Only: only,
+		NoInstall: true, Command: "go test ./bench/", Log: testLog{t}, Engine: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Err(); err != nil {
+		t.Fatalf("run not clean: %v", err)
+	}
+	return res
+}
+
 // promptRecorder stands in front of a replica that outlives the systems'
 // runs (as your own endpoints and the transformers replicas do) and
 // records the prompt of every completion sent to it.
@@ -74,12 +96,6 @@ func (pr *promptRecorder) front(t *testing.T, replica string) *httptest.Server {
 // same prompt for each request, the same words after the prompts'
 // openings.
 func TestNoSystemFindsTheSharedPromptsOfAnother(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes; skipped with -short")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
-	defer cancel()
-	bin := caddyForTests(ctx, t)
 	rec := &promptRecorder{}
 	var endpoints []string
 	for i := range 2 {
@@ -91,15 +107,8 @@ func TestNoSystemFindsTheSharedPromptsOfAnother(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		endpoints = append(endpoints, rec.front(t, s.URL()).URL)
 	}
-	res, err := Run(ctx, Options{Scenario: "real-engine", Quick: true, OutDir: t.TempDir(), CaddyBin: bin,
-		Only: "caddy_round_robin,caddy_least_conn", NoInstall: true, Command: "go test ./bench/", Log: testLog{t},
-		Engine: EngineOptions{Endpoints: endpoints, Arrivals: 2 * time.Second, Rates: []float64{8}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := res.Err(); err != nil {
-		t.Fatalf("run not clean: %v", err)
-	}
+	res := quickRealEngine(t, "caddy_round_robin,caddy_least_conn",
+		EngineOptions{Endpoints: endpoints, Arrivals: 2 * time.Second, Rates: []float64{8}})
 	if len(res.Systems) != 2 {
 		t.Fatalf("%d systems ran, want round robin and least_conn", len(res.Systems))
 	}
@@ -153,16 +162,15 @@ func TestNoSystemStartsOnTheWorkOfAnother(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes; skipped with -short")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
-	defer cancel()
-	bin := caddyForTests(ctx, t)
+	// Caddy built first: the work left must still run when the system starts.
+	caddyForTests(context.Background(), t)
 	s, err := sim.Start(engineReplicaConfig("kept", 0.1))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	busy := func() float64 {
-		m, err := scrapeMetrics(ctx, s.URL()+"/metrics")
+		m, err := scrapeMetrics(context.Background(), s.URL()+"/metrics")
 		if err != nil {
 			t.Errorf("the replica's metrics: %v", err)
 			return -1
@@ -199,15 +207,7 @@ func TestNoSystemStartsOnTheWorkOfAnother(t *testing.T) {
 	for busy() < 3 {
 		time.Sleep(20 * time.Millisecond)
 	}
-	res, err := Run(ctx, Options{Scenario: "real-engine", Quick: true, OutDir: t.TempDir(), CaddyBin: bin,
-		Only: "caddy_round_robin", NoInstall: true, Command: "go test ./bench/", Log: testLog{t},
-		Engine: EngineOptions{Endpoints: []string{front.URL}, Arrivals: time.Second, Rates: []float64{4}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := res.Err(); err != nil {
-		t.Fatalf("run not clean: %v", err)
-	}
+	res := quickRealEngine(t, "caddy_round_robin", EngineOptions{Endpoints: []string{front.URL}, Arrivals: time.Second, Rates: []float64{4}})
 	if len(rec.prompts) == 0 {
 		t.Fatal("the system sent nothing")
 	}

@@ -48,23 +48,8 @@ func TestServerPyOwnTests(t *testing.T) {
 // load runs, and stops them at the end. It asserts only what is not
 // timing.
 func TestQuickTransformersPath(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes; skipped with -short")
-	}
-	py := python3(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
-	defer cancel()
-	bin := caddyForTests(ctx, t)
-	res, err := Run(ctx, Options{Scenario: "real-engine", Quick: true, OutDir: t.TempDir(), CaddyBin: bin,
-		Only: "caddy_round_robin,cache_aware", NoInstall: true, Command: "go test ./bench/", Log: testLog{t},
-		Engine: EngineOptions{Engine: "transformers", Python: py, Replicas: 2, Arrivals: 2 * time.Second, Rates: []float64{4},
-			ServerArgs: []string{"--backend", "fake", "--fake-step-ms", "5"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := res.Err(); err != nil {
-		t.Fatalf("run not clean: %v", err)
-	}
+	res := quickRealEngine(t, "caddy_round_robin,cache_aware", EngineOptions{Engine: "transformers", Python: python3(t),
+		Replicas: 2, Arrivals: 2 * time.Second, Rates: []float64{4}, ServerArgs: []string{"--backend", "fake", "--fake-step-ms", "5"}})
 	if len(res.Systems) != 2 {
 		t.Fatalf("%d systems ran, want round robin and cache_aware", len(res.Systems))
 	}
