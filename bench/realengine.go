@@ -931,7 +931,7 @@ func replicasIdle(ctx context.Context, replicas []string, limit time.Duration) (
 }
 
 // idleLimit bounds replicasIdle's wait before a system's run.
-const idleLimit = 2 * time.Minute
+const idleLimit = time.Minute
 
 // occupancy samples the replicas' own gauges during a run —
 // vllm:num_requests_running (the batch) and vllm:num_requests_waiting
