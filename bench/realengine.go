@@ -202,13 +202,14 @@ var realEngineScenario = scenario{
 		"yours or a transformers one, must not hold the next system's prompts in its prefix cache). " +
 		"Replicas: simulated engines (-engine sim, time scaled), your own endpoints (-endpoints), the transformers " +
 		"server bench/realengine/server.py (-engine transformers), or llm-d-inference-sim (-engine llmd). All figures are in engine time. ttft = time to the " +
-		"first streamed token; p50/p90/p99 = end to end; out tok/s = output tokens counted from the SSE chunks ÷ wall " +
+		"first streamed token; itl = a request's time between two streamed tokens, (end to end − ttft) ÷ (tokens − 1): " +
+		"the engine's step as a request sees it; p50/p90/p99 = end to end; out tok/s = output tokens counted from the SSE chunks ÷ wall " +
 		"time from the first arrival to the last answer; prefix reuse = Δ prefix_cache_hits ÷ Δ prefix_cache_queries " +
 		"over the replicas' /metrics (prompt tokens served from the prefix cache); per replica from X-Sim-Replica " +
 		"(sim) or the replicas' Δ vllm:request_success_total (real engines); timeout = no answer within the client " +
 		"timeout (an outcome of overload, not a harness failure).",
 	extras: []extraCol{{"rate", "rate", "%g/s"}, {"ttft_p50_s", "ttft p50", "%.2f s"}, {"ttft_p90_s", "ttft p90", "%.2f s"},
-		{"ttft_p99_s", "ttft p99", "%.2f s"}, {"out_tok_s", "out tok/s", "%.0f"}, {"prefix_reuse", "prefix reuse", "%.2f"},
+		{"ttft_p99_s", "ttft p99", "%.2f s"}, {"itl_p50_s", "itl p50", "%.3f s"}, {"out_tok_s", "out tok/s", "%.0f"}, {"prefix_reuse", "prefix reuse", "%.2f"},
 		{"batch", "batch", "%.1f"}, {"engine_queue", "engine queue", "%.1f"}, {"edge_held", "held at edge", "%.1f"}},
 	run: func(r *runner) { realEngine(r, false) },
 }
@@ -573,7 +574,7 @@ func llmdArgs(e EngineOptions) []string {
 // the client timed out from lost to errors ("timeout").
 func engineMeasures(rate float64, timeout time.Duration, replicas []string, before, after []map[string]float64, recs []Record, s *Summary) {
 	s.Extra["rate"] = rate
-	var ttft []time.Duration
+	var ttft, itl []time.Duration
 	var first, last time.Duration = -1, 0
 	tokens, timeouts, headerCounted := 0, 0, 0
 	for _, rec := range recs {
@@ -584,6 +585,9 @@ func engineMeasures(rate float64, timeout time.Duration, replicas []string, befo
 		tokens += rec.Tokens
 		if rec.Status == 200 && rec.Err == "" {
 			ttft = append(ttft, rec.TTFT)
+			if rec.Tokens > 1 && rec.Latency > rec.TTFT {
+				itl = append(itl, (rec.Latency-rec.TTFT)/time.Duration(rec.Tokens-1))
+			}
 			if rec.Replica != "" {
 				headerCounted++
 			}
@@ -600,6 +604,10 @@ func engineMeasures(rate float64, timeout time.Duration, replicas []string, befo
 	slices.Sort(ttft)
 	if len(ttft) > 0 {
 		s.Extra["ttft_p50_s"], s.Extra["ttft_p90_s"], s.Extra["ttft_p99_s"] = quantile(ttft, 0.5), quantile(ttft, 0.9), quantile(ttft, 0.99)
+	}
+	if len(itl) > 0 {
+		slices.Sort(itl)
+		s.Extra["itl_p50_s"] = quantile(itl, 0.5)
 	}
 	if wall := last - max(first, 0); wall > 0 {
 		s.Extra["out_tok_s"] = float64(tokens) / wall.Seconds()

@@ -64,7 +64,7 @@ func TestQuickTransformersPath(t *testing.T) {
 		if len(s.PerReplica) != 2 || sum != s.OK {
 			t.Errorf("%s: the replicas counted %v, %d answered", s.System, s.PerReplica, s.OK)
 		}
-		if s.Extra["out_tok_s"] <= 0 || s.Extra["ttft_p50_s"] <= 0 {
+		if s.Extra["out_tok_s"] <= 0 || s.Extra["ttft_p50_s"] <= 0 || s.Extra["itl_p50_s"] <= 0 {
 			t.Errorf("%s: no streamed tokens counted: %v", s.System, s.Extra)
 		}
 		if _, ok := s.Extra["batch"]; !ok {

@@ -73,7 +73,7 @@ func TestQuickRealEngine(t *testing.T) {
 			if sum != s.OK || len(s.PerReplica) != c.replicas {
 				t.Errorf("R=%d %s: per replica %v adds up to %d, %d answered", c.replicas, w, s.PerReplica, sum, s.OK)
 			}
-			if s.Extra["out_tok_s"] <= 0 || s.Extra["ttft_p50_s"] <= 0 {
+			if s.Extra["out_tok_s"] <= 0 || s.Extra["ttft_p50_s"] <= 0 || s.Extra["itl_p50_s"] <= 0 {
 				t.Errorf("R=%d %s: no streamed tokens counted: %v", c.replicas, w, s.Extra)
 			}
 			if _, ok := s.Extra["prefix_reuse"]; !ok {
@@ -153,7 +153,7 @@ func TestQuickLLMDEngine(t *testing.T) {
 		if sum != s.OK || len(s.PerReplica) != 1 {
 			t.Errorf("%s: per replica (the engine's Δ vllm:request_success_total) %v adds up to %d, %d answered", w, s.PerReplica, sum, s.OK)
 		}
-		if s.Extra["out_tok_s"] <= 0 || s.Extra["ttft_p50_s"] <= 0 || s.Extra["rate"] != e.Rates[0] {
+		if s.Extra["out_tok_s"] <= 0 || s.Extra["ttft_p50_s"] <= 0 || s.Extra["itl_p50_s"] <= 0 || s.Extra["rate"] != e.Rates[0] {
 			t.Errorf("%s: no streamed tokens counted: %v", w, s.Extra)
 		}
 		if _, ok := s.Extra["batch"]; !ok {
@@ -295,5 +295,22 @@ func TestLLMDDefaultsAndRatios(t *testing.T) {
 	o.measure([]Record{{Start: 0, Latency: time.Second}, {Start: 0, Latency: time.Second}}, 2*time.Second, 1, &s)
 	if s.Extra["batch"] != 1 || s.Extra["engine_queue"] != 0 || s.Extra["edge_held"] != 1 {
 		t.Errorf("occupancy: %v %v", s.Extra, s.Notes)
+	}
+}
+
+// itl is a request's time between two streamed tokens: what is left of
+// its end to end after its first token, over the tokens after the first.
+func TestInterTokenLatencyIsTheStepARequestSees(t *testing.T) {
+	s := Summary{Extra: map[string]float64{}, Errors: map[string]int{}}
+	recs := []Record{
+		{Status: 200, TTFT: 100 * time.Millisecond, Latency: 1000 * time.Millisecond, Tokens: 10}, // 100 ms
+		{Status: 200, TTFT: 200 * time.Millisecond, Latency: 3200 * time.Millisecond, Tokens: 11}, // 300 ms
+		{Status: 200, TTFT: 300 * time.Millisecond, Latency: 2300 * time.Millisecond, Tokens: 11}, // 200 ms
+		{Status: 200, TTFT: 300 * time.Millisecond, Latency: 300 * time.Millisecond, Tokens: 1},   // one token: none
+		{Status: 500, TTFT: 0, Latency: 9 * time.Second, Tokens: 0, Err: "upstream"},              // failed: none
+	}
+	engineMeasures(1, time.Minute, nil, nil, nil, recs, &s)
+	if got := s.Extra["itl_p50_s"]; got < 0.1999 || got > 0.2001 {
+		t.Fatalf("itl p50 %v s, want 0.2 s (the middle of 0.1, 0.2 and 0.3 s)", got)
 	}
 }
