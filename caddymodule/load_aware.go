@@ -121,9 +121,12 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 		module:  "load_aware", pool: name, measure: measureFirstByte,
 		maxBody: p.bodyLimit(), session: header,
 		fingerprint: fmt.Sprintf("%+v", cfg),
-		// The client gets the replica's session token back.
+		// The client gets the replica's session token back, where a
+		// scorer will read it.
 		afterPick: func(w http.ResponseWriter, l lb.Lease) {
-			w.Header().Set(header, p.state.picker.(*loadaware.Picker).SessionToken(l.Replica()))
+			if pk := p.state.picker.(*loadaware.Picker); pk.HandsOutSessions() {
+				w.Header().Set(header, pk.SessionToken(l.Replica()))
+			}
 		},
 		build: func(key stateKey) (*policyState, error) {
 			pk := loadaware.NewPicker(cfg)

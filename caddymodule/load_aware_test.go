@@ -83,3 +83,29 @@ func TestLoadAwareUnknownPresetRefusedNamingPreset(t *testing.T) {
 		t.Fatalf("JSON preset bogus: %v", err)
 	}
 }
+
+// The session token steers a client only where a scorer reads it
+// (session_affinity): with the default scorers a response carries none,
+// rather than a token that claims an affinity nobody keeps. A reload that
+// turns the scorer on hands them out from its first request.
+func TestSessionTokenOnlyWhereSessionAffinityScores(t *testing.T) {
+	cctx := provisionContext(t)
+	pool := freshPoolName("la-session-token")
+	defaults := &LoadAware{Pool: pool}
+	if err := defaults.Provision(cctx); err != nil {
+		t.Fatal(err)
+	}
+	defer defaults.Cleanup()
+	if tok := selectOnce(t, defaults, "127.0.0.1:20001", "127.0.0.1:20002").Get("X-Session-Token"); tok != "" {
+		t.Fatalf("default scorers: the response carries session token %q, which steers nothing", tok)
+	}
+	sessions := &LoadAware{Pool: pool, Scorers: map[string]float64{"active_request": 1, "session_affinity": 1}}
+	if err := sessions.Provision(cctx); err != nil {
+		t.Fatal(err)
+	}
+	defer sessions.Cleanup()
+	tok := selectOnce(t, sessions, "127.0.0.1:20001", "127.0.0.1:20002").Get("X-Session-Token")
+	if tok == "" || strings.Contains(tok, "127.0.0.1") {
+		t.Fatalf("session_affinity on: session token %q, want an opaque token", tok)
+	}
+}

@@ -173,6 +173,13 @@ func (p *Picker) retokenLocked(addrs []string) {
 	p.byAddr.Store(&byAddr)
 }
 
+// HandsOutSessions says whether responses should carry the session token:
+// only the session_affinity scorer reads it back, so without it a token
+// would promise an affinity nobody keeps.
+func (p *Picker) HandsOutSessions() bool {
+	return p.cfg.Load().Policy.Weights[SessionAffinity] > 0
+}
+
 // SessionToken is the opaque, stable token for a replica: an HMAC of its
 // address, so it reveals no address, survives restarts and is the same on
 // every instance configured with the same key. Tokens of the set's
