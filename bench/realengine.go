@@ -913,8 +913,8 @@ func calibrationTable(systems []Summary, rep int) string {
 // vllm:num_requests_running and _waiting at 0), at most limit, and says
 // how long it waited and, past limit, what was still there. Replicas that
 // outlive a system's run may still work on its requests whose clients
-// left (server.py notices a client gone only when it writes the request's
-// first token): the next system must not start on that work. Replicas
+// left (a server may notice a client gone only when it writes the
+// request's next token): the next system must not start on that work. Replicas
 // without both gauges are not waited for; replicas that also serve other
 // traffic wait the whole limit, which the system's notes then say.
 func replicasIdle(ctx context.Context, replicas []string, limit time.Duration) (waited time.Duration, busy string) {

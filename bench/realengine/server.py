@@ -27,6 +27,8 @@ import hashlib
 import itertools
 import json
 import queue
+import select
+import socket
 import sys
 import threading
 import time
@@ -363,6 +365,14 @@ def log(msg):
     sys.stderr.flush()
 
 
+class ClientGone(ConnectionResetError):
+    """The client closed its connection while its request waited for a token."""
+
+
+# How often a request waiting for its next token looks whether its client is still there.
+CLIENT_POLL_S = 0.25
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "sluice-bench-engine/1"
@@ -424,11 +434,31 @@ class Handler(BaseHTTPRequestHandler):
                 self._stream(app, st, rid, created, max_tokens)
             else:
                 self._complete(app, st, rid, created, len(ids))
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError):  # ClientGone too
             app.engine.cancel(rid)
+            self.close_connection = True
+
+    def _client_gone(self):
+        """Whether the client closed its connection: readable, with nothing to read. Without this a request
+        whose client gave up would be noticed only when its first token is written (vLLM aborts it at once):
+        under overload the engine would still prefill what nobody waits for."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
 
     def _next(self, app, st):
-        item = st.q.get(timeout=app.request_timeout)
+        deadline = time.monotonic() + app.request_timeout
+        while True:
+            try:
+                item = st.q.get(timeout=max(0.0, min(CLIENT_POLL_S, deadline - time.monotonic())))
+                break
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    raise
+                if self._client_gone():
+                    raise ClientGone()
         if isinstance(item, Exception):
             raise item
         return item

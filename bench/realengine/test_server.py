@@ -174,5 +174,64 @@ class FakeBackendHTTP(unittest.TestCase):
         self.assertIn("vllm:request_success_total{", body.decode())
 
 
+class ClientGoneBeforeItsFirstToken(unittest.TestCase):
+    """A request whose client leaves while it waits for its first token is cancelled then, as vLLM does, not
+    when that token comes (under overload a queued request the client gave up on would still be prefilled).
+    The fake backend's step is 60 s here: only the client's leaving can end the request before it."""
+
+    def setUp(self):
+        self.port = free_port()
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.proc = subprocess.Popen([sys.executable, os.path.join(here, "server.py"), "--backend", "fake", "--port",
+                                      str(self.port), "--fake-step-ms", "60000", "--name", "t1", "--no-warmup"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                if self.running() == 0:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.tearDown()
+        raise RuntimeError("fake server did not come up")
+
+    def tearDown(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def running(self):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        c.request("GET", "/metrics")
+        body = c.getresponse().read().decode()
+        c.close()
+        for line in body.splitlines():
+            if line.startswith("vllm:num_requests_running{"):
+                return float(line.split(" ")[1])
+        raise AssertionError("no vllm:num_requests_running in /metrics")
+
+    def leave_before_the_first_token(self, stream):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "bad cop", "max_tokens": 4, "stream": stream}),
+                  headers={"Content-Type": "application/json"})
+        deadline = time.time() + 20
+        while self.running() != 1:
+            self.assertLess(time.time(), deadline, "the request never started")
+            time.sleep(0.05)
+        c.close()  # the client gives up before the first token (60 s away)
+        deadline = time.time() + 30
+        while self.running() != 0:
+            self.assertLess(time.time(), deadline, "the request of a client that left still runs")
+            time.sleep(0.05)
+
+    def test_streamed(self):
+        self.leave_before_the_first_token(True)
+
+    def test_not_streamed(self):
+        self.leave_before_the_first_token(False)
+
 if __name__ == "__main__":
     unittest.main()
