@@ -15,9 +15,10 @@
 # r4: four replicas of bench/realengine/server.py (transformers continuous
 #     batching, a 3B Llama-shaped model with random weights) on the one GPU,
 #     9 req/s, the measured workload: round robin, queued_least_latency,
-#     load_aware and cache_aware with defaults (issue 19's four-replica
-#     must-show; about 5 minutes with the models' start).
-# r4-more: the same for least_conn, the prefix-hash oracle and flow_control.
+#     load_aware and cache_aware with defaults, and the prefix-hash oracle
+#     (all of issue 19's four-replica must-show; about 6 minutes with the
+#     models' start).
+# r4-more: the same for least_conn and flow_control.
 # r1: one replica at 4 and 8 req/s: direct against each Sluice policy
 #     (queued_least_latency's old defaults made it 15x slower than direct;
 #     about 6 minutes).
@@ -72,10 +73,10 @@ common=(-engine "$engine" -caddy "$bin/caddy" -no-install -timeout 9m -out "$out
 set -x
 case "$mode" in
 r4)
-	"$bin/sluice-bench" real-engine "${common[@]}" -replicas 4 -rates 9 -only 'round_robin,queued,load_aware,cache_aware'
+	"$bin/sluice-bench" real-engine "${common[@]}" -replicas 4 -rates 9 -only 'round_robin,queued,load_aware,cache_aware,header'
 	;;
 r4-more)
-	"$bin/sluice-bench" real-engine "${common[@]}" -replicas 4 -rates 9 -only 'least_conn,header,flow_control'
+	"$bin/sluice-bench" real-engine "${common[@]}" -replicas 4 -rates 9 -only 'least_conn,flow_control'
 	;;
 r1)
 	"$bin/sluice-bench" real-engine "${common[@]}" -replicas 1 -rates 4,8 -only 'direct,queued,load_aware,cache_aware,flow_control'
