@@ -93,35 +93,47 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start_fake_server(port, *args):
+    """server.py over the fake backend on port, in a child process, once its /health answers; stop it with
+    stop_server (by its PID)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.Popen([sys.executable, os.path.join(here, "server.py"), "--backend", "fake", "--port", str(port)]
+                            + list(args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/health")
+            status = c.getresponse().status
+            c.close()
+            if status == 200:
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    stop_server(proc)
+    raise RuntimeError("fake server did not come up")
+
+
+def stop_server(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
 class FakeBackendHTTP(unittest.TestCase):
     """The whole HTTP side, over the fake backend, in a child process stopped by its PID."""
 
     @classmethod
     def setUpClass(cls):
         cls.port = free_port()
-        here = os.path.dirname(os.path.abspath(__file__))
-        cls.proc = subprocess.Popen([sys.executable, os.path.join(here, "server.py"), "--backend", "fake", "--port",
-                                     str(cls.port), "--fake-step-ms", "2", "--name", "t0"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            try:
-                if cls.get("/health")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.1)
-        cls.tearDownClass()
-        raise RuntimeError("fake server did not come up")
+        cls.proc = start_fake_server(cls.port, "--fake-step-ms", "2", "--name", "t0")
 
     @classmethod
     def tearDownClass(cls):
-        cls.proc.terminate()
-        try:
-            cls.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            cls.proc.kill()
-            cls.proc.wait(timeout=5)
-        cls.proc.stderr.close()
+        stop_server(cls.proc)
 
     @classmethod
     def get(cls, path):
@@ -181,27 +193,10 @@ class ClientGoneBeforeItsFirstToken(unittest.TestCase):
 
     def setUp(self):
         self.port = free_port()
-        here = os.path.dirname(os.path.abspath(__file__))
-        self.proc = subprocess.Popen([sys.executable, os.path.join(here, "server.py"), "--backend", "fake", "--port",
-                                      str(self.port), "--fake-step-ms", "60000", "--name", "t1", "--no-warmup"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            try:
-                if self.running() == 0:
-                    return
-            except OSError:
-                time.sleep(0.1)
-        self.tearDown()
-        raise RuntimeError("fake server did not come up")
+        self.proc = start_fake_server(self.port, "--fake-step-ms", "60000", "--name", "t1", "--no-warmup")
 
     def tearDown(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+        stop_server(self.proc)
 
     def running(self):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
