@@ -58,6 +58,7 @@ if [ ! -f .device/caddy.gz ] || [ ! -f .device/sluice-bench.gz ]; then
 fi
 out=${OUT:-/tmp/sluice-device-out}
 bin=$(mktemp -d /tmp/sluice-device.XXXXXX)
+trap 'rm -rf "$bin"' EXIT # the unpacked binaries (76 MB)
 mkdir -p "$out"
 gunzip -c .device/caddy.gz >"$bin/caddy"
 gunzip -c .device/sluice-bench.gz >"$bin/sluice-bench"
