@@ -73,10 +73,20 @@ func ParseBackend(s string) (Backend, error) {
 		if why := forbiddenIP(ip.WithZone("").Unmap()); why != "" {
 			return Backend{}, fmt.Errorf("%q: %s addresses are never backends", s, why)
 		}
+		if z := ip.Zone(); z != "" && !validZone(z) {
+			return Backend{}, fmt.Errorf("%q: IPv6 zone %q is not an interface name or index", s, z)
+		}
 	} else if !validHostname(host) {
 		return Backend{}, fmt.Errorf("%q: host %q is neither an IP address nor a host name", s, host)
 	}
-	dial := net.JoinHostPort(strings.ToLower(host), port)
+	// Host names and IPv6 hex digits are case-blind; a zone, an interface
+	// name, is not (Linux's "ETH0" is not "eth0").
+	addr, zone, zoned := strings.Cut(host, "%")
+	host = strings.ToLower(addr)
+	if zoned {
+		host += "%" + zone
+	}
+	dial := net.JoinHostPort(host, port)
 	// url.URL writes an IPv6 zone's '%' as %25, so the URL parses back.
 	return Backend{URL: (&url.URL{Scheme: u.Scheme, Host: dial}).String(), Dial: dial}, nil
 }
@@ -113,6 +123,23 @@ func forbiddenIP(ip netip.Addr) string {
 		return "unspecified"
 	}
 	return ""
+}
+
+// validZone reports whether z can name an interface: 1-15 letters,
+// digits, '.', '-' and '_' (Linux's IFNAMSIZ less its NUL; an index is
+// digits). Anything else is no interface, and a byte that is not UTF-8
+// came back from url.URL as U+FFFD: the backend's URL would not parse.
+func validZone(z string) bool {
+	if len(z) == 0 || len(z) > 15 {
+		return false
+	}
+	for i := 0; i < len(z); i++ {
+		c := z[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // validHostname reports whether h is a DNS host name: dot-separated labels

@@ -31,6 +31,28 @@ func TestParseBackendIPv6Zones(t *testing.T) {
 			t.Errorf("%q accepted as %+v", s, b)
 		}
 	}
+	// A zone is an interface's name or index; anything else (the fuzzer
+	// found a byte of invalid UTF-8, which url.URL then wrote as U+FFFD,
+	// so the accepted URL did not parse back) is refused, naming it.
+	for _, s := range []string{"http://[fd00::1%25\x80]:1", "http://[fd00::1%25eth%200]:1",
+		"http://[fd00::1%25" + strings.Repeat("e", 16) + "]:1"} {
+		if b, err := ParseBackend(s); err == nil || !strings.Contains(err.Error(), "zone") {
+			t.Errorf("%q: %+v, %v; want refused for its zone", s, b, err)
+		}
+	}
+	for _, zone := range []string{"eth0", "enp0s31f6", "br-1a2b3c", "veth1.2", "wlan_0", "3"} {
+		b, err := ParseBackend("http://[fd00::1%25" + zone + "]:1")
+		if err != nil {
+			t.Errorf("zone %q refused: %v", zone, err)
+			continue
+		}
+		if again, err := ParseBackend(b.URL); err != nil || again != b {
+			t.Errorf("zone %q: %q does not parse back: %+v %v", zone, b.URL, again, err)
+		}
+	}
+	if b, err := ParseBackend("http://[FD00::1%25ETH0]:1"); err != nil || b.Dial != "[fd00::1%ETH0]:1" {
+		t.Errorf("an upper-case zone: %+v %v; want the address lowered and the interface's name kept", b, err)
+	}
 	b, err := ParseBackend("http://[fd00::1%25eth0]:8000")
 	if err != nil || b.Dial != "[fd00::1%eth0]:8000" || b.URL != "http://[fd00::1%25eth0]:8000" {
 		t.Fatalf("zoned ULA: %+v %v", b, err)
