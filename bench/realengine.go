@@ -288,17 +288,11 @@ var promptRuns = func() *atomic.Uint64 {
 // requests. Every run pays for its own cold prompts, and the workload is
 // otherwise the same: lengths, words and each request's prompt.
 func promptsOfARun(prefixes []string) []string {
-	run := promptRuns.Add(1)
-	words := engineWords()
+	openings := sharedPrompts(promptRuns.Add(1), len(prefixes), 2)
 	out := make([]string, len(prefixes))
 	for p, text := range prefixes {
-		rng := rand.New(rand.NewPCG(run, uint64(p)))
-		var b strings.Builder
-		k := min(2, len(text)/4) // words of 3 letters and a space
-		for range k {
-			b.WriteString(words[rng.IntN(len(words))] + " ")
-		}
-		out[p] = b.String() + text[4*k:]
+		k := 4 * min(2, len(text)/4) // words of 3 letters and a space
+		out[p] = openings[p][:k] + text[k:]
 	}
 	return out
 }
@@ -442,15 +436,18 @@ func realEngine(r *runner, calibrate bool) {
 			bodies = engineBodies(e, promptsOfARun(prefixes), len(arrivals), seed)
 			idleNote = ""
 			if len(r.engines) > 0 { // they outlive the runs: the last one's work may go on
-				waited, busy := replicasIdle(r.ctx, r.engines, idleLimit)
+				var waited time.Duration
+				var busy string
+				before, waited, busy = replicasIdle(r.ctx, r.engines, idleLimit)
 				switch {
 				case busy != "":
 					idleNote = fmt.Sprintf("started on replicas still busy after %v (%s)", waited.Round(time.Second), busy)
 				case waited >= time.Second:
 					idleNote = fmt.Sprintf("started once the replicas were idle, %.1f s after the run before", waited.Seconds())
 				}
+			} else {
+				before = scrapeReplicas(r.ctx, replicaURLs(f))
 			}
-			before = scrapeReplicas(r.ctx, replicaURLs(f))
 			w := workload{arrivals: arrivals, sse: true, build: func(n int) (*http.Request, int) {
 				p := n % len(proxies)
 				req, _ := http.NewRequest(http.MethodPost, proxies[p]+"/v1/completions", strings.NewReader(bodies[n].json))
@@ -910,27 +907,29 @@ func calibrationTable(systems []Summary, rep int) string {
 }
 
 // replicasIdle waits until no replica runs or holds a request (its
-// vllm:num_requests_running and _waiting at 0), at most limit, and says
-// how long it waited and, past limit, what was still there. Replicas that
-// outlive a system's run may still work on its requests whose clients
-// left (a server may notice a client gone only when it writes the
-// request's next token): the next system must not start on that work. Replicas
-// without both gauges are not waited for; replicas that also serve other
-// traffic wait the whole limit, which the system's notes then say.
-func replicasIdle(ctx context.Context, replicas []string, limit time.Duration) (waited time.Duration, busy string) {
+// vllm:num_requests_running and _waiting at 0), at most limit, and
+// returns the last scrape (the run's "before"), how long it waited and,
+// past limit, what was still there. Replicas that outlive a system's run
+// may still work on its requests whose clients left (a server may notice
+// a client gone only when it writes the request's next token): the next
+// system must not start on that work. Replicas without both gauges are
+// not waited for; replicas that also serve other traffic wait the whole
+// limit, which the system's notes then say.
+func replicasIdle(ctx context.Context, replicas []string, limit time.Duration) (last []map[string]float64, waited time.Duration, busy string) {
 	start := time.Now()
 	for {
-		busy = ""
-		for i, m := range scrapeReplicas(ctx, replicas) {
+		last = scrapeReplicas(ctx, replicas)
+		var held []string
+		for i, m := range last {
 			run, okR := m[runningGauge]
 			wait, okW := m[waitingGauge]
 			if okR && okW && run+wait > 0 {
-				busy += fmt.Sprintf(" %s: %g running, %g waiting;", replicas[i], run, wait)
+				held = append(held, fmt.Sprintf("%s: %g running, %g waiting", replicas[i], run, wait))
 			}
 		}
-		waited = time.Since(start)
+		waited, busy = time.Since(start), strings.Join(held, "; ")
 		if busy == "" || waited >= limit || ctx.Err() != nil {
-			return waited, strings.TrimSuffix(strings.TrimSpace(busy), ";")
+			return last, waited, busy
 		}
 		select {
 		case <-ctx.Done():
