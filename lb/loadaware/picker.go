@@ -257,26 +257,26 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 			if p.usable(addr, req) {
 				if l := p.tracker.AcquireCost(addr, req.Tokens); l != nil {
 					req.Reason = lb.ReasonFallback
-					return p.lease(l, p.policy.Config().SLO), nil
+					return p.lease(l, p.policy.settings().slo), nil
 				}
 			}
 		}
 	}
-	cfg := p.policy.Config()
+	st := p.policy.settings()
 	facts := RequestFacts{SessionAddr: p.sessionAddr(req.Session)}
 	// Hot or cold matters only to no_hit_lru: without it the prefix index
 	// and the cold history are not kept (a radix-tree walk and insert per
 	// request, for nothing).
-	lru := cfg.Weights[NoHitLRU] > 0
+	lru := st.uses(NoHitLRU)
 	if lru && req.Parsed && req.Text != "" {
 		d := p.prefixes.Pick(req.Model, req.Text, nil)
-		facts.Hot = d.MatchedChars >= cfg.HotPrefixChars
+		facts.Hot = d.MatchedChars >= st.hotPrefixChars
 	}
 	// Counts are read now, after the body was read: a burst of picks must
 	// rank fresh counts, not the zeros they all saw on arrival.
 	now := time.Now()
 	addrs := *p.addrs.Load()
-	cutoff := now.Add(-cfg.RequestTimeout)
+	cutoff := now.Add(-st.requestTimeout)
 	var onStack [smallPool]Candidate
 	cands := onStack[:0]
 	if len(addrs) > smallPool {
@@ -315,11 +315,11 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	explain := p.explaining()
 	var rankBuf [2 * smallPool]float64
 	var orderBuf [smallPool]int
-	order, total, scores := p.policy.rank(cands, facts, explain, rankBuf[:0], orderBuf[:0])
+	order, total, scores := st.rank(cands, facts, explain, rankBuf[:0], orderBuf[:0])
 	if explain {
 		// Copies: cands and the ranking may be on this call's stack.
 		p.Explain(Explanation{Picked: cands[order[0]].Addr, Hot: facts.Hot, Session: facts.SessionAddr,
-			Shift: p.policy.Shift(), Candidates: slices.Clone(cands),
+			Shift: st.shift, Candidates: slices.Clone(cands),
 			Rank: Ranking{Order: slices.Clone(order), Total: slices.Clone(total), Scores: scores}})
 	}
 	for k, i := range order {
@@ -351,7 +351,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 			}
 		}
 		req.Reason = lb.ReasonScore
-		return p.lease(l, cfg.SLO), nil
+		return p.lease(l, st.slo), nil
 	}
 	return nil, lb.ErrNoBackends
 }

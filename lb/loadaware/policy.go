@@ -14,6 +14,7 @@ import (
 type Policy struct {
 	mu      sync.Mutex
 	cfg     Config
+	pick    settings                 // cfg as a pick reads it
 	cold    map[string]*list.Element // addr → element of coldLRU (value coldEntry)
 	coldLRU list.List                // most recent cold request at the front
 	shift   float64                  // adaptive: 0 normal … 1 all weight on load
@@ -27,7 +28,47 @@ type coldEntry struct {
 
 // New returns a policy; cfg must be valid.
 func New(cfg Config) *Policy {
-	return &Policy{cfg: ownWeights(cfg.WithDefaults()), cold: map[string]*list.Element{}}
+	cfg = ownWeights(cfg.WithDefaults())
+	return &Policy{cfg: cfg, pick: settingsOf(cfg), cold: map[string]*list.Element{}}
+}
+
+// settings is what one pick reads of the config and the adaptive shift,
+// copied at once under the lock. The weights are indexed as AllScorers:
+// a map lookup per scorer, and a copy of the whole Config, on every pick
+// were a tenth of load_aware's pick on 4 replicas.
+type settings struct {
+	weights        [numScorers]float64 // as configured (before the shift)
+	shift          float64
+	threshold      float64
+	k              int // MaxNumEndpoints
+	hotPrefixChars int
+	requestTimeout time.Duration
+	slo            time.Duration
+}
+
+func settingsOf(c Config) settings {
+	s := settings{threshold: c.Threshold, k: c.MaxNumEndpoints, hotPrefixChars: c.HotPrefixChars,
+		requestTimeout: c.RequestTimeout, slo: c.SLO}
+	for i, name := range scorerOrder {
+		s.weights[i] = c.Weights[name]
+	}
+	return s
+}
+
+// uses: scorer i is on (adaptive mode scales weights but never turns a
+// scorer on or off).
+func (s *settings) uses(name string) bool {
+	i := slices.Index(scorerOrder[:], name)
+	return i >= 0 && s.weights[i] > 0
+}
+
+// settings is the config and shift a pick runs with.
+func (p *Policy) settings() settings {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.pick
+	s.shift = p.shift
+	return s
 }
 
 // ownWeights copies the weights: rank reads them outside the lock, so no
@@ -42,6 +83,7 @@ func (p *Policy) Configure(cfg Config) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cfg = ownWeights(cfg.WithDefaults())
+	p.pick = settingsOf(p.cfg)
 	for p.coldLRU.Len() > p.cfg.LRUSize {
 		p.evictOldestLocked()
 	}
@@ -176,7 +218,8 @@ type Ranking struct {
 // engines with equal counts got two requests in a row about once a
 // round. It marks the candidates whose load is even (markEven) in cs.
 func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking {
-	order, total, scores := p.rank(cs, f, true, nil, nil)
+	st := p.settings()
+	order, total, scores := st.rank(cs, f, true, nil, nil)
 	return Ranking{Order: order, Total: total, Scores: scores}
 }
 
@@ -187,11 +230,7 @@ func (p *Policy) Rank(cs []Candidate, f RequestFacts) Ranking {
 // allocates nothing here. (Three results, not a Ranking: the compiler
 // would take a Ranking's Scores, which Explain keeps, for stack memory
 // and move the buffers to the heap.)
-func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool, buf []float64, order []int) ([]int, []float64, map[string][]float64) {
-	p.mu.Lock()
-	weights, shift := p.cfg.Weights, p.shift
-	threshold, k := p.cfg.Threshold, p.cfg.MaxNumEndpoints
-	p.mu.Unlock()
+func (st *settings) rank(cs []Candidate, f RequestFacts, explain bool, buf []float64, order []int) ([]int, []float64, map[string][]float64) {
 	n := len(cs)
 	if cap(buf) < 2*n {
 		buf = make([]float64, 2*n)
@@ -203,14 +242,14 @@ func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool, buf []float6
 	markEven(cs)
 	var scores map[string][]float64
 	if explain {
-		scores = make(map[string][]float64, len(weights))
+		scores = make(map[string][]float64, numScorers)
 	}
-	for _, name := range AllScorers {
-		w := weights[name]
+	for i, name := range scorerOrder {
+		w := st.weights[i]
 		if w <= 0 {
 			continue
 		}
-		w = effectiveWeight(name, w, shift)
+		w = effectiveWeight(name, w, st.shift)
 		s := scratch
 		if explain {
 			own := make([]float64, n) // kept: not the (maybe stack) scratch
@@ -221,7 +260,7 @@ func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool, buf []float6
 		case Queue:
 			scoreQueue(cs, s)
 		case LoadAware:
-			scoreLoadAware(cs, threshold, s)
+			scoreLoadAware(cs, st.threshold, s)
 		case ActiveRequest:
 			scoreActive(cs, s)
 		case ActiveTokens:
@@ -240,7 +279,7 @@ func (p *Policy) rank(cs []Candidate, f RequestFacts, explain bool, buf []float6
 			total[i] += w * s[i]
 		}
 	}
-	return maxScoreOrder(total, cs, k, order), total, scores
+	return maxScoreOrder(total, cs, st.k, order), total, scores
 }
 
 // maxScoreOrder returns up to k indices by descending total; among equal

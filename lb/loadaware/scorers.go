@@ -24,7 +24,14 @@ const (
 )
 
 // AllScorers lists every scorer, in the order scores are reported.
-var AllScorers = []string{Queue, LoadAware, ActiveRequest, SessionAffinity, NoHitLRU, KVCache, ActiveTokens}
+var AllScorers = scorerOrder[:]
+
+// scorerOrder is AllScorers as an array: a pick's weights are indexed by
+// it (settings.weights).
+var scorerOrder = [...]string{Queue, LoadAware, ActiveRequest, SessionAffinity, NoHitLRU, KVCache, ActiveTokens}
+
+// numScorers is how many scorers there are.
+const numScorers = len(scorerOrder)
 
 // affinityScorers are the ones adaptive mode turns down under SLO pressure
 // (they keep requests where their context is, at the price of balance);
@@ -122,26 +129,35 @@ func scoreLoadAware(cs []Candidate, threshold float64, out []float64) {
 
 // scoreActive: no active request → 1, the most active → 0, proportional
 // (1 − active/max); all idle → 1.
-func scoreActive(cs []Candidate, out []float64) { scoreInverse(cs, out, activeCount) }
+func scoreActive(cs []Candidate, out []float64) {
+	for i := range cs {
+		out[i] = float64(cs[i].Active)
+	}
+	scoreInverse(cs, out)
+}
 
 // scoreActiveTokens: the same over the estimated tokens in flight (prompt
 // + requested output of each unanswered request).
-func scoreActiveTokens(cs []Candidate, out []float64) { scoreInverse(cs, out, activeTokens) }
-
-func activeCount(c Candidate) float64  { return float64(c.Active) }
-func activeTokens(c Candidate) float64 { return float64(c.ActiveTokens) }
-
-// scoreInverse scores v(c) ≥ 0 relative to the largest: 0 → 1, the
-// largest → 0, linear between; all 0 → 1. An Even candidate scores as
-// the least loaded one (markEven).
-func scoreInverse(cs []Candidate, out []float64, v func(Candidate) float64) {
-	top, least := 0.0, math.Inf(1)
-	for _, c := range cs {
-		top, least = max(top, v(c)), min(least, v(c))
+func scoreActiveTokens(cs []Candidate, out []float64) {
+	for i := range cs {
+		out[i] = float64(cs[i].ActiveTokens)
 	}
-	for i, c := range cs {
-		x := v(c)
-		if c.Even {
+	scoreInverse(cs, out)
+}
+
+// scoreInverse turns each candidate's load in out (≥ 0) into its score,
+// relative to the largest: 0 → 1, the largest → 0, linear between; all 0
+// → 1. An Even candidate scores as the least loaded one (markEven).
+// (Loads in out, not read through a function of a Candidate: a copy of
+// each candidate per call made this a sixth of a pick.)
+func scoreInverse(cs []Candidate, out []float64) {
+	top, least := 0.0, math.Inf(1)
+	for _, x := range out[:len(cs)] {
+		top, least = max(top, x), min(least, x)
+	}
+	for i := range cs {
+		x := out[i]
+		if cs[i].Even {
 			x = least
 		}
 		if top == 0 {
