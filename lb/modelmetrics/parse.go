@@ -126,6 +126,9 @@ func Parse(body []byte) (Sample, error) {
 					return Sample{}, fmt.Errorf("modelmetrics: %s: negative count %v", name, v)
 				}
 				a.v += v
+				if a.v > maxCount {
+					return Sample{}, fmt.Errorf("modelmetrics: %s: count %v beyond belief (the series sum to more than %d)", name, v, int64(maxCount))
+				}
 			}
 			a.seen = true
 		}
@@ -149,6 +152,11 @@ func Parse(body []byte) (Sample, error) {
 	}
 	return s, nil
 }
+
+// maxCount bounds a believable count of requests, and the sum of a
+// field's series: past float64's exact integers a count is no count, and
+// a sum that overflows to +Inf scores every replica NaN (Inf − Inf).
+const maxCount = 1 << 53
 
 // cacheConfigInfo is vLLM's info metric of its cache configuration
 // (llm-d-inference-sim exports it too); its num_gpu_blocks label is the

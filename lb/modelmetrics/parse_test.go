@@ -130,6 +130,10 @@ func TestParseErrors(t *testing.T) {
 		"vllm:num_requests_running -1\n",
 		"vllm:num_requests_running\n",
 		"sglang:token_usage{model_name=\"unterminated} 0.5\n",
+		// Counts past exact integers, or series whose sum does not stay
+		// finite: a load figure no scorer can rank (Inf − Inf is NaN).
+		"vllm:num_requests_waiting 1e16\n",
+		"vllm:num_requests_waiting{model_name=\"a\"} 1e308\nvllm:num_requests_waiting{model_name=\"b\"} 1e308\n",
 	} {
 		s, err := Parse([]byte(sglang + bad))
 		if err == nil || errors.Is(err, ErrNoMetrics) {
