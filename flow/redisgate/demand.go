@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -85,7 +86,9 @@ func parseShares(lines string, names map[string]string, tokens bool) *flow.FlowS
 		p, err1 := strconv.Atoi(f[0])
 		v, err2 := strconv.ParseFloat(f[2], 64)
 		id, ok := names[f[1]]
-		if err1 != nil || err2 != nil || !ok {
+		// A share is a finite amount ≥ 0: an infinite one would put its
+		// flow first in its band for ever (a reply is outside input).
+		if err1 != nil || err2 != nil || !ok || !(v >= 0) || math.IsInf(v, 1) {
 			continue
 		}
 		m[flow.FlowKey{Priority: p, FlowID: id}] += v
