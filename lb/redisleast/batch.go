@@ -547,7 +547,7 @@ func (b *batcher) send(bt *batch) reply {
 		if err != nil {
 			return reply{err: errBadReply}
 		}
-		counts[zs[i]] = int64(n)
+		counts[zs[i]] = countOf(n)
 	}
 	c, _ := arr[3].ToString()
 	counter, err := strconv.ParseFloat(c, 64)

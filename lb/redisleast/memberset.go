@@ -112,7 +112,7 @@ func (m *member) counts(ctx context.Context) (map[string]int64, error) {
 	}
 	out := make(map[string]int64, len(zs))
 	for _, z := range zs {
-		out[z.Member] = int64(z.Score)
+		out[z.Member] = countOf(z.Score)
 	}
 	m.set.setCounts(out)
 	return out, nil
@@ -126,4 +126,22 @@ func (m *member) replaySet(ctx context.Context) {
 	if last := m.set.members(); len(last) > 0 {
 		_ = m.sync(ctx, last)
 	}
+}
+
+// maxCount bounds the counts read from Redis's scores: float64 counts
+// whole numbers exactly up to 2^53.
+const maxCount = 1 << 53
+
+// countOf is a Redis score read as a count of requests. Scores are
+// outside input: one past ±maxCount (±inf included) is clamped there, in
+// the order the script's own least pick reads it (int64 of +inf is
+// math.MinInt64 on amd64: the busiest replica read as the idlest).
+func countOf(score float64) int64 {
+	switch {
+	case score >= maxCount, score != score: // NaN: no count, so not idle
+		return maxCount
+	case score <= -maxCount:
+		return -maxCount
+	}
+	return int64(score)
 }
