@@ -87,7 +87,7 @@ if [ $# -eq 0 ]; then
 	for target in "FuzzSetBackendsBody ./caddymodule 4000x" "FuzzTrustedFlowHeaders ./caddymodule 7000x" \
 		"FuzzCaddyfileOptions ./caddymodule 2000x" "FuzzFirstByteLimit ./caddymodule 9000x" \
 		"FuzzParseBackend ./lb 200000x" "FuzzExtractMatchesEncodingJSON ./lb/reqtext 100000x" \
-		"FuzzDecode ./lb/kvevents 50000x" "FuzzParse ./lb/modelmetrics 100000x"; do
+		"FuzzDecode ./lb/kvevents 50000x" "FuzzParse ./lb/modelmetrics 30000x"; do
 		set -- $target
 		echo "fuzz $1 ($2), ${SLUICE_FUZZTIME:-$3}"
 		go test -run '^$' -fuzz "^$1\$" -fuzztime "${SLUICE_FUZZTIME:-$3}" "$2"
