@@ -33,9 +33,9 @@ func New(cfg Config) *Policy {
 }
 
 // settings is what one pick reads of the config and the adaptive shift,
-// copied at once under the lock. The weights are indexed as AllScorers:
-// a map lookup per scorer, and a copy of the whole Config, on every pick
-// were a tenth of load_aware's pick on 4 replicas.
+// copied at once under the lock, so that a reload cannot give one pick
+// the weights of one config and the rest of another. The weights are
+// indexed as AllScorers (no map lookup per scorer).
 type settings struct {
 	weights        [numScorers]float64 // as configured (before the shift)
 	shift          float64
@@ -55,8 +55,8 @@ func settingsOf(c Config) settings {
 	return s
 }
 
-// uses: scorer i is on (adaptive mode scales weights but never turns a
-// scorer on or off).
+// uses: the scorer named is on (adaptive mode scales weights but never
+// turns a scorer on or off).
 func (s *settings) uses(name string) bool {
 	i := slices.Index(scorerOrder[:], name)
 	return i >= 0 && s.weights[i] > 0
