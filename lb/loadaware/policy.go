@@ -196,7 +196,7 @@ func effectiveWeight(name string, w, shift float64) float64 {
 func (p *Policy) Uses(name string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.cfg.Weights[name] > 0
+	return p.pick.uses(name)
 }
 
 // Ranking is the outcome of scoring one request.

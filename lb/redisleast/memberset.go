@@ -3,6 +3,7 @@ package redisleast
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -138,7 +139,7 @@ const maxCount = 1 << 53
 // math.MinInt64 on amd64: the busiest replica read as the idlest).
 func countOf(score float64) int64 {
 	switch {
-	case score >= maxCount, score != score: // NaN: no count, so not idle
+	case score >= maxCount, math.IsNaN(score): // NaN: no count, so not idle
 		return maxCount
 	case score <= -maxCount:
 		return -maxCount
