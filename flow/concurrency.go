@@ -46,7 +46,16 @@ func (d *ConcurrencyDetector) Saturation(in InFlight) Verdict {
 	if d.tokens {
 		return Verdict{Load: float64(in.Tokens) / (d.perReplica * float64(n))}
 	}
-	return Verdict{Load: float64(in.Requests) / (d.perReplica * float64(n)), Capacity: int64(d.perReplica) * int64(n)}
+	return Verdict{Load: float64(in.Requests) / (d.perReplica * float64(n)), Capacity: poolLimit(d.perReplica, n)}
+}
+
+// poolLimit is perReplica × n (n ≥ 0), at most maxPoolLimit. The
+// product is taken in float64 and bounded before the conversion: limits
+// and replicas come from the config, and int64(perReplica) × n of huge
+// ones wrapped to a negative or small count (a global gate then granted
+// nothing; band queues were sized from it).
+func poolLimit(perReplica float64, n int) int64 {
+	return int64(min(perReplica*float64(n), maxPoolLimit))
 }
 
 // ReplicaLimit is the most one replica should hold, in requests or tokens:
@@ -63,5 +72,9 @@ func (d *ConcurrencyDetector) PoolLimit() (limit int64, tokens bool) {
 	if d.replicas != nil {
 		n = d.replicas()
 	}
-	return int64(d.perReplica) * int64(max(n, 0)), d.tokens
+	return poolLimit(d.perReplica, max(n, 0)), d.tokens
 }
+
+// maxPoolLimit bounds the pool's limit: past float64's (and Lua's, in
+// flow/redisgate) exact integers a count of requests or tokens is no count.
+const maxPoolLimit = 1 << 53

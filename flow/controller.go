@@ -268,9 +268,9 @@ func (c *Controller) fitsWithoutLocked(b *band, n int64, v *waiter) bool {
 	g := &c.cfg
 	switch {
 	case g.MaxRequests > 0 && int64(c.queued-1) >= g.MaxRequests,
-		g.MaxBytes > 0 && c.bytes-v.req.Bytes+n > g.MaxBytes,
+		g.MaxBytes > 0 && over(c.bytes-v.req.Bytes, n, g.MaxBytes),
 		int64(b.queued-1) >= c.bandLimitLocked(b),
-		b.bytes-v.req.Bytes+n > b.cfg.MaxBytes:
+		over(b.bytes-v.req.Bytes, n, b.cfg.MaxBytes):
 		return false
 	}
 	return true
@@ -282,13 +282,19 @@ func (c *Controller) fitsLocked(b *band, n int64) bool {
 	g := &c.cfg
 	switch {
 	case g.MaxRequests > 0 && int64(c.queued) >= g.MaxRequests,
-		g.MaxBytes > 0 && c.bytes+n > g.MaxBytes,
+		g.MaxBytes > 0 && over(c.bytes, n, g.MaxBytes),
 		int64(b.queued) >= c.bandLimitLocked(b),
-		b.bytes+n > b.cfg.MaxBytes:
+		over(b.bytes, n, b.cfg.MaxBytes):
 		return false
 	}
 	return true
 }
+
+// over reports whether used + n bytes exceed limit (all ≥ 0). n is a
+// client's Content-Length, up to math.MaxInt64: used + n could wrap
+// below the limit, admitting the request and leaving the count negative
+// (every later request would then fit), so compare without adding.
+func over(used, n, limit int64) bool { return n > limit-used }
 
 // bandLimitLocked is band b's queue limit in requests now: a default
 // limit follows the pool's capacity, so it grows and shrinks with the
@@ -451,7 +457,9 @@ func (c *Controller) addBandLocked(cfg BandConfig) *band {
 	}
 	b := &band{cfg: cfg, ordering: ord, fairness: fair, flows: map[string]*policies.Queue{}}
 	c.byPrio[cfg.Priority] = b
-	i, _ := slices.BinarySearchFunc(c.bands, cfg.Priority, func(x *band, p int) int { return p - x.cfg.Priority })
+	// Highest first. cmp.Compare, not p - x: priorities are any int the
+	// config names, and the difference of two far apart overflows.
+	i, _ := slices.BinarySearchFunc(c.bands, cfg.Priority, func(x *band, p int) int { return cmp.Compare(p, x.cfg.Priority) })
 	c.bands = slices.Insert(c.bands, i, b)
 	return b
 }
