@@ -43,7 +43,9 @@ func readSetBackends(w http.ResponseWriter, r *http.Request, allowed func(lb.Bac
 	if err := dec.Decode(&req); err != nil {
 		return nil, http.StatusBadRequest, fmt.Errorf("body must be JSON {\"backends\": [\"http://host:port\", ...]}: %v", err)
 	}
-	if dec.More() {
+	// Not dec.More(): it reports false for a stray ']' or '}', which then
+	// passed as the end of the body.
+	if len(bytes.TrimLeft(body[dec.InputOffset():], " \t\r\n")) > 0 {
 		return nil, http.StatusBadRequest, errors.New("trailing data after the JSON object")
 	}
 	if req.Backends == nil {

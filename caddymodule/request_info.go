@@ -94,11 +94,7 @@ func (rs *requestState) readBody(r *http.Request, max int64) *requestInfo {
 		rb = &replayBody{}
 	}
 	ri.replay0Used = true
-	rb.closer = ri.closer
-	rb.prefix.Reset(ri.buf)
-	if !ri.complete {
-		rb.rest = ri.rest
-	}
+	rb.ri = ri
 	r.Body = rb
 	if ri.complete {
 		rs.body.readWhole(ri.buf) // the client's request keeps its body
@@ -150,7 +146,9 @@ func (ri *requestInfo) bodyFor(r *http.Request) bool {
 func readAtMost(dst []byte, src io.Reader, n, hint int64) ([]byte, error) {
 	const trustedHint = 64 << 10
 	if hint >= 0 {
-		dst = slices.Grow(dst, int(min(hint+1, n, trustedHint)))
+		// Capped before the +1: net/http accepts a Content-Length of
+		// 2⁶³-1, whose +1 wraps negative and made slices.Grow panic.
+		dst = slices.Grow(dst, int(min(min(hint, trustedHint)+1, n, trustedHint)))
 	}
 	lr := io.LimitedReader{R: src, N: n}
 	for {
@@ -168,23 +166,34 @@ func readAtMost(dst []byte, src io.Reader, n, hint int64) ([]byte, error) {
 	}
 }
 
-// replayBody serves the buffered prefix then the rest (nil when the
-// prefix is the whole body); Close closes the original body. One
+// replayBody serves the buffered prefix then the unread rest (none once
+// the buffer is the whole body); Close closes the original body. One
 // allocation per request, where bytes.Reader + io.MultiReader took four.
+//
+// It reads ri's buffer as it is now, not as it was when the replay was
+// made: a replay left on the client's request by a reader with a smaller
+// bound (flow_control) must give the bytes a larger one read after it
+// (the policy, on reverse_proxy's copy), not its old prefix followed by
+// the original body, which by then is past them (or, kept by
+// custom_router, replays the whole body again).
 type replayBody struct {
-	prefix bytes.Reader
-	rest   io.Reader
-	closer io.Closer
+	ri  *requestInfo
+	off int // bytes of ri.buf served
 }
 
 func (b *replayBody) Read(p []byte) (int, error) {
-	if b.prefix.Len() > 0 || b.rest == nil {
-		return b.prefix.Read(p)
+	if buf := b.ri.buf; b.off < len(buf) {
+		n := copy(p, buf[b.off:])
+		b.off += n
+		return n, nil
 	}
-	return b.rest.Read(p)
+	if b.ri.complete {
+		return 0, io.EOF
+	}
+	return b.ri.rest.Read(p)
 }
 
-func (b *replayBody) Close() error { return b.closer.Close() }
+func (b *replayBody) Close() error { return b.ri.closer.Close() }
 
 // Sizes assumed when the body does not tell.
 const (

@@ -180,6 +180,10 @@ func (r *Router) Insert(model, text, addr string) {
 	text = cutRunes(text, r.cfg.MaxTreeSize)
 	root := r.trees[model]
 	if root == nil {
+		// A copy: the key may be cut from a client's model name of
+		// megabytes, which the tree must not keep alive (a tree costs
+		// only its text against MaxTreeSize).
+		model = strings.Clone(model)
 		root = &node{}
 		r.trees[model] = root
 		r.roots[root] = model

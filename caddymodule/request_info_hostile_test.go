@@ -1,0 +1,72 @@
+package caddymodule
+
+import (
+	"io"
+	"math"
+	"strings"
+	"testing"
+)
+
+// A Content-Length of 2⁶³-1 is one net/http accepts (it parses the
+// header as a 63-bit number). Reading the body must neither panic nor
+// allocate on the strength of it, and the replica gets the body as sent.
+func TestHugeContentLengthDoesNotPanic(t *testing.T) {
+	body := `{"model":"m","prompt":"hi"}`
+	r, _, _ := newRequest(t)
+	r.URL.Path = "/v1/completions"
+	r.Body, r.ContentLength = io.NopCloser(strings.NewReader(body)), math.MaxInt64
+	var ri *requestInfo
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				t.Fatalf("reading a body announced at %d bytes panicked: %v", int64(math.MaxInt64), v)
+			}
+		}()
+		ri = requestInfoFor(r, 1<<20)
+	}()
+	if !ri.Parsed || ri.Model != "m" {
+		t.Fatalf("not parsed: %+v", ri.Request)
+	}
+	if cap(ri.buf) > 64<<10+len(body) {
+		t.Fatalf("buffer of %d bytes for a %d-byte body", cap(ri.buf), len(body))
+	}
+	if got, err := io.ReadAll(r.Body); err != nil || string(got) != body {
+		t.Fatalf("replica gets %q (%v), want %q", got, err, body)
+	}
+}
+
+// Two Sluice readers with different bounds (flow_control's max_body_bytes
+// below the policy's) on a body between them: the first puts a replay of
+// what it read on the client's request, the second (on reverse_proxy's
+// copy) reads the rest. The client's request must still give the body
+// as sent, for a handle_errors reverse_proxy to a fallback: it gave the
+// first reader's prefix followed by the whole body again (custom_router
+// keeps the body and replays it once read whole), or by nothing.
+func TestEveryReplayGivesTheBodyAfterALargerBoundReadFurther(t *testing.T) {
+	body := `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`
+	for _, kept := range []bool{true, false} {
+		r, _, _ := newRequest(t)
+		r.URL.Path = "/v1/completions"
+		r.Body, r.ContentLength = io.NopCloser(strings.NewReader(body)), -1
+		if kept {
+			keepClientBody(r) // custom_router in front
+		}
+		if requestInfoFor(r, 100).Parsed { // flow_control, max_body_bytes 100
+			t.Fatal("parsed over the bound")
+		}
+		proxied := r.WithContext(r.Context()) // reverse_proxy's copy shares the body
+		ri := requestInfoFor(proxied, 1<<20)  // the policy, default bound
+		if !ri.Parsed {
+			t.Fatal("not parsed within the larger bound")
+		}
+		ri.bodyFor(proxied)
+		if got, _ := io.ReadAll(proxied.Body); string(got) != body {
+			t.Fatalf("kept %v: the attempt sends %d bytes, want %d", kept, len(got), len(body))
+		}
+		// The attempt failed (a dial error): handle_errors proxies the
+		// client's request to a fallback.
+		if got, _ := io.ReadAll(r.Body); string(got) != body {
+			t.Fatalf("kept %v: the fallback gets %d bytes, want the %d sent", kept, len(got), len(body))
+		}
+	}
+}
