@@ -341,7 +341,9 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, conn 
 	if conn != nil {
 		relay, unrelay = kl.relay(*conn)
 	}
-	pk.SetExact(&kvevents.Prefixes{Index: kl.ix, Tokenizer: tok, FreshFor: time.Duration(o.KVEventsFresh)})
+	pk.SetExact(&kvevents.Prefixes{Index: kl.ix, Tokenizer: tok, FreshFor: time.Duration(o.KVEventsFresh),
+		// a peer's decision names its replica from Redis: only the pool's
+		IsReplica: func(addr string) bool { return slices.Contains(pk.Router().Addrs(), addr) }})
 	var once sync.Once
 	release = func() {
 		once.Do(func() {

@@ -22,6 +22,11 @@ import (
 // framing as it streams past and fail (closing the connection) on a frame
 // or message over the limits, whose handshake must finish within a
 // deadline, and whose listener refuses connections beyond a maximum.
+// The library allocates a frame's announced size before its body comes,
+// so what all connections have announced and not handed over is bounded
+// too (maxInFlight): otherwise a client that announces a frame at the
+// limit and goes silent costs maxFrame bytes for a few hundred, maxConns
+// times over (16 GiB by default).
 
 const guardTransport = "sluice-kv-tcp"
 
@@ -36,6 +41,9 @@ type guardLimits struct {
 	maxFrames            int   // frames per message
 	maxConns             int64
 	handshake            time.Duration
+	// maxInFlight bounds the bytes the listener's connections have
+	// announced in messages not yet handed over, all together.
+	maxInFlight int64
 }
 
 func defaultGuardLimits(lim Limits) guardLimits {
@@ -45,6 +53,8 @@ func defaultGuardLimits(lim Limits) guardLimits {
 		maxFrames:  8,
 		maxConns:   1024,
 		handshake:  handshakeTimeout,
+		// four messages at the size limit in progress at once
+		maxInFlight: 4 * (int64(lim.MaxPayloadBytes) + 2*maxTopicBytes),
 	}
 }
 
@@ -56,6 +66,7 @@ var guardRegistry sync.Map // host:port -> *guardState
 type guardState struct {
 	lim                         guardLimits
 	refused, oversize, timeouts atomic.Uint64
+	inFlight                    atomic.Int64 // announced bytes not handed over (maxInFlight)
 }
 
 type guardTransportImpl struct{}
@@ -125,11 +136,18 @@ type guardConn struct {
 	frames   int    // frames of the current message so far
 	shaken   bool   // the first command (the handshake) went past
 	inCmd    bool
+	last     bool // the current frame is its message's last
+	// Bytes this connection holds of g.inFlight: held in all, done of
+	// them in messages read in full, released at the next Read (the
+	// library reads the next message only once it handed this one over).
+	mu         sync.Mutex
+	held, done int64
 }
 
 var errGuard = errors.New("kv_events: ZMTP frame over the limits")
 
 func (c *guardConn) Read(p []byte) (int, error) {
+	c.releaseDone()
 	n, err := c.Conn.Read(p)
 	if ferr := c.scan(p[:n]); ferr != nil {
 		if c.g != nil {
@@ -146,10 +164,62 @@ func (c *guardConn) Read(p []byte) (int, error) {
 }
 
 func (c *guardConn) Close() error {
-	if c.closed.CompareAndSwap(false, true) && c.onClose != nil {
-		c.onClose()
+	if c.closed.CompareAndSwap(false, true) {
+		c.mu.Lock()
+		if c.g != nil {
+			c.g.inFlight.Add(-c.held)
+		}
+		c.held, c.done = 0, 0
+		c.mu.Unlock()
+		if c.onClose != nil {
+			c.onClose()
+		}
 	}
 	return c.Conn.Close()
+}
+
+// reserve counts size announced bytes in the listener's in-flight total;
+// false when that would pass maxInFlight. Always true on a replay's
+// connection (no listener: it is one of at most maxReplays).
+func (c *guardConn) reserve(size int64) bool {
+	if c.g == nil || size == 0 {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		return false
+	}
+	if c.g.inFlight.Add(size) > c.lim.maxInFlight {
+		c.g.inFlight.Add(-size)
+		return false
+	}
+	c.held += size
+	return true
+}
+
+// messageDone marks the bytes held so far as a message read in full.
+func (c *guardConn) messageDone() {
+	if c.g == nil {
+		return
+	}
+	c.mu.Lock()
+	c.done = c.held
+	c.mu.Unlock()
+}
+
+// releaseDone gives back the bytes of messages read in full.
+func (c *guardConn) releaseDone() {
+	if c.g == nil {
+		return
+	}
+	c.mu.Lock()
+	if c.done > 0 {
+		c.g.inFlight.Add(-c.done)
+		c.held -= c.done
+		c.done = 0
+	}
+	c.mu.Unlock()
 }
 
 func (c *guardConn) scan(b []byte) error {
@@ -195,14 +265,14 @@ func (c *guardConn) scan(b []byte) error {
 			more := flags&0x01 != 0
 			c.frames++
 			c.inMsg += size
-			if size > c.lim.maxFrame || c.inMsg > c.lim.maxMessage || c.frames > c.lim.maxFrames {
+			if size > c.lim.maxFrame || c.inMsg > c.lim.maxMessage || c.frames > c.lim.maxFrames || !c.reserve(size) {
 				return errGuard
 			}
 			c.hdr = c.hdr[:0]
 			if !more {
 				c.frames, c.inMsg = 0, 0
 			}
-			c.body = size
+			c.body, c.last = size, !more
 			if size == 0 {
 				c.frameDone()
 			}
@@ -211,9 +281,13 @@ func (c *guardConn) scan(b []byte) error {
 	return nil
 }
 
-// frameDone lifts the handshake deadline once the peer's first command
-// (READY) has been read in full.
+// frameDone ends a frame: the last of a message marks the message's bytes
+// done (see held); the peer's first command (READY) read in full lifts the
+// handshake deadline.
 func (c *guardConn) frameDone() {
+	if c.last {
+		c.messageDone()
+	}
 	if c.inCmd && !c.shaken {
 		c.shaken = true
 		_ = c.Conn.SetReadDeadline(time.Time{})

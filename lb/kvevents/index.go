@@ -48,8 +48,12 @@ type Index struct {
 	keyer    keyer
 	replicas map[string]*replica
 	total    int
-	seqs     map[seqKey]uint64
-	c        counters
+	seqs     map[seqKey]seqState
+	// noIdleBefore: no topic can be idle for topicIdle before this time
+	// (the oldest was last seen topicIdle before it), so a full table of
+	// active topics costs one scan per idle horizon, not one per message.
+	noIdleBefore time.Time
+	c            counters
 	// tombs: engine blocks removed recently, oldest first, all replicas
 	// (see tomb).
 	tombHead, tombTail *tomb
@@ -83,6 +87,19 @@ type seqKey struct {
 	topic string
 	rank  int
 }
+
+// seqState is a topic's (and rank's) last sequence applied, the replica
+// it fed, and when.
+type seqState struct {
+	seq  uint64
+	name string
+	at   time.Time
+}
+
+// topicIdle: with the topic table full, a topic silent this long gives
+// its slot to a new one (replicas come and go: a replaced pod publishes
+// under a new address, so new topics).
+const topicIdle = 10 * time.Minute
 
 // source is one cache of a replica: a data-parallel rank and a medium
 // (GPU, CPU offload...). Engine hashes are unique only within one.
@@ -157,7 +174,7 @@ func NewIndex(cfg Config) *Index {
 		cfg:      cfg,
 		keyer:    newKeyer(cfg.BlockSize, cfg.Seed),
 		replicas: make(map[string]*replica),
-		seqs:     make(map[seqKey]uint64),
+		seqs:     make(map[seqKey]seqState),
 		c:        newCounters(),
 	}
 }
@@ -306,8 +323,9 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 	defer ix.mu.Unlock()
 	rank := m.Batch.DPRank
 	sk := seqKey{topic: m.Topic, rank: rank}
-	last, seen := ix.seqs[sk]
-	if !seen && len(ix.seqs) >= maxTopics {
+	st, seen := ix.seqs[sk]
+	last := st.seq
+	if !seen && len(ix.seqs) >= maxTopics && !ix.evictIdleTopic(now) {
 		ix.c.drop(ReasonTooMany)
 		return false
 	}
@@ -330,7 +348,7 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 			ix.clearRank(r, rank)
 		}
 	}
-	ix.seqs[sk] = m.Seq
+	ix.seqs[sk] = seqState{seq: m.Seq, name: name, at: now}
 	ix.c.batches++
 	ix.c.unknown += uint64(m.Batch.Unknown)
 	r.lastEvent = now
@@ -357,6 +375,47 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 		}
 	}
 	ix.enforce(r)
+	return true
+}
+
+// evictIdleTopic drops the topic silent longest if it has been for
+// topicIdle, to make room for a new one; false if none has. Its rank's
+// entries go too (its sequence is forgotten, so a gap would go unseen
+// when it comes back), and its replica when nothing is left of it.
+func (ix *Index) evictIdleTopic(now time.Time) bool {
+	if now.Before(ix.noIdleBefore) {
+		return false
+	}
+	var oldest seqKey
+	var st seqState
+	found := false
+	for k, v := range ix.seqs {
+		if !found || v.at.Before(st.at) {
+			oldest, st, found = k, v, true
+		}
+	}
+	if !found || now.Sub(st.at) < topicIdle {
+		ix.noIdleBefore = st.at.Add(topicIdle)
+		return false
+	}
+	delete(ix.seqs, oldest)
+	r := ix.replicas[st.name]
+	if r == nil {
+		return true
+	}
+	ix.clearRank(r, oldest.rank)
+	if r.n > 0 {
+		return true
+	}
+	for _, v := range ix.seqs {
+		if v.name == st.name {
+			return true
+		}
+	}
+	for _, t := range r.tombs {
+		ix.unlinkTomb(t)
+	}
+	delete(ix.replicas, st.name)
 	return true
 }
 

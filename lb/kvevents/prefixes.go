@@ -20,7 +20,12 @@ type Prefixes struct {
 	// SpeculateFor: what was just routed to a replica counts as held for
 	// this long, until its events say (default 2s; negative: never).
 	SpeculateFor time.Duration
-	Now          func() time.Time // default time.Now
+	// IsReplica, when set, says whether addr is one of the pool's
+	// replicas: SpeculatePeer takes a peer's decision only for one. The
+	// peer's addr comes from the pool's Redis stream (outside input), and
+	// the index makes a replica of each name it speculates on.
+	IsReplica func(addr string) bool
+	Now       func() time.Time // default time.Now
 }
 
 // speculateFor is SpeculateFor with its default (2s; negative: never).
@@ -100,7 +105,7 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 // engine tokenizer's cache miss) is left to the tree.
 func (p *Prefixes) SpeculatePeer(model, text, addr string) {
 	ttl := p.speculateFor()
-	if ttl < 0 || text == "" {
+	if ttl < 0 || text == "" || p.IsReplica != nil && !p.IsReplica(addr) {
 		return
 	}
 	var tokens []uint32

@@ -398,8 +398,8 @@ var discardLogger = log.New(io.Discard, "", 0)
 func (ix *Index) lastSeq(sk seqKey) (uint64, bool) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	last, seen := ix.seqs[sk]
-	return last, seen
+	st, seen := ix.seqs[sk]
+	return st.seq, seen
 }
 
 // countReplay counts one replay outcome.
