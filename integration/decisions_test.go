@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // decisionSite is a site that shows Sluice's routing decision the two
@@ -148,8 +149,10 @@ func TestRoutingDecisionsReachHeadersAndTheAccessLog(t *testing.T) {
 	flowURL, cacheURL := "http://127.0.0.1:9170", "http://127.0.0.1:9173"
 	tenant := map[string]string{"X-Gateway-Inference-Fairness-Id": "acme", "X-Gateway-Inference-Objective": "premium"}
 
-	// A refusal: no backends yet. flow_control admitted it (tenant, band),
-	// the policy refused it.
+	// A refusal: no backends. flow_control admitted it (tenant, band), the
+	// policy refused it. (A pool's set outlives configs in this process:
+	// an earlier run's, under -count, is cleared first.)
+	setBackends(t, flowURL)
 	got := decide(t, flowURL, "hello", tenant)
 	if got.status != 503 || got.replica != "" || got.reason != "refused:no_backends" || got.tenant != "acme" || got.band != "interactive" {
 		t.Fatalf("refused request: %+v", got)
@@ -167,7 +170,9 @@ func TestRoutingDecisionsReachHeadersAndTheAccessLog(t *testing.T) {
 		t.Fatalf("request without flow headers: %+v", got)
 	}
 
-	prompt := strings.Repeat("a long shared system prompt ", 8)
+	// A prompt of this run's own: the pool's prefix tree outlives configs
+	// in this process (an earlier run's, under -count, matched it).
+	prompt := fmt.Sprintf("run %d: ", time.Now().UnixNano()) + strings.Repeat("a long shared system prompt ", 8)
 	first := decide(t, cacheURL, prompt+"first question", nil)
 	second := decide(t, cacheURL, prompt+"second question", nil)
 	if first.status != 200 || first.reason != "least_load" || second.status != 200 ||
