@@ -264,15 +264,17 @@ func TestConcurrentBackendChangesPersistTheFinalSet(t *testing.T) {
 	}
 	// A restart restores the file: the first module naming a pool after
 	// start-up reads <pool>.json, so the file is restored under a fresh
-	// pool name by a reload, as it would be by a restarted process.
+	// pool name by a reload, as it would be by a restarted process (a name
+	// of this run's own: pools outlive configs in this process, -count).
 	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(filepath.Dir(file), "hd-persist-restart.json"), data, 0o600); err != nil {
+	restarted := fmt.Sprintf("hd-persist-restart-%d", time.Now().UnixNano())
+	if err := os.WriteFile(filepath.Join(filepath.Dir(file), restarted+".json"), data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reload(t, cfg("hd-persist-restart"))
+	reload(t, cfg(restarted))
 	if got := listWorkers(t, url); !slices.Equal(got, live) {
 		t.Fatalf("restored %v, want the final set %v", got, live)
 	}
