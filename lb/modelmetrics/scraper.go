@@ -73,6 +73,10 @@ func New(cfg Config) *Scraper {
 func (s *Scraper) SetTargets(targets map[string]string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.setTargetsLocked(targets)
+}
+
+func (s *Scraper) setTargetsLocked(targets map[string]string) {
 	old := *s.targets.Load()
 	next := make(map[string]*target, len(targets))
 	added := false
@@ -110,11 +114,12 @@ func (s *Scraper) Configure(cfg Config) {
 	old := s.Config()
 	cfg.Client = old.Client
 	s.cfg.Store(&cfg)
-	bases := s.bases
-	s.mu.Unlock()
-	if cfg.Path != old.Path && bases != nil {
-		s.SetTargets(bases)
+	if cfg.Path != old.Path && s.bases != nil {
+		// Under the lock: a SetTargets between reading the set and
+		// applying it would be undone (its replicas forgotten).
+		s.setTargetsLocked(s.bases)
 	}
+	s.mu.Unlock()
 	if cfg.Interval != old.Interval {
 		select {
 		case s.retick <- struct{}{}:

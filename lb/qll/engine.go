@@ -169,7 +169,9 @@ func (e *engineView) observe(smp modelmetrics.Sample, ours int, staleness time.D
 		// What it runs of ours and the buffer, not capped at ours: each
 		// moment the edge had nothing to send would otherwise ratchet a
 		// KV-full engine down to what it runs, its queue empty.
-		e.slots = max(1, min(ours, e.running)+fullBuffer(e.running))
+		// At most maxLimit, as in growth: a page may say 2^53 running,
+		// and its eighth as a buffer let a full engine take everything.
+		e.slots = min(maxLimit, max(1, min(ours, e.running)+fullBuffer(e.running)))
 	case e.single || !room:
 		// one-at-a-time, or requests waiting behind what it runs: no change
 	case e.running >= 2 || e.batching:
