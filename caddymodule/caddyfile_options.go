@@ -181,8 +181,23 @@ func parseOnOff(s string) (bool, error) {
 
 // parseModule parses a module's whole block: hook (if any) takes the
 // options that are not plain fields (handled true), setOption the rest.
+//
+// An option that holds one value may be given once: written twice (or,
+// for the field the directive's argument sets, as the argument and as an
+// option) the block would silently load with the last one. List and map
+// options, and the options a hook adds entries with, stay repeatable.
 func parseModule(d *caddyfile.Dispenser, directive string, arg *string, module any, hook func(opt string, vals []string) (bool, error)) error {
+	given := map[string]bool{}
 	return parseBlock(d, directive, arg, func(opt string, vals []string) error {
+		if f, _, ok := fieldByJSONName(reflect.ValueOf(module).Elem(), opt); ok && f.Kind() != reflect.Slice && f.Kind() != reflect.Map {
+			if arg != nil && *arg != "" && f.Kind() == reflect.String && f.Addr().Interface() == any(arg) {
+				return fmt.Errorf("already given as the argument %q of the directive line", *arg)
+			}
+			if given[opt] {
+				return errors.New("given more than once; keep one")
+			}
+			given[opt] = true
+		}
 		if hook != nil {
 			if handled, err := hook(opt, vals); handled || err != nil {
 				return err

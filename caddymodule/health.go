@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"net/http"
+	"slices"
 	"sort"
 	"time"
 
@@ -106,7 +107,14 @@ func inFlightHealth(inFlight map[string]int) stateHealth {
 }
 
 func health(name string) healthReport {
-	set, managed := lb.GetPool(name).Backends()
+	// Looked up, not lb.GetPool: that creates the pool, and a GET of the
+	// admin API for any name (a typo, a probe) would leave one behind,
+	// listed by /sluice/pools, per name asked.
+	var set []lb.Backend
+	var managed bool
+	if _, exists := slices.BinarySearch(lb.PoolNames(), name); exists {
+		set, managed = lb.GetPool(name).Backends()
+	}
 	rep := healthReport{OK: true, Pool: name, Version: version.Version, Managed: managed, Backends: []backendHealth{}, Settings: map[string]any{}}
 	states := liveStatesOf(name)
 	modules := make([]string, 0, len(states))

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -258,30 +259,41 @@ func InferenceSimReplica(name string) *sim.Replica {
 	return inferenceSimRegistry.get(name)
 }
 
-var inferenceSimRegistry = &inferenceSimReplicas{byName: make(map[string]*sim.Replica)}
+var inferenceSimRegistry = &inferenceSimReplicas{byName: make(map[string][]*sim.Replica)}
 
+// inferenceSimReplicas keeps, per name, every provisioned replica not yet
+// cleaned up, newest last: across a reload the old config's replica is
+// cleaned up after the new one is provisioned, and a refused config's
+// after it was provisioned, so a single entry per name would lose the
+// running config's replica to a refused reload.
 type inferenceSimReplicas struct {
 	mu     sync.Mutex
-	byName map[string]*sim.Replica
+	byName map[string][]*sim.Replica
 }
 
 func (reg *inferenceSimReplicas) put(rp *sim.Replica) {
 	reg.mu.Lock()
 	defer reg.mu.Unlock()
-	reg.byName[rp.Name()] = rp
+	reg.byName[rp.Name()] = append(reg.byName[rp.Name()], rp)
 }
 
 func (reg *inferenceSimReplicas) get(name string) *sim.Replica {
 	reg.mu.Lock()
 	defer reg.mu.Unlock()
-	return reg.byName[name]
+	if rps := reg.byName[name]; len(rps) > 0 {
+		return rps[len(rps)-1]
+	}
+	return nil
 }
 
 func (reg *inferenceSimReplicas) remove(rp *sim.Replica) {
 	reg.mu.Lock()
 	defer reg.mu.Unlock()
-	if reg.byName[rp.Name()] == rp {
+	rps := slices.DeleteFunc(reg.byName[rp.Name()], func(r *sim.Replica) bool { return r == rp })
+	if len(rps) == 0 {
 		delete(reg.byName, rp.Name())
+	} else {
+		reg.byName[rp.Name()] = rps
 	}
 }
 
