@@ -85,7 +85,9 @@ func (m *member) flush(ctx context.Context) {
 			ids := b.ids[i:min(i+batch, len(b.ids))]
 			// Error replies too (see Lease.Release): kept until Redis takes them.
 			if err := m.execRelease(ctx, b.ident, ids); err != nil && !rueidis.IsRedisNil(err) {
-				m.pend.putBack(pendingBatch{b.ident, b.ids[i:]})
+				if !m.pend.putBack(pendingBatch{b.ident, b.ids[i:]}) {
+					m.rotate(b.ident)
+				}
 				break
 			}
 			var lost []string

@@ -58,13 +58,16 @@ func (p *pending) take() []pendingBatch {
 	return out
 }
 
-// putBack requeues a batch that could not be sent, within the bound.
-func (p *pending) putBack(b pendingBatch) {
+// putBack requeues a batch that could not be sent, within the bound;
+// false on overflow (the caller rotates, as for add: the releases left
+// out would otherwise count for as long as the identity lives).
+func (p *pending) putBack(b pendingBatch) bool {
 	for _, id := range b.ids {
 		if !p.add(b.ident, id) {
-			return
+			return false
 		}
 	}
+	return true
 }
 
 // clear drops everything (identity rotation).

@@ -65,12 +65,15 @@ for i = 0, n - 1 do
 end
 if best == nil then return {0, '', v} end
 if maxIn > 0 and bestScore >= maxIn then return {2, best, v} end
-redis.call('ZINCRBY', KEYS[1], 1, best)
-redis.call('HSET', KEYS[3], ARGV[3], best)
+-- Counted last: Redis does not roll back a script that fails midway, and
+-- an error reply (SADD on a foreign key of the wrong type) gets a local
+-- lease, so a count made before it would never be released.
 if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 end
 redis.call('SADD', KEYS[4], ARGV[4])
+redis.call('ZINCRBY', KEYS[1], 1, best)
+redis.call('HSET', KEYS[3], ARGV[3], best)
 return {1, best, v}
 `)
 

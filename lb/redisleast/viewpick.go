@@ -39,7 +39,12 @@ func (b *batcher) observePicksLocked(counter float64, applied int64, now time.Ti
 	if !b.pickAt.IsZero() && now.After(b.pickAt) {
 		foreign := max(counter-b.pickCount-float64(applied), 0) // < 0: Redis restarted
 		rate := foreign / now.Sub(b.pickAt).Seconds()
-		b.foreignRate += foreignWeight * (rate - b.foreignRate)
+		// The counter is outside input: +inf, or a jump so large that it
+		// reads as an infinite rate, would make the average NaN, which no
+		// later reply brings back (every view pick then random).
+		if f := b.foreignRate + foreignWeight*(rate-b.foreignRate); !math.IsNaN(f) && !math.IsInf(f, 0) {
+			b.foreignRate = f
+		}
 	}
 	b.pickCount, b.pickAt = counter, now
 }
