@@ -65,10 +65,14 @@ const (
 	keyError       = "http.error"
 )
 
+// attemptKeys are the placeholders an attempt's outcome reads.
+var attemptKeys = [...]string{keyStatus, keyHostport, keyLastByte, keyContentType, keyError}
+
 // attempt is one request's record for one policy, across its retries.
 type attempt struct {
 	mu      sync.Mutex
 	repl    *caddy.Replacer
+	rs      *requestState   // the request's, with its other policies' records
 	base    context.Context // the request's context before any trace
 	measure latencyMeasure
 	lease   lb.Lease
@@ -84,6 +88,12 @@ type attempt struct {
 	req *lb.Request
 	// failed lists the replicas whose attempts at this request failed.
 	failed []string
+	// kept: the placeholders this attempt's outcome reads, as they were
+	// when another policy's attempt on the same request began and
+	// cleared them (a second reverse_proxy in handle_errors or
+	// handle_response through another pool); nil while the Replacer's
+	// are this attempt's.
+	kept map[string]any
 
 	// Storage for req and the first attempt's trace, in the record's own
 	// allocation; only the request's goroutine (Select) takes them.
@@ -118,7 +128,7 @@ func (rs *requestState) attemptFor(r *http.Request, repl *caddy.Replacer, key st
 		repl = caddy.NewReplacer()
 	}
 	a := rs.newAttempt()
-	a.repl, a.base, a.measure = repl, r.Context(), measure
+	a.repl, a.base, a.measure, a.rs = repl, r.Context(), measure, rs
 	rs.addAttempt(key, a)
 	return a
 }
@@ -157,7 +167,7 @@ func (a *attempt) retry() {
 	o := lb.Outcome{Kind: lb.Failure}
 	if prev != nil {
 		if first, _, _, _ := pt.facts(); first > 0 {
-			o = a.outcome(prev.Replica(), pt)
+			o, _ = a.classify(prev.Replica(), pt, a.kept)
 		}
 		if o.Kind == lb.Failure {
 			a.failed = append(a.failed, prev.Replica())
@@ -195,6 +205,17 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, usual 
 	// below, finish either runs first (closed: the lease goes back here)
 	// or waits for a.mu and finds the lease.
 	t.ctx.init(a.base, t.requestEnded)
+	// Another policy's attempt on this request that is still out (the
+	// request went on to a second reverse_proxy) keeps the placeholders
+	// its outcome reads before this one clears them. Never on the usual
+	// request, with one policy.
+	if a.rs != nil && len(a.rs.attempts) > 1 {
+		for _, ka := range a.rs.attempts {
+			if ka.a != a {
+				ka.a.keepPlaceholders()
+			}
+		}
+	}
 	a.mu.Lock()
 	if a.closed || a.base.Err() != nil {
 		a.closed = true
@@ -203,7 +224,7 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, usual 
 		l.Release(lb.Outcome{Kind: lb.Cancelled})
 		return false
 	}
-	a.lease, a.trace = l, t
+	a.lease, a.trace, a.kept = l, t, nil
 	// Watched before a.mu is let go: finish takes the trace under a.mu,
 	// so it always finds it to unwatch (watched after, it outlived a
 	// request that ended in between, for up to the whole limit).
@@ -211,7 +232,7 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, usual 
 		t.deadline = t.start.Add(limit)
 		firstByteWatched.watch(t)
 	}
-	for _, k := range []string{keyStatus, keyHostport, keyLastByte, keyContentType, keyError} {
+	for _, k := range attemptKeys {
 		a.repl.Delete(k)
 	}
 	a.mu.Unlock()
@@ -238,7 +259,16 @@ func (a *attempt) bodyRead(t *attemptTrace) {
 		a.mu.Unlock()
 		return
 	}
-	o := a.outcome(l.Replica(), t)
+	o, statusKnown := a.classify(l.Replica(), t, a.kept)
+	if !statusKnown {
+		// A response with no body (HEAD, 204, 304, Content-Length: 0)
+		// is read to its end before the transport hands it to
+		// reverse_proxy, which has not set its status yet: released now,
+		// a bodyless 5xx was a Success. A retry or the request's end
+		// releases it, status known.
+		a.mu.Unlock()
+		return
+	}
 	a.lease = nil
 	if o.Kind == lb.Failure { // a 5xx: a retry must avoid it too
 		a.failed = append(a.failed, l.Replica())
@@ -270,13 +300,41 @@ func (a *attempt) firstByte(t *attemptTrace, d time.Duration) {
 func (a *attempt) finish() {
 	a.mu.Lock()
 	a.closed = true
-	l, t := a.lease, a.trace
+	l, t, kept := a.lease, a.trace, a.kept
 	a.lease, a.trace = nil, nil
 	a.mu.Unlock()
 	t.close()
 	if l != nil {
-		l.Release(a.outcome(l.Replica(), t))
+		o, _ := a.classify(l.Replica(), t, kept)
+		l.Release(o)
 	}
+}
+
+// keepPlaceholders copies, for the attempt still out, the placeholders
+// its outcome reads, which another policy's attempt is about to clear.
+func (a *attempt) keepPlaceholders() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.lease == nil || a.kept != nil {
+		return // nothing out, or kept before an earlier attempt cleared them
+	}
+	kept := make(map[string]any, len(attemptKeys))
+	for _, k := range attemptKeys {
+		if v, ok := a.repl.Get(k); ok {
+			kept[k] = v
+		}
+	}
+	a.kept = kept
+}
+
+// placeholder is key's value for an attempt whose kept placeholders
+// are kept (nil: the Replacer's).
+func (a *attempt) placeholder(kept map[string]any, key string) (any, bool) {
+	if kept != nil {
+		v, ok := kept[key]
+		return v, ok
+	}
+	return a.repl.Get(key)
 }
 
 // outcome classifies the last attempt:
@@ -289,45 +347,57 @@ func (a *attempt) finish() {
 //     first_byte (and streams under auto), last byte otherwise; a body
 //     that never completed says nothing (Cancelled).
 func (a *attempt) outcome(dial string, t *attemptTrace) lb.Outcome {
+	a.mu.Lock()
+	kept := a.kept
+	a.mu.Unlock()
+	o, _ := a.classify(dial, t, kept)
+	return o
+}
+
+// classify is outcome, reading the placeholders kept (nil: the
+// Replacer's); statusKnown is false when the replica answered but
+// reverse_proxy has not yet set the status placeholder for it.
+func (a *attempt) classify(dial string, t *attemptTrace, kept map[string]any) (o lb.Outcome, statusKnown bool) {
 	first, last, transportErr, clientErr := t.facts()
 	if first == 0 {
 		if clientErr {
-			return lb.Outcome{Kind: lb.Cancelled} // the client's upload broke, not the replica
+			return lb.Outcome{Kind: lb.Cancelled}, true // the client's upload broke, not the replica
 		}
-		if _, failed := a.repl.Get(keyError); failed || transportErr {
-			return lb.Outcome{Kind: lb.Failure}
+		if _, failed := a.placeholder(kept, keyError); failed || transportErr {
+			return lb.Outcome{Kind: lb.Failure}, true
 		}
-		return lb.Outcome{Kind: lb.Cancelled}
+		return lb.Outcome{Kind: lb.Cancelled}, true
 	}
-	hp, _ := a.repl.GetString(keyHostport)
-	ours := hp == dial
-	code := 0
+	hp, _ := a.placeholder(kept, keyHostport)
+	ours := caddy.ToString(hp) == dial
+	code, statusKnown := 0, !ours
 	if ours {
-		v, _ := a.repl.Get(keyStatus)
+		var v any
+		v, statusKnown = a.placeholder(kept, keyStatus)
 		code, _ = v.(int)
 	}
 	if code >= 500 {
-		return lb.Outcome{Kind: lb.Failure, Status: code}
+		return lb.Outcome{Kind: lb.Failure, Status: code}, true
 	}
 	useFirst := a.measure == measureFirstByte
 	if a.measure == measureAuto && ours {
-		ct, _ := a.repl.GetString(keyContentType)
-		useFirst = strings.HasPrefix(ct, "text/event-stream")
+		ct, _ := a.placeholder(kept, keyContentType)
+		useFirst = strings.HasPrefix(caddy.ToString(ct), "text/event-stream")
 	}
 	if useFirst {
-		return lb.Outcome{Kind: lb.Success, Latency: first, Status: code, Streamed: true, Total: last}
+		return lb.Outcome{Kind: lb.Success, Latency: first, Status: code, Streamed: true, Total: last}, statusKnown
 	}
 	if last > 0 {
-		return lb.Outcome{Kind: lb.Success, Latency: last, Status: code, Total: last}
+		return lb.Outcome{Kind: lb.Success, Latency: last, Status: code, Total: last}, statusKnown
 	}
 	if ours { // HTTP/2 upstreams report no body end to the trace
-		if v, ok := a.repl.Get(keyLastByte); ok {
+		if v, ok := a.placeholder(kept, keyLastByte); ok {
 			if d, ok := v.(time.Duration); ok {
-				return lb.Outcome{Kind: lb.Success, Latency: d, Status: code, Total: d}
+				return lb.Outcome{Kind: lb.Success, Latency: d, Status: code, Total: d}, statusKnown
 			}
 		}
 	}
-	return lb.Outcome{Kind: lb.Cancelled, Status: code}
+	return lb.Outcome{Kind: lb.Cancelled, Status: code}, statusKnown
 }
 
 // attemptTrace is what the transport reports about one attempt.
