@@ -16,20 +16,24 @@ import (
 	"github.com/sluice-router/sluice/flow/redisgate"
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/cacheaware/share"
+	"github.com/sluice-router/sluice/lb/kvevents"
 	"github.com/sluice-router/sluice/lb/redisconn"
 	"github.com/sluice-router/sluice/lb/redisleast"
 	"github.com/sluice-router/sluice/lb/redistest"
+	"github.com/sluice-router/sluice/lb/streamrelay"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
 // sluiceACL is the ACL of a Redis user restricted to what Sluice's Redis
 // features need (global_redis_least in both modes, cache_aware's
-// sharing, flow_control's shared capacity), after the user name and its password; docs/redis.md shows it.
+// sharing, flow_control's shared capacity, kv_events' relay), after the
+// user name and its password; docs/redis.md shows it.
 // Keys and pub/sub channels: only Sluice's (every one starts with the hash
 // tag "{sluice:<key_prefix>:<pool>}"). Commands: those the clients send
 // (EVALSHA and EVAL of the scripts, SET/DEL of the liveness key, SMEMBERS,
-// ZCARD, ZRANGE, HMGET, PING, SUBSCRIBE, XADD, XREAD, TIME (the flow
+// ZCARD, ZRANGE, HMGET, PING, SUBSCRIBE, XADD, XREAD, XREVRANGE (a relay
+// started "from now" reads the newest record's id), TIME (the flow
 // gate's script reads Redis's clock), and CLUSTER SLOTS /
 // SHARDS for a cluster client's topology: rueidis asks CLUSTER SLOTS of
 // Redis 7 and CLUSTER SHARDS of Redis 8 and later; on a single server the
@@ -37,7 +41,7 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // Each one is needed: without any one but cluster|shards (Redis 7 here),
 // exercise fails or Redis logs a denial.
 const sluiceACL = "~{sluice:* &{sluice:* -@all" +
-	" +evalsha +eval +ping +subscribe +set +del +smembers +zcard +zrange +hmget +xadd +xread" +
+	" +evalsha +eval +ping +subscribe +set +del +smembers +zcard +zrange +hmget +xadd +xread +xrevrange" +
 	" +exists +hdel +hexists +hget +hgetall +hincrby +hlen +hset +hvals +lindex +llen +lpop +lrem" +
 	" +publish +rpush +sadd +srem +zadd +zincrby +zrangebyscore +zrem +zscore" +
 	" +time +cluster|slots +cluster|shards"
@@ -242,6 +246,28 @@ func exercise(t *testing.T, conn redisconn.Config, admin rueidis.Client) {
 		if st := s.Stats(); st.Errors != 0 || !st.Connected {
 			t.Fatalf("sharer %+v", st)
 		}
+	}
+
+	// kv_events' relay, started "from now" as it is for an index that
+	// already holds events (a reload that changed the connection): it
+	// first reads the newest record's id, then applies only what follows.
+	key := kvevents.RelayKey(conn.KeyPrefix, "p")
+	pub := streamrelay.New(streamrelay.Config{Conn: conn, Key: key}, func(map[string]string, bool) {})
+	t.Cleanup(pub.Close)
+	pub.Publish("t", "old")
+	waitFor("the relay's first record published", func() bool { return pub.Stats().Published == 1 })
+	var news atomic.Int64
+	late := streamrelay.New(streamrelay.Config{Conn: conn, Key: key, FromNow: true}, func(f map[string]string, _ bool) {
+		if f["t"] == "new" {
+			news.Add(1)
+		}
+	})
+	t.Cleanup(late.Close)
+	waitFor("the late relay to reach the stream", func() bool { return late.Stats().Connected })
+	pub.Publish("t", "new")
+	waitFor("the late relay to apply the new record", func() bool { return news.Load() == 1 })
+	if st := late.Stats(); st.Errors != 0 || st.Applied != 1 {
+		t.Fatalf("relay from now: %+v", st)
 	}
 
 	// flow_control's shared capacity: two instances claim and give back
