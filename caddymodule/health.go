@@ -30,8 +30,12 @@ type backendHealth struct {
 	Addr        string  `json:"addr"`
 	URL         string  `json:"url,omitempty"`
 	EWMALatency float64 `json:"ewma_latency"`
-	Tried       bool    `json:"tried"`
-	InFlight    int     `json:"in_flight"`
+	// queued_least_latency's: its streams' first-byte EWMA (seconds) and
+	// the learned concurrency limit (slots_from learned: its floor).
+	StreamEWMA       *float64 `json:"ewma_first_byte_stream,omitempty"`
+	ConcurrencyLimit *float64 `json:"concurrency_limit,omitempty"`
+	Tried            bool     `json:"tried"`
+	InFlight         int      `json:"in_flight"`
 	// Parallelism is the requests a queueing policy takes the replica to
 	// serve at once (configured, or learned).
 	Parallelism int `json:"parallelism,omitempty"`

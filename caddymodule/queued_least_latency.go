@@ -181,7 +181,8 @@ func qllHealth(s *qll.State) stateHealth {
 		h.Metrics = s.Engine()
 	}
 	for _, r := range snap.Replicas {
-		h.Replicas = append(h.Replicas, backendHealth{Addr: r.Addr, EWMALatency: r.EWMASeconds, Tried: r.Tried,
+		h.Replicas = append(h.Replicas, backendHealth{Addr: r.Addr, EWMALatency: r.EWMASeconds,
+			StreamEWMA: &r.StreamEWMASeconds, ConcurrencyLimit: &r.Limit, Tried: r.Tried,
 			InFlight: r.InFlight, Parallelism: r.Parallelism, SlotsFrom: r.SlotsFrom, Down: r.Down, Dispatched: r.Dispatched,
 			Failures: r.Failures, Draining: !r.Present})
 	}
