@@ -5,8 +5,11 @@
 // never waits on Redis; the reader resumes from the last record it
 // applied, or from the oldest one the stream still holds (MAXLEN ~
 // StreamLen), so a new instance and one back from a Redis outage catch up
-// on the recent history. cache_aware's shared tree (lb/cacheaware/share)
-// and the KV-event relay (lb/kvevents) are its users.
+// on the recent history. A stream reset under the reader (key deleted,
+// Redis back empty, ids gone below the last one read) is noticed when a
+// read comes back empty and re-read from its start (Stats.Resets).
+// cache_aware's shared tree (lb/cacheaware/share) and the KV-event relay
+// (lb/kvevents) are its users.
 package streamrelay
 
 import (
@@ -87,6 +90,11 @@ type Stats struct {
 	Dropped   uint64 `json:"dropped"`
 	Errors    uint64 `json:"errors"`
 	Pending   int    `json:"pending"`
+	// Resets counts the stream found reset under the reader (deleted,
+	// emptied, or holding only ids below LastID: Redis restarted empty,
+	// failed over, or a record with a far-future id was read and removed)
+	// and re-read from its start.
+	Resets uint64 `json:"resets"`
 	// LagMillis: age of the last applied record when it was applied.
 	LagMillis int64  `json:"lag_ms"`
 	LastID    string `json:"last_id"`
@@ -113,6 +121,7 @@ type Relay struct {
 	connected                         atomic.Bool
 	lastID                            atomic.Pointer[string]
 	lastErr                           atomic.Pointer[string]
+	resets                            atomic.Uint64 // Stats.Resets
 }
 
 // New starts relaying: a goroutine connects (retrying with back-off while
@@ -334,6 +343,31 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 		r.connected.Store(true)
 		back = firstBackoff
 		entries := streams[r.cfg.Key]
+		if len(entries) == 0 && last != "0-0" {
+			// The read timed out: see whether the stream was reset under
+			// LastID (one call a second at most, and only when idle).
+			reset, err := r.streamReset(ctx, cl, last)
+			if err != nil {
+				if !r.wait(ctx, err, &back) {
+					return
+				}
+				continue
+			}
+			if reset {
+				// Re-read the new stream from its start. Its records came
+				// after the last one applied, yet they are history to
+				// ApplyFunc, as on start: read before the relay reached the
+				// stream's end, they may be older than a second (a failover
+				// to a replica behind, records buffered through an outage),
+				// and a user taking news as "computed now" (cache_aware's
+				// speculative entries) must not take them so.
+				zero := "0-0"
+				r.lastID.Store(&zero)
+				r.resets.Add(1)
+				history = true
+				continue
+			}
+		}
 		for _, e := range entries {
 			if e.FieldValues[InstanceField] != r.cfg.Instance {
 				r.apply(e.FieldValues, history)
@@ -349,6 +383,43 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 			history = false // caught up: what follows is news
 		}
 	}
+}
+
+// streamReset reports whether the stream holds no record at or after last
+// while last is an id the reader got from it: the key is gone or empty,
+// or its newest id is below last (new ids will be too, so XREAD from last
+// would never return anything again).
+func (r *Relay) streamReset(ctx context.Context, cl rueidis.Client, last string) (bool, error) {
+	es, err := cl.Do(ctx, cl.B().Xrevrange().Key(r.cfg.Key).End("+").Start("-").Count(1).Build()).AsXRange()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		return false, err
+	}
+	if len(es) == 0 {
+		// Gone or emptied: whatever is added next is new.
+		return true, nil
+	}
+	return idLess(es[0].ID, last), nil
+}
+
+// idLess reports whether stream id a is below b ("ms-seq", both parts
+// unsigned 64-bit); false when either does not parse.
+func idLess(a, b string) bool {
+	am, as, ok1 := parseID(a)
+	bm, bs, ok2 := parseID(b)
+	if !ok1 || !ok2 {
+		return false
+	}
+	return am < bm || am == bm && as < bs
+}
+
+func parseID(id string) (ms, seq uint64, ok bool) {
+	m, s, found := strings.Cut(id, "-")
+	if !found {
+		return 0, 0, false
+	}
+	ms, err1 := strconv.ParseUint(m, 10, 64)
+	seq, err2 := strconv.ParseUint(s, 10, 64)
+	return ms, seq, err1 == nil && err2 == nil
 }
 
 func idMillis(id string) (int64, bool) {
@@ -369,7 +440,7 @@ func (r *Relay) Stats() Stats {
 		Instance: r.cfg.Instance, Connected: r.connected.Load(),
 		Published: r.published.Load(), Applied: r.applied.Load(),
 		Dropped: r.dropped.Load(), Errors: r.errs.Load(), Pending: pending,
-		LagMillis: r.lag.Load(), LastID: *r.lastID.Load(),
+		LagMillis: r.lag.Load(), LastID: *r.lastID.Load(), Resets: r.resets.Load(),
 	}
 	if e := r.lastErr.Load(); e != nil {
 		st.LastError = *e
