@@ -586,6 +586,11 @@ func TestQueueDuringOutage(t *testing.T) {
 	held := sel(t, x, "r")
 	out := make(chan got, 1)
 	enqueue(t, context.Background(), c, y, "y", out, "r")
+	// y waits for the queue's answer only once it has the script's reply
+	// (its waiter in Redis is not enough: frozen between the two, Redis
+	// never sent the reply, and y's Select fell back to local counts, as
+	// a select without an answer does).
+	waitFor(t, "y to await its turn", func() bool { return y.Stats().QueuedTotal == 1 })
 
 	srv.Signal(syscall.SIGSTOP)
 	if _, err := x.Select(context.Background(), []string{"r"}); !errors.Is(err, ErrSaturated) {
