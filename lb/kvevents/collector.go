@@ -31,6 +31,7 @@ type Collector struct {
 	tokFailures, tokBytes           *prometheus.Desc
 	relayPub, relayApplied          *prometheus.Desc
 	relayDropped, relayConnected    *prometheus.Desc
+	relayResets                     *prometheus.Desc
 	replays                         *prometheus.Desc
 }
 
@@ -61,6 +62,8 @@ func NewCollector(sources func() map[string]Source) *Collector {
 		relayDropped: prometheus.NewDesc("sluice_kv_events_relay_dropped_total",
 			"Event messages dropped unrelayed (buffer full while Redis was slow or away, or a payload over 1 MiB): the other instances see a gap.", pool, nil),
 		relayConnected: prometheus.NewDesc("sluice_kv_events_relay_connected", "1 while the pool's KV-event stream in Redis answers.", pool, nil),
+		relayResets: prometheus.NewDesc("sluice_kv_events_relay_resets_total",
+			"Times the pool's KV-event stream was found reset under this instance's reader (deleted, emptied, or its ids below the last one read) and read again from its start.", pool, nil),
 		replays: prometheus.NewDesc("sluice_kv_events_replays_total",
 			"Sequence gaps met on a publisher with a replay socket (kv_events_replay_port), by result (recovered: filled from the engine's buffer; too_old: the buffer no longer held the first lost message; failed: no or a bad answer, over the time or hold bounds, or no replay slot). too_old and failed clear as a gap without replay.",
 			[]string{"pool", "result"}, nil),
@@ -70,7 +73,7 @@ func NewCollector(sources func() map[string]Source) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.batches, c.events, c.gaps, c.restarts, c.replays, c.drops, c.guard, c.blocks, c.evicted, c.last,
-		c.tokLookups, c.tokRequests, c.tokFailures, c.tokBytes, c.relayPub, c.relayApplied, c.relayDropped, c.relayConnected} {
+		c.tokLookups, c.tokRequests, c.tokFailures, c.tokBytes, c.relayPub, c.relayApplied, c.relayDropped, c.relayConnected, c.relayResets} {
 		ch <- d
 	}
 }
@@ -121,6 +124,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				counter(c.relayPub, rs.Published, pool)
 				counter(c.relayApplied, rs.Applied, pool)
 				counter(c.relayDropped, rs.Dropped, pool)
+				counter(c.relayResets, rs.Resets, pool)
 				conn := 0.0
 				if rs.Connected {
 					conn = 1

@@ -7,6 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Collector struct {
 	sharers                                  func() map[string]*Sharer
 	published, applied, dropped, lag, conned *prometheus.Desc
+	resets                                   *prometheus.Desc
 }
 
 // NewCollector reports the sharers returned by sharers (pool → sharer).
@@ -19,12 +20,14 @@ func NewCollector(sharers func() map[string]*Sharer) *Collector {
 		dropped:   prometheus.NewDesc("sluice_cache_aware_share_dropped_total", "Routing decisions dropped unpublished (buffer full while Redis was slow or away).", pool, nil),
 		lag:       prometheus.NewDesc("sluice_cache_aware_share_lag_seconds", "Age of the last applied decision when it was applied.", pool, nil),
 		conned:    prometheus.NewDesc("sluice_cache_aware_share_connected", "1 while the pool's Redis stream answers.", pool, nil),
+		resets: prometheus.NewDesc("sluice_cache_aware_share_resets_total",
+			"Times the pool's Redis stream was found reset under this instance's reader (deleted, emptied, or its ids below the last one read) and read again from its start.", pool, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.published, c.applied, c.dropped, c.lag, c.conned} {
+	for _, d := range []*prometheus.Desc{c.published, c.applied, c.dropped, c.lag, c.conned, c.resets} {
 		ch <- d
 	}
 }
@@ -40,6 +43,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.published, prometheus.CounterValue, float64(st.Published), pool)
 		ch <- prometheus.MustNewConstMetric(c.applied, prometheus.CounterValue, float64(st.Applied), pool)
 		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(st.Dropped), pool)
+		ch <- prometheus.MustNewConstMetric(c.resets, prometheus.CounterValue, float64(st.Resets), pool)
 		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(st.LagMillis)/1000, pool)
 		ch <- prometheus.MustNewConstMetric(c.conned, prometheus.GaugeValue, conn, pool)
 	}
