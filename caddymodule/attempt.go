@@ -337,7 +337,8 @@ func (a *attempt) placeholder(kept map[string]any, key string) (any, bool) {
 	return a.repl.Get(key)
 }
 
-// outcome classifies the last attempt:
+// classify is the last attempt's outcome, reading the placeholders kept
+// (nil: the Replacer's):
 //   - no response byte: a transport failure if the transport reported an
 //     error for this attempt, or the handler chain ended in an error (our
 //     reverse_proxy gave up on it); otherwise the client left first;
@@ -346,17 +347,9 @@ func (a *attempt) placeholder(kept map[string]any, key string) (any, bool) {
 //     Success timed by the attempt's own trace — first byte for
 //     first_byte (and streams under auto), last byte otherwise; a body
 //     that never completed says nothing (Cancelled).
-func (a *attempt) outcome(dial string, t *attemptTrace) lb.Outcome {
-	a.mu.Lock()
-	kept := a.kept
-	a.mu.Unlock()
-	o, _ := a.classify(dial, t, kept)
-	return o
-}
-
-// classify is outcome, reading the placeholders kept (nil: the
-// Replacer's); statusKnown is false when the replica answered but
-// reverse_proxy has not yet set the status placeholder for it.
+//
+// statusKnown is false when the replica answered but reverse_proxy has
+// not yet set the status placeholder for it.
 func (a *attempt) classify(dial string, t *attemptTrace, kept map[string]any) (o lb.Outcome, statusKnown bool) {
 	first, last, transportErr, clientErr := t.facts()
 	if first == 0 {

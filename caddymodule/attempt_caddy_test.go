@@ -87,28 +87,56 @@ func qllReplica(t *testing.T, pool, dial string) qll.ReplicaSnapshot {
 	}
 }
 
+// replicaServing starts a replica answering with h, closed when the
+// test ends, and returns its dial address.
+func replicaServing(t *testing.T, h http.HandlerFunc) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// statusOf sends req and returns the status of its answer, whose body it
+// closes.
+func statusOf(t *testing.T, req *http.Request) int {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func completion(t *testing.T, method, url string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(method, url+"/v1/completions", strings.NewReader(`{"prompt":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+func answer503(w http.ResponseWriter, r *http.Request) {
+	http.Error(w, "overloaded", http.StatusServiceUnavailable)
+}
+
+func answerOK(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{"ok":true}`)) }
+
 // A 5xx with no body (Content-Length: 0, or any answer to HEAD) is read
 // to its end by the transport before reverse_proxy has the response, let
 // alone its status: released there, it was a Success (with the fastest
 // latency of the pool), never the replica's failure.
 func TestBodylessFiveHundredIsAFailure(t *testing.T) {
-	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	dial := replicaServing(t, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable) // no body: Content-Length: 0
-	}))
-	defer replica.Close()
-	dial := strings.TrimPrefix(replica.URL, "http://")
+	})
 	for _, method := range []string{http.MethodPost, http.MethodHead} {
 		t.Run(method, func(t *testing.T) {
 			pool := freshPoolName("bodyless-5xx")
 			url := startProxy(t, []map[string]any{qllProxy(pool, dial)}, nil)
-			req, _ := http.NewRequest(method, url+"/v1/completions", strings.NewReader(`{"prompt":"hi"}`))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusServiceUnavailable {
-				t.Fatalf("status %d, want the replica's 503", resp.StatusCode)
+			if status := statusOf(t, completion(t, method, url)); status != http.StatusServiceUnavailable {
+				t.Fatalf("status %d, want the replica's 503", status)
 			}
 			if r := qllReplica(t, pool, dial); r.Failures != 1 || r.Successes != 0 {
 				t.Fatalf("the replica's bodyless 503: %d failures, %d successes (want 1, 0): %+v", r.Failures, r.Successes, r)
@@ -120,22 +148,13 @@ func TestBodylessFiveHundredIsAFailure(t *testing.T) {
 // So is a 5xx whose body reverse_proxy buffers (response_buffers): it
 // reads the body to its end before it sets the status placeholder.
 func TestBufferedFiveHundredIsAFailure(t *testing.T) {
-	replica := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.Error(w, "overloaded", http.StatusServiceUnavailable)
-	}))
-	defer replica.Close()
-	dial := strings.TrimPrefix(replica.URL, "http://")
+	dial := replicaServing(t, answer503)
 	pool := freshPoolName("buffered-5xx")
 	route := qllProxy(pool, dial)
 	route["handle"].([]map[string]any)[0]["response_buffers"] = 1 << 20
 	url := startProxy(t, []map[string]any{route}, nil)
-	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("status %d, want the replica's 503", resp.StatusCode)
+	if status := statusOf(t, completion(t, http.MethodPost, url)); status != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want the replica's 503", status)
 	}
 	if r := qllReplica(t, pool, dial); r.Failures != 1 || r.Successes != 0 {
 		t.Fatalf("the replica's buffered 503: %d failures, %d successes (want 1, 0): %+v", r.Failures, r.Successes, r)
@@ -149,34 +168,24 @@ func TestBufferedFiveHundredIsAFailure(t *testing.T) {
 // attempt began, and the crash read as the client leaving (Cancelled):
 // the replica was never marked down.
 func TestDroppedRequestIsAFailureWhenHandleErrorsProxiesThroughAnotherPool(t *testing.T) {
-	dropping := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	dropDial := replicaServing(t, func(w http.ResponseWriter, r *http.Request) {
 		conn, _, err := http.NewResponseController(w).Hijack()
 		if err == nil {
 			conn.Close()
 		}
-	}))
-	defer dropping.Close()
-	fallback := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Write([]byte(`{"ok":true}`))
-	}))
-	defer fallback.Close()
-	dropDial := strings.TrimPrefix(dropping.URL, "http://")
-	fbDial := strings.TrimPrefix(fallback.URL, "http://")
-
+	})
+	fbDial := replicaServing(t, answerOK)
 	primary, second := freshPoolName("dropped-primary"), freshPoolName("dropped-fallback")
 	url := startProxy(t, []map[string]any{qllProxy(primary, dropDial)}, []map[string]any{qllProxy(second, fbDial)})
 	// No body: the dropped attempt sent it, nothing could send it again.
-	resp, err := http.Get(url + "/v1/models")
+	req, err := http.NewRequest(http.MethodGet, url+"/v1/models", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d, want the fallback's 200", resp.StatusCode)
+	if status := statusOf(t, req); status != http.StatusOK {
+		t.Fatalf("status %d, want the fallback's 200", status)
 	}
-	if r := qllReplica(t, second, fbDial); r.Successes != 1 {
-		t.Fatalf("the fallback: %+v, want one success", r)
-	}
+	wantFallbackServed(t, second, fbDial)
 	if r := qllReplica(t, primary, dropDial); r.Failures != 1 {
 		t.Fatalf("the replica that dropped the request: %d failures (want 1): %+v", r.Failures, r)
 	}
@@ -186,17 +195,8 @@ func TestDroppedRequestIsAFailureWhenHandleErrorsProxiesThroughAnotherPool(t *te
 // is the first replica's failure, though the second proxy's attempt
 // cleared the status and upstream placeholders it was read from.
 func TestFiveHundredHandedToAnotherPoolIsAFailure(t *testing.T) {
-	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.Error(w, "overloaded", http.StatusServiceUnavailable)
-	}))
-	defer failing.Close()
-	fallback := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Write([]byte(`{"ok":true}`))
-	}))
-	defer fallback.Close()
-	failDial := strings.TrimPrefix(failing.URL, "http://")
-	fbDial := strings.TrimPrefix(fallback.URL, "http://")
-
+	failDial := replicaServing(t, answer503)
+	fbDial := replicaServing(t, answerOK)
 	primary, second := freshPoolName("handed-primary"), freshPoolName("handed-fallback")
 	route := qllProxy(primary, failDial)
 	route["handle"].([]map[string]any)[0]["handle_response"] = []map[string]any{{
@@ -204,18 +204,18 @@ func TestFiveHundredHandedToAnotherPoolIsAFailure(t *testing.T) {
 		"routes": []map[string]any{qllProxy(second, fbDial)},
 	}}
 	url := startProxy(t, []map[string]any{route}, nil)
-	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi"}`))
-	if err != nil {
-		t.Fatal(err)
+	if status := statusOf(t, completion(t, http.MethodPost, url)); status != http.StatusOK {
+		t.Fatalf("status %d, want the fallback's 200", status)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d, want the fallback's 200", resp.StatusCode)
-	}
-	if r := qllReplica(t, second, fbDial); r.Successes != 1 {
-		t.Fatalf("the fallback: %+v, want one success", r)
-	}
+	wantFallbackServed(t, second, fbDial)
 	if r := qllReplica(t, primary, failDial); r.Failures != 1 {
 		t.Fatalf("the replica that answered 503: %d failures (want 1): %+v", r.Failures, r)
+	}
+}
+
+func wantFallbackServed(t *testing.T, pool, dial string) {
+	t.Helper()
+	if r := qllReplica(t, pool, dial); r.Successes != 1 {
+		t.Fatalf("the fallback: %+v, want one success", r)
 	}
 }

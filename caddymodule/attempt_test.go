@@ -509,3 +509,12 @@ func TestTransportsChildContextJoinsTheAttempts(t *testing.T) {
 		t.Fatal("one client leaving ended another's transport context")
 	}
 }
+
+// outcome is the attempt's outcome as its end would classify it.
+func (a *attempt) outcome(dial string, t *attemptTrace) lb.Outcome {
+	a.mu.Lock()
+	kept := a.kept
+	a.mu.Unlock()
+	o, _ := a.classify(dial, t, kept)
+	return o
+}

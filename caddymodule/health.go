@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"net/http"
-	"slices"
 	"sort"
 	"time"
 
@@ -116,8 +115,8 @@ func health(name string) healthReport {
 	// listed by /sluice/pools, per name asked.
 	var set []lb.Backend
 	var managed bool
-	if _, exists := slices.BinarySearch(lb.PoolNames(), name); exists {
-		set, managed = lb.GetPool(name).Backends()
+	if p, ok := lb.LookupPool(name); ok {
+		set, managed = p.Backends()
 	}
 	rep := healthReport{OK: true, Pool: name, Version: version.Version, Managed: managed, Backends: []backendHealth{}, Settings: map[string]any{}}
 	states := liveStatesOf(name)

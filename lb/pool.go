@@ -51,6 +51,19 @@ func GetPool(name string) *Pool {
 	return p
 }
 
+// LookupPool returns the pool called name if it exists; unlike GetPool it
+// creates none (a read of outside input, such as an admin path, must not
+// leave a pool behind).
+func LookupPool(name string) (*Pool, bool) {
+	if name == "" {
+		name = DefaultPool
+	}
+	poolsMu.Lock()
+	defer poolsMu.Unlock()
+	p, ok := pools[name]
+	return p, ok
+}
+
 // PoolNames lists the pools that exist, sorted.
 func PoolNames() []string {
 	poolsMu.Lock()

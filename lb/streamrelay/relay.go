@@ -14,6 +14,7 @@ package streamrelay
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -422,13 +423,10 @@ func parseID(id string) (ms, seq uint64, ok bool) {
 	return ms, seq, err1 == nil && err2 == nil
 }
 
+// idMillis is id's time part, in Unix milliseconds.
 func idMillis(id string) (int64, bool) {
-	i := strings.IndexByte(id, '-')
-	if i < 0 {
-		return 0, false
-	}
-	ms, err := strconv.ParseInt(id[:i], 10, 64)
-	return ms, err == nil
+	ms, _, ok := parseID(id)
+	return int64(ms), ok && ms <= math.MaxInt64
 }
 
 // Stats reports the counters and the Redis state.
