@@ -181,13 +181,14 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 			var capacity *kvCapacity
 			if kv.enabled() {
 				c := newKVCapacity()
-				pk.SetCapacity(c)
 				capacity, run = &c, c.run(pk.Run)
 				var relayConn *redisconn.Config
 				if p.shared() {
 					relayConn = &conn
 				}
-				release, stats, err := attachKVEvents(pool, kv, pk, relayConn)
+				// it sets c as pk's capacity source, through which the
+				// index follows pk's replica set
+				release, stats, err := attachKVEvents(pool, kv, pk, c, relayConn)
 				if err != nil {
 					return nil, err
 				}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/cacheaware"
 	"github.com/sluice-router/sluice/lb/kvevents"
 	"github.com/sluice-router/sluice/lb/redisconn"
@@ -165,6 +166,12 @@ type kvListener struct {
 	tokenizers map[*cacheaware.Picker]*kvevents.EngineTokenizer
 	// kv_events_replay_port of those states that set it
 	replayPorts map[*cacheaware.Picker]int
+	// sets: the replica set each of those states was last given (it
+	// comes after the state attaches: with reverse_proxy's own upstreams,
+	// at its first request); members: their union when the index last
+	// followed them (see follow).
+	sets    map[*cacheaware.Picker][]string
+	members map[string]bool
 	// relays to the other instances, one per Redis connection the states
 	// share their trees through (connectionKey), kept while a state uses
 	// it: a reload that keeps the connection keeps the relay, so no
@@ -262,6 +269,60 @@ func (k *kvListener) Destruct() error {
 	return k.l.Close()
 }
 
+// kvSetFollower is the KV cache size source cache_aware gives its picker
+// with kv_events: the picker hands it every new replica set just after
+// its tree dropped the removed replicas (the picker's one hook on its set),
+// and the index then follows (kvListener.followLocked).
+type kvSetFollower struct {
+	kvCapacity
+	kl *kvListener
+	pk *cacheaware.Picker
+}
+
+// SetBackends implements the picker's set follower.
+func (f kvSetFollower) SetBackends(set []lb.Backend) {
+	f.kvCapacity.SetBackends(set)
+	f.kl.setReplicas(f.pk, lb.Dials(set))
+}
+
+// setReplicas records pk's new replica set and follows it.
+func (k *kvListener) setReplicas(pk *cacheaware.Picker, set []string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !slices.Contains(k.pickers, pk) {
+		return // detached: its state is being destroyed
+	}
+	if k.sets == nil {
+		k.sets = map[*cacheaware.Picker][]string{}
+	}
+	k.sets[pk] = set
+	k.followLocked()
+}
+
+// followLocked makes the index forget the replicas that left the pool
+// (the union of the attached states' sets), as the tree does: their
+// blocks would take the live replicas' room in the index's bounds, show
+// in health, and be believed if the address came back. A replica that
+// joined is forgotten too: what the index holds of it is from before it
+// left (a message applied as it was being removed), and the tree starts
+// it empty as well. A replica marked down stays in the set, and so in the
+// index: its engine keeps its cache and its events. With no state's set
+// known yet (a reload's new state before its first request), nothing is
+// known to have left.
+func (k *kvListener) followLocked() {
+	if len(k.sets) == 0 {
+		return
+	}
+	now := map[string]bool{}
+	for _, set := range k.sets {
+		for _, a := range set {
+			now[a] = true
+		}
+	}
+	k.ix.Retain(func(name string) bool { return now[name] && k.members[name] })
+	k.members = now
+}
+
 // replayPort is the kv_events_replay_port of the newest state whose pool
 // has pod (a reload's new state is attached after the old one), 0: none.
 func (k *kvListener) replayPort(pod string) int {
@@ -288,10 +349,12 @@ func (k *kvListener) resolve(pod string) (string, bool) {
 }
 
 // attachKVEvents gives pk the exact view of the listener on o.KVEvents
-// (bound on first use) and returns what releases it. With conn (the tree
-// shared through Redis), the events the listener receives are relayed to
-// the pool's other instances and theirs applied here.
-func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, conn *redisconn.Config) (release func(), stats func() *KVEventsStats, err error) {
+// (bound on first use) and capacity as its KV cache size source, and
+// returns what releases them. The index follows pk's replica set through
+// capacity (kvSetFollower). With conn (the tree shared through Redis), the
+// events the listener receives are relayed to the pool's other instances
+// and theirs applied here.
+func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capacity kvCapacity, conn *redisconn.Config) (release func(), stats func() *KVEventsStats, err error) {
 	hp, err := kvevents.ParseListenAddr(o.KVEvents)
 	if err != nil {
 		return nil, nil, err
@@ -344,6 +407,7 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, conn 
 	pk.SetExact(&kvevents.Prefixes{Index: kl.ix, Tokenizer: tok, FreshFor: time.Duration(o.KVEventsFresh),
 		// a peer's decision names its replica from Redis: only the pool's
 		IsReplica: func(addr string) bool { return slices.Contains(pk.Router().Addrs(), addr) }})
+	pk.SetCapacity(kvSetFollower{kvCapacity: capacity, kl: kl, pk: pk})
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
@@ -353,6 +417,8 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, conn 
 			kl.pickers = slices.DeleteFunc(kl.pickers, func(p *cacheaware.Picker) bool { return p == pk })
 			delete(kl.tokenizers, pk)
 			delete(kl.replayPorts, pk)
+			delete(kl.sets, pk)
+			kl.followLocked() // the replicas only this state had leave the pool
 			kl.mu.Unlock()
 			if engine != nil {
 				engine.Close()

@@ -128,6 +128,17 @@ local function level(vals, amount)
   return math.huge
 end
 
+-- A priority stays the string it came as: Lua's numbers are floats, which
+-- print 1e14 as "1e+14" and merge priorities beyond 2^53. Bands are
+-- ordered as the integers the strings spell (canonical decimal).
+local function higher(a, b)
+  local x, y = tonumber(a), tonumber(b)
+  if x ~= y then return x > y end
+  -- equal floats of distinct integers: large, of one sign
+  if #a ~= #b then return (#a > #b) == (x > 0) end
+  return (a > b) == (x > 0)
+end
+
 local flat = redis.call('HGETALL', KEYS[2])
 local bands, prios, ids = {}, {}, {}
 for i = 1, #flat, 2 do
@@ -136,7 +147,7 @@ for i = 1, #flat, 2 do
   for line in string.gmatch(flat[i + 1], '[^\n]+') do
     local p, f, n = string.match(line, '^(-?%d+)\t([^\t]+)\t(%d+)$')
     if p then
-      p, n = tonumber(p), tonumber(n)
+      n = tonumber(n)
       local b = bands[p]
       if not b then b = {}; bands[p] = b; prios[#prios + 1] = p end
       local fl = b[f]
@@ -146,7 +157,7 @@ for i = 1, #flat, 2 do
     end
   end
 end
-table.sort(prios, function(a, b) return a > b end)
+table.sort(prios, higher)
 local alloc, rem, mine = {}, cap, {}
 for _, p in ipairs(prios) do
   if rem <= 0 then break end

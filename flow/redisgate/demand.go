@@ -2,8 +2,9 @@ package redisgate
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"slices"
 	"strconv"
@@ -65,12 +66,14 @@ func encodeDemand(flows []flow.FlowDemand, tokens bool) string {
 	return b.String()
 }
 
-// flowName is the flow's name in Redis: 16 hex digits of its id's hash,
-// the same on every instance.
+// flowName is the flow's name in Redis, the same on every instance: 32
+// hex digits of its id's SHA-256. A client may choose its id, so the hash
+// must resist collisions: under FNV-64a (before) one could pick an id
+// that merged its flow with another tenant's.
 func flowName(id string) string {
-	h := fnv.New64a()
-	h.Write([]byte(id))
-	return fmt.Sprintf("%016x", h.Sum64())
+	var buf [128]byte // spares an allocation for ids up to its size
+	sum := sha256.Sum256(append(buf[:0], id...))
+	return hex.EncodeToString(sum[:16])
 }
 
 // parseShares reads the claim's per-flow shares of this instance (in

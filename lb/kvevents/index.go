@@ -291,16 +291,31 @@ func (ix *Index) LastEvent(name string) time.Time {
 	return time.Time{}
 }
 
-// Forget drops a replica that left the pool.
+// Forget drops a replica that left the pool: its blocks and its
+// sequences, so if it comes back its next message starts afresh rather
+// than showing the gap of what it published while away.
 func (ix *Index) Forget(name string) {
+	ix.Retain(func(n string) bool { return n != name })
+}
+
+// Retain forgets (as Forget) every replica keep says is not the pool's.
+func (ix *Index) Retain(keep func(name string) bool) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	if r := ix.replicas[name]; r != nil {
+	for name, r := range ix.replicas {
+		if keep(name) {
+			continue
+		}
 		ix.total -= r.n
 		for _, t := range r.tombs {
 			ix.unlinkTomb(t)
 		}
 		delete(ix.replicas, name)
+	}
+	for sk, st := range ix.seqs {
+		if !keep(st.name) {
+			delete(ix.seqs, sk)
+		}
 	}
 }
 
@@ -374,7 +389,6 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 			ix.clearRank(r, rank)
 		}
 	}
-	ix.enforce(r)
 	return true
 }
 
@@ -478,6 +492,9 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) {
 		r.tail = e
 		r.n++
 		ix.total++
+		// Block by block, not after the batch: one batch may carry far
+		// more blocks than the bounds (up to the 16 MiB payload).
+		ix.enforce(r)
 	}
 }
 

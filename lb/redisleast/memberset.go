@@ -135,8 +135,9 @@ const maxCount = 1 << 53
 
 // countOf is a Redis score read as a count of requests. Scores are
 // outside input: one past ±maxCount (±inf included) is clamped there, in
-// the order the script's own least pick reads it (int64 of +inf is
-// math.MinInt64 on amd64: the busiest replica read as the idlest).
+// the order it sorts (int64 of +inf is math.MinInt64 on amd64: the
+// busiest replica read as the idlest), until the next script that reads
+// it counts the replica again (recount.go).
 func countOf(score float64) int64 {
 	switch {
 	case score >= maxCount, math.IsNaN(score): // NaN: no count, so not idle

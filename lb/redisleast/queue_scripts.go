@@ -52,9 +52,9 @@ local function dispatch(tag, maxIn)
       if avoid then
         local skip = {}
         for m in string.gmatch(avoid, '[^,]+') do skip[m] = true end
-        local free = redis.call('ZRANGEBYSCORE', load, '-inf', '(' .. maxIn)
-        for i = 1, #free do
-          if not skip[free[i]] then rep = free[i] break end
+        local free = redis.call('ZRANGEBYSCORE', load, '-inf', '(' .. maxIn, 'WITHSCORES')
+        for i = 1, #free, 2 do
+          if not skip[free[i]] and count(load, free[i], free[i + 1]) < maxIn then rep = free[i] break end
         end
         if not rep then
           refused = true
@@ -64,8 +64,8 @@ local function dispatch(tag, maxIn)
           end
         end
       else
-        local top = redis.call('ZRANGE', load, 0, 0, 'WITHSCORES')
-        if #top > 0 and tonumber(top[2]) < maxIn then rep = top[1] end
+        local m, s = least(load)
+        if m and s < maxIn then rep = m end
       end
       if not rep and not refused then break end
       redis.call('LPOP', queue)
@@ -103,7 +103,7 @@ end
 // once); {4, "", version} queued: the replica comes by notification;
 // {0, "", version} no candidate is a member; {3, "", version} barred (as
 // selectScript).
-var selectQueueScript = rueidis.NewLuaScript(dispatchFn + bumpFn + `
+var selectQueueScript = rueidis.NewLuaScript(countFn + dispatchFn + versionFn + bumpFn + `
 local v = bump(KEYS[3])
 local prev = redis.call('HGET', KEYS[3], ARGV[3])
 if prev == '' then return {3, '', v} end
@@ -116,11 +116,8 @@ local off = tonumber(ARGV[5])
 local best, bestScore
 for i = 0, n - 1 do
   local c = ARGV[8 + (i + off) % n]
-  local s = redis.call('ZSCORE', KEYS[1], c)
-  if s then
-    s = tonumber(s)
-    if best == nil or s < bestScore then best, bestScore = c, s end
-  end
+  local s = count(KEYS[1], c)
+  if s and (best == nil or s < bestScore) then best, bestScore = c, s end
 end
 if best == nil then return {0, '', v} end
 if redis.call('EXISTS', KEYS[2]) == 0 then
@@ -151,7 +148,7 @@ return {3, '', v}
 // KEYS: load, gone, inst:<id>, queue, waiters, assigned, avoid
 // ARGV: maxInflight, tag, instance id, request ids...
 // Reply: the instance's version.
-var releaseQueueScript = rueidis.NewLuaScript(decr + dispatchFn + bumpFn + `
+var releaseQueueScript = rueidis.NewLuaScript(countFn + decr + dispatchFn + versionFn + bumpFn + `
 local me = ARGV[3]
 for i = 4, #ARGV do
   local id, lost = ARGV[i], false
@@ -183,7 +180,7 @@ return bump(KEYS[3])
 // {1, replica, version} it was handed a slot meanwhile (the caller owns
 // that lease); {2, "", version} neither (dropped by dispatch: its instance
 // looked dead, or it was barred).
-var cancelQueueScript = rueidis.NewLuaScript(bumpFn + `
+var cancelQueueScript = rueidis.NewLuaScript(versionFn + bumpFn + `
 local v = bump(KEYS[5])
 if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[1], 1, ARGV[1])
@@ -202,9 +199,10 @@ return {2, '', v}
 // KEYS: load, gone, alive:<id>, inst:<id>, insts, assigned
 // ARGV: instance id, maxInflight, tag
 // Reply: -1 alive; else the number of requests reclaimed.
-var reapQueueScript = rueidis.NewLuaScript(decr + dispatchFn + `
+var reapQueueScript = rueidis.NewLuaScript(countFn + decr + dispatchFn + `
 if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
 local kv = redis.call('HGETALL', KEYS[4])
+redis.call('DEL', KEYS[4]) -- first: decr's recount must not count them
 local n = 0
 for i = 1, #kv, 2 do
   redis.call('HDEL', KEYS[6], ARGV[1] .. ':' .. kv[i])
@@ -213,7 +211,6 @@ for i = 1, #kv, 2 do
     n = n + 1
   end
 end
-redis.call('DEL', KEYS[4])
 redis.call('SREM', KEYS[5], ARGV[1])
 dispatch(ARGV[3], tonumber(ARGV[2]))
 return n
@@ -231,7 +228,7 @@ return n
 // n (waiting request id, avoid list) pairs, (request id, replica)...
 // Reply: {records and waiters dropped, records and waiters added, the
 // instance's version}.
-var reconcileQueueScript = rueidis.NewLuaScript(decr + dispatchFn + reconcileFn + `
+var reconcileQueueScript = rueidis.NewLuaScript(countFn + decr + dispatchFn + versionFn + reconcileFn + `
 local me, nw = ARGV[2], tonumber(ARGV[6])
 local waiting = {}
 for i = 7, 6 + 2 * nw, 2 do waiting[ARGV[i]] = true end
@@ -267,7 +264,7 @@ return {#dropped + left, added, v}
 // KEYS: load, gone, queue, inst:<id> (the syncing instance's)
 // ARGV: maxInflight, tag, replicas...
 // Reply: the instance's version (as syncScript).
-var syncQueueScript = rueidis.NewLuaScript(syncFn + dispatchFn + bumpFn + `
+var syncQueueScript = rueidis.NewLuaScript(countFn + syncFn + dispatchFn + versionFn + bumpFn + `
 local reps = {}
 for i = 3, #ARGV do reps[#reps + 1] = ARGV[i] end
 sync(KEYS[1], KEYS[2], reps)
@@ -282,7 +279,7 @@ return bump(KEYS[4])
 // ARGV: maxInflight, tag
 // Reply: {handed over, queue length, waiting}: the list may still hold
 // cancelled tokens, waiting counts live waiters only.
-var kickQueueScript = rueidis.NewLuaScript(dispatchFn + `
+var kickQueueScript = rueidis.NewLuaScript(countFn + dispatchFn + `
 local n = dispatch(ARGV[2], tonumber(ARGV[1]))
 return {n, redis.call('LLEN', KEYS[1]), redis.call('HLEN', KEYS[2])}
 `)

@@ -93,9 +93,24 @@ func (o *ownRecords) snapshot(ident *identity) []string {
 	return out
 }
 
+// maxVersion bounds an instance's version: a Lua number (a float64) adds
+// 1 exactly only below 2^53, so from there on every answer would read as
+// lost writes and the loop would reconcile without a pause. No instance
+// bumps its version that often: Redis answering maxVersion means a
+// corrupt one (versionFn), and the instance takes a fresh identity, as
+// when its releases overflow pending_max (the reapers reclaim the old).
+const (
+	maxVersion    = 1 << 53
+	maxVersionLua = "2^53" // maxVersion, in the scripts
+)
+
 // noteVersion takes in the version v that Redis answered for ident to a
 // call sent when ident's highest acknowledged version was floor.
 func (m *member) noteVersion(ident *identity, floor, v int64) {
+	if v >= maxVersion {
+		m.rotate(ident)
+		return
+	}
 	if v <= floor {
 		if ident == m.ident.Load() && !m.own.stale.Swap(true) {
 			m.wake()

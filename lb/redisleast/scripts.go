@@ -5,31 +5,57 @@ import "github.com/redis/rueidis"
 // The scripts run atomically inside Redis and are called by hash
 // (EVALSHA; rueidis falls back to EVAL on NOSCRIPT, which did not run the
 // script, so nothing is applied twice). Every key a script touches is
-// passed in KEYS (Cluster routing).
+// passed in KEYS (Cluster routing), but those only known inside it
+// (dispatch's, a recount's: see queue_scripts.go, recount.go), which are
+// built from the pool's hash tag, hence in its slot.
 
-// decr takes one request off a replica: from load while it is a member,
-// else from gone (dropped there at zero). Never below zero.
+// decr takes one request, whose record is dropped already, off a
+// replica: from load while it is a member, else from gone (dropped there
+// at zero). Never below zero; a corrupt count is counted again instead
+// (countFn, which scripts using decr start with).
 const decr = `
 local function decr(load, gone, rep)
-  local s = redis.call('ZSCORE', load, rep)
+  local s, recounted = count(load, rep)
   if s then
-    if tonumber(s) > 0 then redis.call('ZINCRBY', load, -1, rep) end
+    if s > 0 and not recounted then redis.call('ZINCRBY', load, -1, rep) end
     return
   end
-  s = redis.call('ZSCORE', gone, rep)
-  if s then
-    if tonumber(s) <= 1 then redis.call('ZREM', gone, rep) else redis.call('ZINCRBY', gone, -1, rep) end
+  s, recounted = count(gone, rep)
+  if s and not recounted then
+    if s <= 1 then redis.call('ZREM', gone, rep) else redis.call('ZINCRBY', gone, -1, rep) end
   end
 end
 `
 
-// bumpFn raises an instance's version (field "!" of its hash) and
-// returns it: every script that writes the instance's records, or that
-// it uses to renew, sync or leave the queue, runs it, so the version Redis
-// answers never goes back unless Redis lost writes (see reconcile.go).
+// versionFn reads an instance's version (field "!" of its hash), which
+// is outside input: garbage or below zero reads as 0 (as a missing one:
+// Redis lost the instance's writes, see reconcile.go); from maxVersion on
+// (inf and nan included) it reads as maxVersion, where adding 1 would
+// soon no longer change a Lua number: the instance takes a fresh
+// identity when Redis answers it (noteVersion).
+const versionFn = `
+local function version(inst)
+  local v = tonumber(redis.call('HGET', inst, '!')) or 0
+  if v >= ` + maxVersionLua + ` or v ~= v then return ` + maxVersionLua + ` end
+  if v < 0 then return 0 end
+  return math.floor(v)
+end
+
+-- above is the version after v: v + 1, but never past maxVersion.
+local function above(v)
+  if v < ` + maxVersionLua + ` then return v + 1 end
+  return v
+end
+`
+
+// bumpFn raises an instance's version and returns it: every script that
+// writes the instance's records, or that it uses to renew, sync or leave
+// the queue, runs it, so the version Redis answers never goes back unless
+// Redis lost writes (see reconcile.go). Scripts using it start with
+// versionFn.
 const bumpFn = `
 local function bump(inst)
-  local v = (tonumber(redis.call('HGET', inst, '!')) or 0) + 1
+  local v = above(version(inst))
   redis.call('HSET', inst, '!', v)
   return v
 end
@@ -46,7 +72,7 @@ end
 // at maxInflight). Idempotent: a request id already recorded returns its
 // replica unchanged; one the release script marked as never-to-run (empty
 // value, see below) returns {3, "", version} and changes nothing else.
-var selectScript = rueidis.NewLuaScript(bumpFn + `
+var selectScript = rueidis.NewLuaScript(countFn + versionFn + bumpFn + `
 local v = bump(KEYS[3])
 local prev = redis.call('HGET', KEYS[3], ARGV[3])
 if prev == '' then return {3, '', v} end
@@ -57,11 +83,8 @@ local off = tonumber(ARGV[5])
 local best, bestScore
 for i = 0, n - 1 do
   local c = ARGV[6 + (i + off) % n]
-  local s = redis.call('ZSCORE', KEYS[1], c)
-  if s then
-    s = tonumber(s)
-    if best == nil or s < bestScore then best, bestScore = c, s end
-  end
+  local s = count(KEYS[1], c)
+  if s and (best == nil or s < bestScore) then best, bestScore = c, s end
 end
 if best == nil then return {0, '', v} end
 if maxIn > 0 and bestScore >= maxIn then return {2, best, v} end
@@ -92,7 +115,7 @@ return {1, best, v}
 // KEYS: load, gone, inst:<id>
 // ARGV: request ids...
 // Reply: the instance's version.
-var releaseScript = rueidis.NewLuaScript(decr + bumpFn + `
+var releaseScript = rueidis.NewLuaScript(countFn + decr + versionFn + bumpFn + `
 for i = 1, #ARGV do
   local id, lost = ARGV[i], false
   if string.sub(id, 1, 1) == '?' then id, lost = string.sub(id, 2), true end
@@ -135,9 +158,10 @@ return n
 // KEYS: load, gone, alive:<id>, inst:<id>, insts
 // ARGV: instance id
 // Reply: -1 alive; else the number of requests reclaimed.
-var reapScript = rueidis.NewLuaScript(decr + `
+var reapScript = rueidis.NewLuaScript(countFn + decr + `
 if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
 local kv = redis.call('HGETALL', KEYS[4])
+redis.call('DEL', KEYS[4]) -- first: decr's recount must not count them
 local n = 0
 for i = 1, #kv, 2 do
   if kv[i] ~= '#' and kv[i] ~= '!' and kv[i + 1] ~= '' then
@@ -145,7 +169,6 @@ for i = 1, #kv, 2 do
     n = n + 1
   end
 end
-redis.call('DEL', KEYS[4])
 redis.call('SREM', KEYS[5], ARGV[1])
 return n
 `)
@@ -156,7 +179,7 @@ return n
 // KEYS: alive:<id>, inst:<id>, insts
 // ARGV: leaseTTL ms, instance id
 // Reply: the instance's version.
-var renewScript = rueidis.NewLuaScript(bumpFn + `
+var renewScript = rueidis.NewLuaScript(versionFn + bumpFn + `
 redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[2])
 return bump(KEYS[2])
@@ -168,7 +191,8 @@ return bump(KEYS[2])
 // record names another replica, is recorded (again) on its replica, where
 // a pick would be: load, else gone, else not at all.
 // argv[from...] are (request id, replica) pairs. Returns the ids dropped
-// and how many it recorded.
+// and how many it recorded. Scripts using it start with countFn, decr and
+// versionFn.
 const reconcileFn = `
 local function reconcile(load, gone, inst, argv, from, keep)
   local held = {}
@@ -207,7 +231,7 @@ end
 
 -- settle raises the version above floor, renews and names the instance.
 local function settle(alive, inst, insts, ttl, id, floor)
-  local v = math.max(tonumber(redis.call('HGET', inst, '!')) or 0, tonumber(floor)) + 1
+  local v = above(math.max(version(inst), tonumber(floor)))
   redis.call('HSET', inst, '!', v)
   redis.call('SET', alive, '1', 'PX', ttl)
   redis.call('SADD', insts, id)
@@ -221,7 +245,7 @@ end
 // KEYS: load, gone, alive:<id>, inst:<id>, insts
 // ARGV: leaseTTL ms, instance id, version floor, (request id, replica)...
 // Reply: {records dropped, records added, the instance's version}.
-var reconcileScript = rueidis.NewLuaScript(decr + reconcileFn + `
+var reconcileScript = rueidis.NewLuaScript(countFn + decr + versionFn + reconcileFn + `
 local dropped, added = reconcile(KEYS[1], KEYS[2], KEYS[4], ARGV, 4, {})
 return {#dropped, added, settle(KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3])}
 `)
@@ -234,7 +258,7 @@ return {#dropped, added, settle(KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARG
 // KEYS: load, gone, inst:<id> (the syncing instance's)
 // ARGV: replicas...
 // Reply: the instance's version (a set Redis lost is replayed).
-var syncScript = rueidis.NewLuaScript(syncFn + bumpFn + `
+var syncScript = rueidis.NewLuaScript(countFn + syncFn + versionFn + bumpFn + `
 sync(KEYS[1], KEYS[2], ARGV)
 return bump(KEYS[3])
 `)
@@ -246,10 +270,11 @@ local function sync(load, gone, reps)
   for i = 1, #reps do want[reps[i]] = true end
   local cur = redis.call('ZRANGE', load, 0, -1, 'WITHSCORES')
   for i = 1, #cur, 2 do
-    local m, s = cur[i], tonumber(cur[i + 1])
+    local m = cur[i]
     if want[m] then
       want[m] = false
     else
+      local s = count(load, m, cur[i + 1])
       redis.call('ZREM', load, m)
       if s > 0 then redis.call('ZINCRBY', gone, s, m) end
     end
@@ -258,7 +283,7 @@ local function sync(load, gone, reps)
     local m = reps[i]
     if want[m] then
       want[m] = false
-      local g = redis.call('ZSCORE', gone, m)
+      local g = count(gone, m)
       if g then
         redis.call('ZREM', gone, m)
         redis.call('ZADD', load, g, m)
@@ -295,7 +320,7 @@ end
 // Reply: {1, exact pick's replica ("" none: no candidate is a member,
 // or no exact pick), load as a flat member/score list, the pick counter,
 // the picks this call recorded, the instance's version}.
-var batchScript = rueidis.NewLuaScript(decr + bumpFn + `
+var batchScript = rueidis.NewLuaScript(countFn + decr + versionFn + bumpFn + `
 local load, gone, inst = KEYS[1], KEYS[2], KEYS[4]
 local seq = tonumber(ARGV[3])
 local off = tonumber(ARGV[4])
@@ -319,11 +344,8 @@ if seq > tonumber(redis.call('HGET', inst, '#') or '0') then
         local best
         for j = 0, n - 1 do
           local c = ARGV[6 + (j + off) % n]
-          local s = redis.call('ZSCORE', load, c)
-          if s then
-            s = tonumber(s)
-            if best == nil or s < best then rep, best = c, s end
-          end
+          local s = count(load, c)
+          if s and (best == nil or s < best) then rep, best = c, s end
         end
         if rep then where, picked = load, rep end
       elseif redis.call('ZSCORE', load, rep) then
@@ -348,5 +370,5 @@ else
     if ARGV[i] == '*' then picked = redis.call('HGET', inst, ARGV[i + 1]) or '' end
   end
 end
-return {1, picked, redis.call('ZRANGE', load, 0, -1, 'WITHSCORES'), redis.call('ZSCORE', KEYS[6], 'n') or '0', recorded, bump(inst)}
+return {1, picked, counts(load), redis.call('ZSCORE', KEYS[6], 'n') or '0', recorded, bump(inst)}
 `)
