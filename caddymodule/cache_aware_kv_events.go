@@ -224,19 +224,32 @@ func (k *kvListener) relayStats() *streamrelay.Stats {
 	if len(k.relays) == 0 {
 		return nil
 	}
-	sum := streamrelay.Stats{Connected: true}
+	all := make([]streamrelay.Stats, 0, len(k.relays))
 	for _, kr := range k.relays {
-		st := kr.r.Stats()
+		all = append(all, kr.r.Stats())
+	}
+	sum := sumRelayStats(all)
+	return &sum
+}
+
+// sumRelayStats is the pool's relay as one: counters added up, connected
+// only if all are, the largest lag.
+func sumRelayStats(all []streamrelay.Stats) streamrelay.Stats {
+	sum := streamrelay.Stats{Connected: true}
+	for _, st := range all {
 		sum.Published += st.Published
 		sum.Applied += st.Applied
 		sum.Dropped += st.Dropped
 		sum.Errors += st.Errors
 		sum.Pending += st.Pending
+		sum.PendingBytes += st.PendingBytes
+		sum.Oversize += st.Oversize
+		sum.Resets += st.Resets
 		sum.LagMillis = max(sum.LagMillis, st.LagMillis)
 		sum.Connected = sum.Connected && st.Connected
 		sum.Instance = st.Instance
 	}
-	return &sum
+	return sum
 }
 
 // tokenizeStats sums the engine tokenizers' counters (nil: none).

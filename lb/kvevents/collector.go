@@ -31,7 +31,7 @@ type Collector struct {
 	tokFailures, tokBytes           *prometheus.Desc
 	relayPub, relayApplied          *prometheus.Desc
 	relayDropped, relayConnected    *prometheus.Desc
-	relayResets                     *prometheus.Desc
+	relayResets, relayOversize      *prometheus.Desc
 	replays                         *prometheus.Desc
 }
 
@@ -64,6 +64,8 @@ func NewCollector(sources func() map[string]Source) *Collector {
 		relayConnected: prometheus.NewDesc("sluice_kv_events_relay_connected", "1 while the pool's KV-event stream in Redis answers.", pool, nil),
 		relayResets: prometheus.NewDesc("sluice_kv_events_relay_resets_total",
 			"Times the pool's KV-event stream was found reset under this instance's reader (deleted, emptied, or its ids below the last one read) and read again from its start.", pool, nil),
+		relayOversize: prometheus.NewDesc("sluice_kv_events_relay_oversize_total",
+			"Records read from the pool's KV-event stream and skipped for their size (over the record bound or 64 fields, or a reply over 16 MiB alone).", pool, nil),
 		replays: prometheus.NewDesc("sluice_kv_events_replays_total",
 			"Sequence gaps met on a publisher with a replay socket (kv_events_replay_port), by result (recovered: filled from the engine's buffer; too_old: the buffer no longer held the first lost message; failed: no or a bad answer, over the time or hold bounds, or no replay slot). too_old and failed clear as a gap without replay.",
 			[]string{"pool", "result"}, nil),
@@ -73,7 +75,7 @@ func NewCollector(sources func() map[string]Source) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.batches, c.events, c.gaps, c.restarts, c.replays, c.drops, c.guard, c.blocks, c.evicted, c.last,
-		c.tokLookups, c.tokRequests, c.tokFailures, c.tokBytes, c.relayPub, c.relayApplied, c.relayDropped, c.relayConnected, c.relayResets} {
+		c.tokLookups, c.tokRequests, c.tokFailures, c.tokBytes, c.relayPub, c.relayApplied, c.relayDropped, c.relayConnected, c.relayResets, c.relayOversize} {
 		ch <- d
 	}
 }
@@ -125,6 +127,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				counter(c.relayApplied, rs.Applied, pool)
 				counter(c.relayDropped, rs.Dropped, pool)
 				counter(c.relayResets, rs.Resets, pool)
+				counter(c.relayOversize, rs.Oversize, pool)
 				conn := 0.0
 				if rs.Connected {
 					conn = 1

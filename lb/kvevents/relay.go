@@ -40,6 +40,9 @@ const (
 // first; one that has skips it (its state covers the past).
 func NewRelay(cfg streamrelay.Config, l *Listener) *Relay {
 	cfg.FromNow = l.ix.Stats().Batches > 0
+	// A record: topic, sequence and payload as the socket's checks bound
+	// them, and three one-byte field names.
+	cfg.MaxRecordBytes = maxTopicBytes + 8 + MaxRelayPayload + 3
 	r := &Relay{}
 	r.r = streamrelay.New(cfg, func(f map[string]string, _ bool) {
 		// Outside input: DecodeMessage checks every frame as it checks

@@ -1,13 +1,16 @@
 // Package streamrelay carries one kind of record between Sluice instances
 // through a Redis stream: each instance publishes its own records and
-// applies the others'. Publishing is asynchronous through a bounded buffer
-// that drops its oldest record when Redis is slow or away, so the caller
-// never waits on Redis; the reader resumes from the last record it
-// applied, or from the oldest one the stream still holds (MAXLEN ~
-// StreamLen), so a new instance and one back from a Redis outage catch up
-// on the recent history. A stream reset under the reader (key deleted,
-// Redis back empty, ids gone below the last one read) is noticed when a
-// read comes back empty and re-read from its start (Stats.Resets).
+// applies the others'. Publishing is asynchronous through a buffer bounded
+// in records and in bytes that drops its oldest record when Redis is slow
+// or away, so the caller never waits on Redis; the reader resumes from the
+// last record it applied, or from the oldest one the stream still holds
+// (MAXLEN ~ StreamLen), so a new instance and one back from a Redis outage
+// catch up on the recent history. A stream reset under the reader (key
+// deleted, Redis back empty, ids gone below the last one read) is noticed
+// when a read comes back empty and re-read from its start (Stats.Resets).
+// The stream is outside input (anyone with write access to the key): the
+// reader skips a record over the size bounds (Stats.Oversize) and cuts a
+// reply from Redis before the client holds more than ReadBytes of it.
 // cache_aware's shared tree (lb/cacheaware/share) and the KV-event relay
 // (lb/kvevents) are its users.
 package streamrelay
@@ -28,17 +31,31 @@ import (
 
 // Defaults.
 const (
-	DefaultStreamLen = 10000
-	DefaultBuffer    = 4096
-	defaultBatch     = 256
-	blockMillis      = 1000
-	maxBackoff       = 5 * time.Second
-	firstBackoff     = 100 * time.Millisecond
+	DefaultStreamLen      = 10000
+	DefaultBuffer         = 4096
+	DefaultBufferBytes    = 64 << 20
+	DefaultMaxRecordBytes = 1 << 20
+	DefaultReadBytes      = 16 << 20
+	defaultBatch          = 256
+	blockMillis           = 1000
+	maxBackoff            = 5 * time.Second
+	firstBackoff          = 100 * time.Millisecond
 )
 
 // InstanceField is the field naming the publishing instance; users must
 // not set it.
 const InstanceField = "i"
+
+const (
+	// maxRecordFields bounds a record's fields (InstanceField aside).
+	maxRecordFields = 64
+	// instanceBytes is what a record read may hold beyond MaxRecordBytes:
+	// its InstanceField (a host name and a random suffix).
+	instanceBytes = 1024
+	// replyBytes is what an XREAD reply holds beside its entries (the
+	// key, the arrays around them).
+	replyBytes = 1024
+)
 
 // Config is one relay.
 type Config struct {
@@ -53,6 +70,25 @@ type Config struct {
 	StreamLen int64
 	// Buffer bounds the records waiting to be published.
 	Buffer int
+	// BufferBytes bounds the bytes (fields and values) of the records
+	// waiting to be published and of the batch in flight, together
+	// (default DefaultBufferBytes; at least MaxRecordBytes). Past it the
+	// oldest waiting records are dropped, as past Buffer (the new one
+	// when the batch in flight alone leaves it no room).
+	BufferBytes int64
+	// MaxRecordBytes bounds one record's fields and values, in bytes
+	// (default DefaultMaxRecordBytes); a record also has at most 64
+	// fields. Publish drops a larger record (Stats.Dropped); the reader
+	// skips one (Stats.Oversize) without applying it.
+	MaxRecordBytes int
+	// ReadBytes bounds what one read from the stream may make the client
+	// hold (default DefaultReadBytes; at least one record's worth): the
+	// strings of the reply and 64 bytes per array element. A reply over
+	// it is cut before the string or array that would pass it is
+	// allocated, and read again record by record; a record alone over it
+	// is skipped (Stats.Oversize). A read asks for as many records as fit
+	// (XREAD COUNT, at most 256).
+	ReadBytes int64
 	// FromNow skips the history the stream holds: the reader applies only
 	// records published after it started (for a user whose state already
 	// covers the past).
@@ -67,10 +103,47 @@ func (c Config) withDefaults() Config {
 	if c.Buffer <= 0 {
 		c.Buffer = DefaultBuffer
 	}
+	if c.MaxRecordBytes <= 0 {
+		c.MaxRecordBytes = DefaultMaxRecordBytes
+	}
+	if c.BufferBytes <= 0 {
+		c.BufferBytes = DefaultBufferBytes
+	}
+	c.BufferBytes = max(c.BufferBytes, int64(c.MaxRecordBytes))
+	if c.ReadBytes <= 0 {
+		c.ReadBytes = DefaultReadBytes
+	}
+	c.ReadBytes = max(c.ReadBytes, replyBytes+c.entryReadBytes())
 	if c.Instance == "" {
 		c.Instance = redisconn.InstanceID("")
 	}
 	return c
+}
+
+// entryReadBytes is the most a stream entry within the bounds costs a
+// read (as boundedConn counts): its fields and values, its id, and the
+// arrays holding them.
+func (c Config) entryReadBytes() int64 {
+	const maxIDBytes = 41
+	return int64(c.MaxRecordBytes) + instanceBytes + maxIDBytes + elementBytes*(3+2*(maxRecordFields+1))
+}
+
+// readCount is how many entries a read asks for: as many as fit in
+// ReadBytes, so records within the bounds never make a reply cut.
+func (c Config) readCount() int64 {
+	return min(max((c.ReadBytes-replyBytes)/c.entryReadBytes(), 1), defaultBatch)
+}
+
+// oversize reports whether a record read is over the bounds.
+func (c Config) oversize(fields map[string]string) bool {
+	if len(fields) > maxRecordFields+1 {
+		return true
+	}
+	n := 0
+	for f, v := range fields {
+		n += len(f) + len(v)
+	}
+	return n > c.MaxRecordBytes+instanceBytes
 }
 
 // ApplyFunc receives another instance's record: its fields as read from
@@ -78,9 +151,6 @@ func (c Config) withDefaults() Config {
 // is history (read before the relay first reached the stream's end: a
 // replay on start) rather than news.
 type ApplyFunc func(fields map[string]string, history bool)
-
-// record is a flat field, value, field, value... list.
-type record []string
 
 // Stats are the relay's counters and state.
 type Stats struct {
@@ -90,7 +160,13 @@ type Stats struct {
 	Applied   uint64 `json:"applied"`
 	Dropped   uint64 `json:"dropped"`
 	Errors    uint64 `json:"errors"`
-	Pending   int    `json:"pending"`
+	// Pending counts the records waiting to be published; PendingBytes
+	// is their bytes and the batch in flight's (at most BufferBytes).
+	Pending      int   `json:"pending"`
+	PendingBytes int64 `json:"pending_bytes"`
+	// Oversize counts records read and skipped for their size (over
+	// MaxRecordBytes or 64 fields, or alone over ReadBytes).
+	Oversize uint64 `json:"oversize"`
 	// Resets counts the stream found reset under the reader (deleted,
 	// emptied, or holding only ids below LastID: Redis restarted empty,
 	// failed over, or a record with a far-future id was read and removed)
@@ -107,10 +183,8 @@ type Relay struct {
 	cfg   Config
 	apply ApplyFunc
 
-	mu      sync.Mutex
-	buf     []record // ring
-	head, n int
-	wake    chan struct{}
+	buf  *publishBuffer
+	wake chan struct{}
 
 	cl      atomic.Pointer[rueidis.Client]
 	cancel  context.CancelFunc
@@ -123,6 +197,7 @@ type Relay struct {
 	lastID                            atomic.Pointer[string]
 	lastErr                           atomic.Pointer[string]
 	resets                            atomic.Uint64 // Stats.Resets
+	oversize                          atomic.Uint64 // Stats.Oversize
 }
 
 // New starts relaying: a goroutine connects (retrying with back-off while
@@ -130,7 +205,8 @@ type Relay struct {
 func New(cfg Config, apply ApplyFunc) *Relay {
 	cfg = cfg.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Relay{cfg: cfg, apply: apply, buf: make([]record, cfg.Buffer), wake: make(chan struct{}, 1), cancel: cancel}
+	r := &Relay{cfg: cfg, apply: apply, buf: newPublishBuffer(cfg.Buffer, cfg.BufferBytes),
+		wake: make(chan struct{}, 1), cancel: cancel}
 	first := "0-0" // replay the retained history first
 	r.lastID.Store(&first)
 	r.wg.Add(1)
@@ -143,21 +219,19 @@ func (r *Relay) Instance() string { return r.cfg.Instance }
 
 // Publish queues one record given as field, value pairs (the slice is
 // kept: the caller must not change it); it never blocks on Redis. A full
-// buffer drops its oldest record (counted in Dropped).
+// buffer (Buffer records or BufferBytes) drops its oldest record, and a
+// record over MaxRecordBytes or 64 fields is not queued (both counted in
+// Dropped).
 func (r *Relay) Publish(fieldValues ...string) {
 	if len(fieldValues)%2 != 0 {
 		panic("streamrelay: Publish needs field, value pairs")
 	}
-	r.mu.Lock()
-	if r.n == len(r.buf) {
-		r.buf[r.head] = nil
-		r.head = (r.head + 1) % len(r.buf)
-		r.n--
-		r.dropped.Add(1)
+	rec := record(fieldValues)
+	if len(rec)/2 > maxRecordFields || rec.size() > int64(r.cfg.MaxRecordBytes) {
+		r.dropped.Add(1) // the others would skip it
+		return
 	}
-	r.buf[(r.head+r.n)%len(r.buf)] = fieldValues
-	r.n++
-	r.mu.Unlock()
+	r.dropped.Add(r.buf.push(rec))
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -167,37 +241,6 @@ func (r *Relay) Publish(fieldValues ...string) {
 // CountDropped counts a record the user did not publish (too large for
 // the stream, say) in Dropped, as the others see it missing.
 func (r *Relay) CountDropped() { r.dropped.Add(1) }
-
-func (r *Relay) take(max int) []record {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	k := min(r.n, max)
-	out := make([]record, k)
-	for i := range k {
-		j := (r.head + i) % len(r.buf)
-		out[i] = r.buf[j]
-		r.buf[j] = nil
-	}
-	r.head = (r.head + k) % len(r.buf)
-	r.n -= k
-	return out
-}
-
-// requeue puts back a batch that failed, ahead of newer records, as far
-// as the buffer has room (the rest counts as dropped).
-func (r *Relay) requeue(rs []record) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for i := len(rs) - 1; i >= 0; i-- {
-		if r.n == len(r.buf) {
-			r.dropped.Add(uint64(i + 1))
-			return
-		}
-		r.head = (r.head - 1 + len(r.buf)) % len(r.buf)
-		r.buf[r.head] = rs[i]
-		r.n++
-	}
-}
 
 func (r *Relay) fail(err error) {
 	r.errs.Add(1)
@@ -223,6 +266,7 @@ func (r *Relay) run(ctx context.Context) {
 	for {
 		opt, err := r.cfg.Conn.ClientOption(redisconn.ConnTimeout(r.cfg.Conn.ReadTimeout))
 		if err == nil {
+			opt.DialCtxFn = dialBounded(r.cfg.ReadBytes)
 			var cl rueidis.Client
 			cl, err = rueidis.NewClient(opt)
 			if err == nil {
@@ -248,7 +292,9 @@ func (r *Relay) publishLoop(ctx context.Context, cl rueidis.Client) {
 	back := firstBackoff
 	maxlen := strconv.FormatInt(r.cfg.StreamLen, 10)
 	for {
-		batch := r.take(defaultBatch)
+		// A quarter of the byte budget at most in flight, so news has
+		// room meanwhile.
+		batch := r.buf.take(defaultBatch, r.cfg.BufferBytes/4)
 		if len(batch) == 0 {
 			select {
 			case <-ctx.Done():
@@ -269,16 +315,18 @@ func (r *Relay) publishLoop(ctx context.Context, cl rueidis.Client) {
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.Conn.ReadTimeout+time.Second)
 		res := cl.DoMulti(cctx, cmds...)
 		cancel()
-		var failed []record
+		var sent, failed []record
 		var ferr error
 		for i, res := range res {
 			if err := res.Error(); err != nil {
 				failed = append(failed, batch[i])
 				ferr = err
 			} else {
+				sent = append(sent, batch[i])
 				r.published.Add(1)
 			}
 		}
+		r.buf.settle(sent)
 		if ferr == nil {
 			r.connected.Store(true)
 			back = firstBackoff
@@ -288,7 +336,7 @@ func (r *Relay) publishLoop(ctx context.Context, cl rueidis.Client) {
 			return
 		}
 		r.fail(ferr)
-		r.requeue(failed)
+		r.dropped.Add(r.buf.requeue(failed))
 		if !sleep(ctx, back) {
 			return
 		}
@@ -315,26 +363,46 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 	back := firstBackoff
 	positioned := !r.cfg.FromNow
 	history := !r.cfg.FromNow // until a read comes back short
+	full := r.cfg.readCount()
+	// After a reply cut for its size, the records it asked for are read
+	// one at a time (slow of them left): those before the one over
+	// ReadBytes fit, and that one is then cut alone and skipped.
+	count, slow := full, int64(0)
 	for ctx.Err() == nil {
 		if !positioned {
 			// The newest record's id ("$" would miss what is published
 			// between two reads).
-			es, err := cl.Do(ctx, cl.B().Xrevrange().Key(r.cfg.Key).End("+").Start("-").Count(1).Build()).AsXRange()
-			if err != nil && !rueidis.IsRedisNil(err) {
+			id, found, err := r.newestID(ctx, cl)
+			if err != nil {
 				if !r.wait(ctx, err, &back) {
 					return
 				}
 				continue
 			}
-			if len(es) > 0 {
-				id := es[0].ID
+			if found {
 				r.lastID.Store(&id)
 			}
 			positioned = true
 		}
 		last := *r.lastID.Load()
-		cmd := cl.B().Xread().Count(defaultBatch).Block(blockMillis).Streams().Key(r.cfg.Key).Id(last).Build()
+		cmd := cl.B().Xread().Count(count).Block(blockMillis).Streams().Key(r.cfg.Key).Id(last).Build()
 		streams, err := cl.Do(ctx, cmd).AsXRead()
+		if cut := asCut(err); cut != nil {
+			if count > 1 {
+				count, slow = 1, count
+				continue
+			}
+			// The next record alone is over ReadBytes: its id is the
+			// reply's second string (after the key).
+			if id, ok := cut.string(1); ok && idLess(last, id) {
+				r.oversize.Add(1)
+				r.lastID.Store(&id)
+				if slow--; slow <= 0 {
+					count = full
+				}
+				continue
+			}
+		}
 		if err != nil && !rueidis.IsRedisNil(err) {
 			if !r.wait(ctx, err, &back) {
 				return
@@ -370,7 +438,11 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 			}
 		}
 		for _, e := range entries {
-			if e.FieldValues[InstanceField] != r.cfg.Instance {
+			switch {
+			case e.FieldValues[InstanceField] == r.cfg.Instance:
+			case r.cfg.oversize(e.FieldValues):
+				r.oversize.Add(1)
+			default:
 				r.apply(e.FieldValues, history)
 				r.applied.Add(1)
 				if ms, ok := idMillis(e.ID); ok {
@@ -380,10 +452,34 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 			id := e.ID
 			r.lastID.Store(&id)
 		}
-		if len(entries) < defaultBatch {
+		if int64(len(entries)) < count {
 			history = false // caught up: what follows is news
 		}
+		if slow -= int64(len(entries)); slow <= 0 || len(entries) == 0 {
+			count, slow = full, 0
+		}
 	}
+}
+
+// newestID is the id of the stream's newest record (found false: the key
+// is gone or empty). A newest record over ReadBytes is cut from the reply
+// after its id, the reply's first string.
+func (r *Relay) newestID(ctx context.Context, cl rueidis.Client) (id string, found bool, err error) {
+	es, err := cl.Do(ctx, cl.B().Xrevrange().Key(r.cfg.Key).End("+").Start("-").Count(1).Build()).AsXRange()
+	if cut := asCut(err); cut != nil {
+		if id, ok := cut.string(0); ok {
+			if _, _, valid := parseID(id); valid {
+				return id, true, nil
+			}
+		}
+	}
+	if err != nil && !rueidis.IsRedisNil(err) {
+		return "", false, err
+	}
+	if len(es) == 0 {
+		return "", false, nil
+	}
+	return es[0].ID, true, nil
 }
 
 // streamReset reports whether the stream holds no record at or after last
@@ -391,15 +487,12 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 // or its newest id is below last (new ids will be too, so XREAD from last
 // would never return anything again).
 func (r *Relay) streamReset(ctx context.Context, cl rueidis.Client, last string) (bool, error) {
-	es, err := cl.Do(ctx, cl.B().Xrevrange().Key(r.cfg.Key).End("+").Start("-").Count(1).Build()).AsXRange()
-	if err != nil && !rueidis.IsRedisNil(err) {
-		return false, err
-	}
-	if len(es) == 0 {
+	id, found, err := r.newestID(ctx, cl)
+	if err != nil || !found {
 		// Gone or emptied: whatever is added next is new.
-		return true, nil
+		return err == nil, err
 	}
-	return idLess(es[0].ID, last), nil
+	return idLess(id, last), nil
 }
 
 // idLess reports whether stream id a is below b ("ms-seq", both parts
@@ -431,13 +524,12 @@ func idMillis(id string) (int64, bool) {
 
 // Stats reports the counters and the Redis state.
 func (r *Relay) Stats() Stats {
-	r.mu.Lock()
-	pending := r.n
-	r.mu.Unlock()
+	pending, pendingBytes := r.buf.pending()
 	st := Stats{
 		Instance: r.cfg.Instance, Connected: r.connected.Load(),
 		Published: r.published.Load(), Applied: r.applied.Load(),
-		Dropped: r.dropped.Load(), Errors: r.errs.Load(), Pending: pending,
+		Dropped: r.dropped.Load(), Errors: r.errs.Load(), Pending: pending, PendingBytes: pendingBytes,
+		Oversize:  r.oversize.Load(),
 		LagMillis: r.lag.Load(), LastID: *r.lastID.Load(), Resets: r.resets.Load(),
 	}
 	if e := r.lastErr.Load(); e != nil {

@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Collector struct {
 	sharers                                  func() map[string]*Sharer
 	published, applied, dropped, lag, conned *prometheus.Desc
-	resets                                   *prometheus.Desc
+	resets, oversize                         *prometheus.Desc
 }
 
 // NewCollector reports the sharers returned by sharers (pool → sharer).
@@ -22,12 +22,14 @@ func NewCollector(sharers func() map[string]*Sharer) *Collector {
 		conned:    prometheus.NewDesc("sluice_cache_aware_share_connected", "1 while the pool's Redis stream answers.", pool, nil),
 		resets: prometheus.NewDesc("sluice_cache_aware_share_resets_total",
 			"Times the pool's Redis stream was found reset under this instance's reader (deleted, emptied, or its ids below the last one read) and read again from its start.", pool, nil),
+		oversize: prometheus.NewDesc("sluice_cache_aware_share_oversize_total",
+			"Records read from the pool's Redis stream and skipped for their size (over the record bound or 64 fields, or a reply over 16 MiB alone).", pool, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.published, c.applied, c.dropped, c.lag, c.conned, c.resets} {
+	for _, d := range []*prometheus.Desc{c.published, c.applied, c.dropped, c.lag, c.conned, c.resets, c.oversize} {
 		ch <- d
 	}
 }
@@ -44,6 +46,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.applied, prometheus.CounterValue, float64(st.Applied), pool)
 		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(st.Dropped), pool)
 		ch <- prometheus.MustNewConstMetric(c.resets, prometheus.CounterValue, float64(st.Resets), pool)
+		ch <- prometheus.MustNewConstMetric(c.oversize, prometheus.CounterValue, float64(st.Oversize), pool)
 		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(st.LagMillis)/1000, pool)
 		ch <- prometheus.MustNewConstMetric(c.conned, prometheus.GaugeValue, conn, pool)
 	}

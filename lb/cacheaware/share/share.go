@@ -64,7 +64,11 @@ func New(cfg Config, apply ApplyFunc) *Sharer {
 	s := &Sharer{maxText: cfg.MaxText}
 	conn := cfg.Conn.WithDefaults()
 	s.r = streamrelay.New(streamrelay.Config{Conn: conn, Key: Key(conn.KeyPrefix, cfg.Pool), Instance: cfg.Instance,
-		StreamLen: cfg.StreamLen, Buffer: cfg.Buffer}, func(f map[string]string, history bool) {
+		StreamLen: cfg.StreamLen, Buffer: cfg.Buffer,
+		// An entry: model and text as bounded here, the replica's address
+		// (host and port: 1 KiB is ample), three one-byte field names.
+		MaxRecordBytes: MaxModelBytes + utf8.UTFMax*cfg.MaxText + 1024 + 3,
+	}, func(f map[string]string, history bool) {
 		// A peer's entries are bounded as our own are (the stream is
 		// outside input).
 		apply(cutBytes(f["m"], MaxModelBytes), cut(f["t"], s.maxText), f["a"], history)
