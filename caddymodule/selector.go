@@ -238,7 +238,38 @@ func retryAfter(pk lb.Picker) time.Duration {
 // sluiceUpstreams holds upstreams for replicas a request's (stale) pool
 // does not list: a request queued before set-backends added a replica can
 // still be dispatched to it.
-var sluiceUpstreams sync.Map // dial -> *reverseproxy.Upstream
+var sluiceUpstreams = &madeUpstreams{m: map[string]*reverseproxy.Upstream{}}
+
+// maxSluiceUpstreams bounds sluiceUpstreams: replicas' addresses churn
+// (pods rescheduled), and one kept per address ever seen would grow for
+// the process's life. Past it the map starts over; an upstream dropped
+// while a request uses it stays that request's.
+const maxSluiceUpstreams = 4096
+
+type madeUpstreams struct {
+	mu sync.Mutex
+	m  map[string]*reverseproxy.Upstream
+}
+
+func (s *madeUpstreams) get(dial string) *reverseproxy.Upstream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if u := s.m[dial]; u != nil {
+		return u
+	}
+	if len(s.m) >= maxSluiceUpstreams {
+		clear(s.m)
+	}
+	u := &reverseproxy.Upstream{Dial: dial, Host: new(reverseproxy.Host)}
+	s.m[dial] = u
+	return u
+}
+
+func (s *madeUpstreams) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m)
+}
 
 // upstreamFor returns the pool's upstream for dial, so Caddy's own
 // per-host counters and health state apply, or a Sluice-made one.
@@ -248,11 +279,7 @@ func upstreamFor(pool reverseproxy.UpstreamPool, dial string) *reverseproxy.Upst
 			return u
 		}
 	}
-	if u, ok := sluiceUpstreams.Load(dial); ok {
-		return u.(*reverseproxy.Upstream)
-	}
-	u, _ := sluiceUpstreams.LoadOrStore(dial, &reverseproxy.Upstream{Dial: dial, Host: new(reverseproxy.Host)})
-	return u.(*reverseproxy.Upstream)
+	return sluiceUpstreams.get(dial)
 }
 
 // passiveHealth are the options of Sluice's own passive health check,
