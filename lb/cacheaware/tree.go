@@ -15,40 +15,16 @@ import (
 // UTF-8 and copied out of request strings, so the tree pins no request.
 type node struct {
 	label   string
-	runes   int32 // utf8.RuneCountInString(label): the size unit
-	first   rune  // first rune of label: children are sorted and found by it
-	parent  *node // nil for a root
-	kids    []*node
+	runes   int32   // utf8.RuneCountInString(label): the size unit
+	first   rune    // first rune of label: children are found by it
+	parent  *node   // nil for a root
+	kids    []*node // see kids.go: sorted by first rune, or a table
 	holders []*holding
 }
 
 func newNode(label string, parent *node) *node {
 	r, _ := utf8.DecodeRuneInString(label)
 	return &node{label: label, runes: int32(utf8.RuneCountInString(label)), first: r, parent: parent}
-}
-
-// child finds the child starting with rune c, or where to insert one.
-func (n *node) child(c rune) (int, bool) {
-	lo, hi := 0, len(n.kids)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if n.kids[m].first < c {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	return lo, lo < len(n.kids) && n.kids[lo].first == c
-}
-
-func (n *node) removeKid(k *node) {
-	i, ok := n.child(k.first)
-	if !ok || n.kids[i] != k {
-		panic("cacheaware: tree corrupt: child not found")
-	}
-	copy(n.kids[i:], n.kids[i+1:])
-	n.kids[len(n.kids)-1] = nil
-	n.kids = n.kids[:len(n.kids)-1]
 }
 
 func (n *node) holdingOf(rep *replica) *holding {
@@ -96,12 +72,8 @@ func match(root *node, text string) (best *node, matched int) {
 	n := root
 	for len(text) > 0 {
 		c, _ := utf8.DecodeRuneInString(text)
-		i, ok := n.child(c)
-		if !ok {
-			break
-		}
-		kid := n.kids[i]
-		if !kid.live() {
+		kid := n.child(c)
+		if kid == nil || !kid.live() {
 			break
 		}
 		best = kid
@@ -125,22 +97,19 @@ func (r *Router) insertLocked(root *node, text string, rep *replica) {
 	n := root
 	for len(text) > 0 {
 		c, _ := utf8.DecodeRuneInString(text)
-		i, ok := n.child(c)
-		if !ok {
+		kid := n.child(c)
+		if kid == nil {
 			leaf := newNode(strings.Clone(text), n)
-			n.kids = append(n.kids, nil)
-			copy(n.kids[i+1:], n.kids[i:])
-			n.kids[i] = leaf
+			n.addKid(leaf)
 			r.size += int(leaf.runes)
 			r.nodes++
 			r.hold(leaf, rep, atG, atR)
 			return
 		}
-		kid := n.kids[i]
 		l := len(kid.label)
 		if !strings.HasPrefix(text, kid.label) {
 			l = commonPrefix(kid.label, text)
-			kid = r.split(n, i, l)
+			kid = r.split(n, kid, l)
 		}
 		h := kid.holdingOf(rep)
 		if h == nil {
@@ -163,14 +132,15 @@ func (r *Router) hold(n *node, rep *replica, atG, atR *holding) *holding {
 	return h
 }
 
-// split cuts parent.kids[i] after l bytes (0 < l < len(label), on a rune
-// boundary) into a new prefix node and the old node, now its only child.
-// Every holder of the old node holds the prefix; each new holding goes
-// just in front of the old one, which keeps the order invariant. Sizes do
-// not change. Both halves are copied so neither pins the other's bytes.
-func (r *Router) split(parent *node, i, l int) *node {
-	old := parent.kids[i]
+// split cuts old, a child of parent, after l bytes (0 < l < len(label),
+// on a rune boundary) into a new prefix node and the old node, now its
+// only child. Every holder of the old node holds the prefix; each new
+// holding goes just in front of the old one, which keeps the order
+// invariant. Sizes do not change. Both halves are copied so neither pins
+// the other's bytes.
+func (r *Router) split(parent, old *node, l int) *node {
 	p := newNode(strings.Clone(old.label[:l]), parent)
+	parent.replaceKid(old, p) // while old still starts with p's rune
 	p.kids = []*node{old}
 	p.holders = make([]*holding, len(old.holders))
 	for j, h := range old.holders {
@@ -182,7 +152,6 @@ func (r *Router) split(parent *node, i, l int) *node {
 	old.runes -= p.runes
 	old.first, _ = utf8.DecodeRuneInString(old.label)
 	old.parent = p
-	parent.kids[i] = p
 	r.nodes++
 	return p
 }

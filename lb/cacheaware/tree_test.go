@@ -41,12 +41,10 @@ func check(t *testing.T, r *Router) {
 	}
 	var walk func(n *node, root bool)
 	walk = func(n *node, root bool) {
-		for k, kid := range n.kids {
+		checkKids(t, n)
+		for kid := range n.allKids() {
 			if kid.parent != n {
 				t.Fatalf("bad parent pointer at %q", kid.label)
-			}
-			if k > 0 && n.kids[k-1].first >= kid.first {
-				t.Fatalf("children not sorted by distinct first rune under %q", n.label)
 			}
 			if kid.label == "" || !utf8.ValidString(kid.label) || int(kid.runes) != utf8.RuneCountInString(kid.label) {
 				t.Fatalf("bad label %q (runes %d)", kid.label, kid.runes)
@@ -105,6 +103,32 @@ func check(t *testing.T, r *Router) {
 		if chars[rep] != rep.chars {
 			t.Fatalf("%s: chars %d, recorded %d", rep.addr, chars[rep], rep.chars)
 		}
+	}
+}
+
+// checkKids verifies how n keeps its children (kids.go): few sorted by
+// distinct first rune, or many in a table where each is found by its
+// first rune, within the load bounds.
+func checkKids(t *testing.T, n *node) {
+	t.Helper()
+	if !n.wide() {
+		for k, kid := range n.kids {
+			if kid == nil || k > 0 && n.kids[k-1].first >= kid.first {
+				t.Fatalf("children not sorted by distinct first rune under %q", n.label)
+			}
+		}
+		return
+	}
+	size, count := cap(n.kids), 0
+	for kid := range n.allKids() {
+		count++
+		if n.child(kid.first) != kid {
+			t.Fatalf("child %q of %q not found in its table", kid.label, n.label)
+		}
+	}
+	if size&(size-1) != 0 || size < minKidTable || count != len(n.kids) ||
+		2*count > size || count <= maxSortedKids/2 || 8*count < size && size > minKidTable {
+		t.Fatalf("table of %q: %d children (len %d) in %d slots", n.label, count, len(n.kids), size)
 	}
 }
 
