@@ -6,6 +6,8 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -215,9 +217,31 @@ func send(client *http.Client, req *http.Request, system string, n, proxy int, r
 	if wrote != nil {
 		written = sync.OnceFunc(func() { close(wrote) })
 	}
+	// How the last try's connection went, for a request lost: whether it
+	// was a kept-alive one and how long idle (a server closing idle
+	// connections races a request sent on one), and whether the request
+	// was written.
+	var conn struct {
+		sync.Mutex
+		info  httptrace.GotConnInfo
+		wrote error
+		tried int
+	}
+	conn.wrote = errors.New("not written")
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			conn.Lock()
+			conn.info, conn.wrote = info, errors.New("not written")
+			conn.tried++
+			conn.Unlock()
+		},
 		GotFirstResponseByte: func() { first = time.Now() },
-		WroteRequest:         func(httptrace.WroteRequestInfo) { written() },
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			conn.Lock()
+			conn.wrote = info.Err
+			conn.Unlock()
+			written()
+		},
 	}))
 	t0 := time.Now()
 	r.Start = t0.Sub(runStart)
@@ -225,6 +249,19 @@ func send(client *http.Client, req *http.Request, system string, n, proxy int, r
 	written()
 	if err != nil {
 		r.Err = err.Error()
+		conn.Lock()
+		if conn.tried > 0 {
+			how := "new connection"
+			if conn.info.Reused {
+				how = fmt.Sprintf("kept-alive connection (idle %v)", conn.info.IdleTime.Round(time.Millisecond))
+			}
+			wrote := "request written"
+			if conn.wrote != nil {
+				wrote = "request not written: " + conn.wrote.Error()
+			}
+			r.Err += fmt.Sprintf(" [try %d on a %s, %s]", conn.tried, how, wrote)
+		}
+		conn.Unlock()
 		r.Latency = time.Since(t0)
 		return r
 	}

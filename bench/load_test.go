@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -123,5 +124,43 @@ func TestPoissonGivenSendsExactlyTheCount(t *testing.T) {
 	}
 	if b := poissonGiven(94, d, 7); !slices.Equal(a, b) {
 		t.Fatal("the same seed gave other arrivals")
+	}
+}
+
+// A lost request's record says how its connection went: a kept-alive one
+// (and how long idle) or a new one, and whether the request was written,
+// so a request lost to a server closing idle connections at a reload is
+// told apart from one the proxy dropped.
+func TestLostRequestSaysHowItsConnectionWent(t *testing.T) {
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/drop" {
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				c.Close()
+			}
+			return
+		}
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Close()
+	client := &http.Client{Timeout: 5 * time.Second}
+	url := "http://" + ln.Addr().String()
+	req, _ := http.NewRequest("POST", url+"/drop", nil)
+	rec := send(client, req, "t", 0, 0, time.Now(), nil, false)
+	if !rec.Lost() || !strings.Contains(rec.Err, "[try 1 on a new connection, request written]") {
+		t.Fatalf("first request: %+v", rec)
+	}
+	req, _ = http.NewRequest("POST", url+"/ok", nil)
+	if rec := send(client, req, "t", 1, 0, time.Now(), nil, false); rec.Lost() {
+		t.Fatalf("second request: %+v", rec)
+	}
+	req, _ = http.NewRequest("POST", url+"/drop", nil)
+	rec = send(client, req, "t", 2, 0, time.Now(), nil, false)
+	if !rec.Lost() || !strings.Contains(rec.Err, "on a kept-alive connection (idle ") {
+		t.Fatalf("a request on the kept-alive connection: %+v", rec)
 	}
 }
