@@ -302,6 +302,16 @@ end
 // instance's hash) changes nothing, so a batch whose reply was lost can be
 // sent again as it was.
 //
+// "#" is outside input too: one that no batch leaves (not a whole number
+// from 0 to below maxVersion, which no instance numbers that far: inf or
+// 1e300 read every batch as applied already, a word failed every script)
+// reads as unknown. The batch is applied then, but a pick whose request
+// is recorded already is not counted again (an exact one answers the
+// replica recorded): a batch that ran, whose reply was lost, still counts
+// once when it goes again. Its releases need nothing of the kind (a
+// request without a record changes nothing). "#" then holds the batch's
+// number again.
+//
 // Events, three arguments each: kind, request id, replica.
 //
 //	'+' count the request on replica (chosen by the instance from its view)
@@ -327,16 +337,20 @@ local off = tonumber(ARGV[4])
 local n = tonumber(ARGV[5])
 local picked = ''
 local recorded = 0
-if seq > tonumber(redis.call('HGET', inst, '#') or '0') then
+local last = tonumber(redis.call('HGET', inst, '#') or '0')
+local unsure = not (last and last >= 0 and last < ` + maxVersionLua + ` and last % 1 == 0)
+if unsure or seq > last then
   redis.call('HSET', inst, '#', ARGV[3])
   for i = 6 + n, #ARGV, 3 do
     local kind, id, rep = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local r = (kind == '-' or unsure) and redis.call('HGET', inst, id)
     if kind == '-' then
-      local r = redis.call('HGET', inst, id)
       if r then
         redis.call('HDEL', inst, id)
         if r ~= '' then decr(load, gone, r) end
       end
+    elseif r and r ~= '' then
+      if kind == '*' then picked = r end -- recorded already (unsure only)
     else
       local where = nil
       if kind == '*' then
