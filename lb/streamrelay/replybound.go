@@ -139,8 +139,8 @@ func (c *boundedConn) scan(b []byte) (int, error) {
 		j := bytes.IndexByte(b[i:], '\n')
 		if j < 0 {
 			c.addLine(b[i:])
-			if c.cost+c.lineLen > c.limit {
-				return i, c.cut() // a simple line past the limit: the client buffers it whole
+			if err := c.partLine(); err != nil {
+				return i, err
 			}
 			break
 		}
@@ -158,6 +158,27 @@ func (c *boundedConn) addLine(b []byte) {
 	c.lineLen += int64(len(b))
 }
 
+// partLine checks the line under way, its end not yet read. A simple
+// line past the limit is cut now (the client buffers it whole). A
+// header's own bytes count nothing (its length counts, at its end, and
+// the line may yet end within the limit), but one longer than any length
+// header fails.
+func (c *boundedConn) partLine() error {
+	switch c.header[0] {
+	case '$', '!', '=', '*', '~', '>', '%', '|':
+		if c.lineLen > maxHeaderBytes {
+			return errHeaderTooLong
+		}
+		return nil
+	}
+	if c.lineLen > c.limit-c.cost {
+		return c.cut()
+	}
+	return nil
+}
+
+var errHeaderTooLong = errors.New("streamrelay: a Redis reply header too long")
+
 // endLine takes the line just read: a header, or a whole simple element.
 func (c *boundedConn) endLine() error {
 	line, n := c.header, c.lineLen
@@ -167,9 +188,10 @@ func (c *boundedConn) endLine() error {
 	}
 	switch typ := line[0]; typ {
 	case '+', '-', ':', '_', ',', '#', '(':
-		if c.cost += n; c.cost > c.limit {
+		if n > c.limit-c.cost {
 			return c.cut()
 		}
+		c.cost += n
 		c.elementDone()
 	case '$', '!', '=':
 		size, err := headerLen(line, n)
@@ -179,9 +201,10 @@ func (c *boundedConn) endLine() error {
 			}
 			return err
 		}
-		if c.cost += size; c.cost > c.limit {
+		if size > c.limit-c.cost {
 			return c.cut()
 		}
+		c.cost += size
 		c.body = size + 2
 		c.keeping = len(c.first) < keptStrings
 		c.keep = c.keep[:0]
@@ -190,16 +213,26 @@ func (c *boundedConn) endLine() error {
 		if err != nil {
 			return err
 		}
-		if typ == '%' || typ == '|' {
-			size *= 2
+		per := int64(elementBytes)
+		if typ == '%' || typ == '|' { // an entry is two elements
+			if size < 0 { // no null map: the client would size a slice of -2
+				return fmt.Errorf("streamrelay: a Redis reply of type %q and length -1", typ)
+			}
+			per *= 2
 		}
 		if size <= 0 { // empty, or RESP2's null array
-			c.elementDone()
+			if typ != '|' { // an attribute, even empty, annotates the element that follows
+				c.elementDone()
+			}
 			return nil
 		}
-		if c.cost += size * elementBytes; c.cost > c.limit {
+		// Compared before multiplying: a length of 2^58 elements would
+		// count 2^64 bytes, 0 in an int64.
+		if size > (c.limit-c.cost)/per {
 			return c.cut()
 		}
+		c.cost += size * per
+		size *= per / elementBytes
 		if len(c.open) == maxDepth {
 			return errors.New("streamrelay: a Redis reply nested too deep")
 		}
@@ -216,7 +249,7 @@ func (c *boundedConn) endLine() error {
 // line its first bytes).
 func headerLen(line []byte, n int64) (int64, error) {
 	if n > maxHeaderBytes {
-		return 0, errors.New("streamrelay: a Redis reply header too long")
+		return 0, errHeaderTooLong
 	}
 	if line[len(line)-2] != '\r' {
 		return 0, errors.New("streamrelay: a Redis reply header without CRLF")
