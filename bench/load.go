@@ -36,6 +36,9 @@ type Record struct {
 	// workloads with sse set; 0 otherwise.
 	TTFT   time.Duration
 	Tokens int
+	// LastToken is the time to the last such chunk (since the request's
+	// start): when its output ended, whether or not the stream did.
+	LastToken time.Duration
 }
 
 // Lost reports whether the request got no HTTP answer at all.
@@ -309,8 +312,9 @@ func readSSE(body io.Reader, t0 time.Time, r *Record) error {
 		if data, ok := bytes.CutPrefix(bytes.TrimSpace(line), []byte("data:")); ok {
 			data = bytes.TrimSpace(data)
 			if len(data) > 0 && data[0] == '{' && chunkHasText(data) {
+				r.LastToken = time.Since(t0)
 				if r.Tokens == 0 {
-					r.TTFT = time.Since(t0)
+					r.TTFT = r.LastToken
 				}
 				r.Tokens++
 			}

@@ -572,13 +572,17 @@ func llmdArgs(e EngineOptions) []string {
 func engineMeasures(rate float64, timeout time.Duration, replicas []string, before, after []map[string]float64, recs []Record, s *Summary) {
 	s.Extra["rate"] = rate
 	var ttft, itl []time.Duration
+	// Output tokens/s is over the time they took to come: from the first
+	// arrival to the last token (not to a request the client gave up on).
 	var first, last time.Duration = -1, 0
 	tokens, timeouts, headerCounted := 0, 0, 0
 	for _, rec := range recs {
 		if first < 0 || rec.Start < first {
 			first = rec.Start
 		}
-		last = max(last, rec.Start+rec.Latency)
+		if rec.Tokens > 0 {
+			last = max(last, rec.Start+rec.LastToken)
+		}
 		tokens += rec.Tokens
 		if rec.Status == 200 && rec.Err == "" {
 			ttft = append(ttft, rec.TTFT)

@@ -314,3 +314,26 @@ func TestInterTokenLatencyIsTheStepARequestSees(t *testing.T) {
 		t.Fatalf("itl p50 %v s, want 0.2 s (the middle of 0.1, 0.2 and 0.3 s)", got)
 	}
 }
+
+// Output tokens/s counts the tokens over the time they took to come: from
+// the first arrival to the last token. A request the client gave up on
+// (its end the client's timeout, a minute later) stretched the window to
+// its timeout, and a system with one such request read a fraction of the
+// tokens/s it delivered.
+func TestOutputTokensPerSecondEndsAtTheLastToken(t *testing.T) {
+	s := Summary{Extra: map[string]float64{}, Errors: map[string]int{}}
+	recs := []Record{
+		{Status: 200, Start: 0, TTFT: 100 * time.Millisecond, Latency: time.Second, LastToken: time.Second, Tokens: 10},
+		// streamed 5 tokens by 0.9 s after its start, then stalled until
+		// the client's timeout
+		{Status: 200, Start: 500 * time.Millisecond, TTFT: 200 * time.Millisecond, Latency: time.Minute,
+			LastToken: 900 * time.Millisecond, Tokens: 5, Err: "body: context deadline exceeded (Client.Timeout exceeded while reading body)"},
+		// no answer at all, after the last token
+		{Status: 0, Start: 1200 * time.Millisecond, Latency: time.Minute, Err: "Client.Timeout exceeded while awaiting headers"},
+	}
+	engineMeasures(1, time.Minute, nil, nil, nil, recs, &s)
+	// 15 tokens from 0 s to 1.4 s (the second's last token)
+	if got, want := s.Extra["out_tok_s"], 15/1.4; got < want*0.999 || got > want*1.001 {
+		t.Fatalf("output tokens/s %.2f, want %.2f (15 tokens over 1.4 s)", got, want)
+	}
+}
