@@ -204,7 +204,7 @@ var realEngineScenario = scenario{
 		"server bench/realengine/server.py (-engine transformers), or llm-d-inference-sim (-engine llmd). All figures are in engine time. ttft = time to the " +
 		"first streamed token; itl = a request's time between two streamed tokens, (end to end − ttft) ÷ (tokens − 1): " +
 		"the engine's step as a request sees it; p50/p90/p99 = end to end; out tok/s = output tokens counted from the SSE chunks ÷ wall " +
-		"time from the first arrival to the last answer; prefix reuse = Δ prefix_cache_hits ÷ Δ prefix_cache_queries " +
+		"time from the first arrival to the last token received; prefix reuse = Δ prefix_cache_hits ÷ Δ prefix_cache_queries " +
 		"over the replicas' /metrics (prompt tokens served from the prefix cache); per replica from X-Sim-Replica " +
 		"(sim) or the replicas' Δ vllm:request_success_total (real engines); timeout = no answer within the client " +
 		"timeout (an outcome of overload, not a harness failure).",
