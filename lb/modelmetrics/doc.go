@@ -20,6 +20,13 @@
 // (1.1) carry only counters and latency histograms, no queue or KV gauges,
 // so they are not read.
 //
+// A replica is outside input, so what a scrape reads is bounded: the
+// headers to 64 KiB, the (decompressed) body to MaxBodyBytes, the whole
+// exchange to Config.Timeout; a redirect is followed only on the
+// replica's own host (a redirect elsewhere is a failed scrape, not that
+// host's load); and the error a failed scrape keeps quotes at most a few
+// hundred bytes of what the replica sent.
+//
 // A replica whose last scrape failed (transport error, timeout, non-200,
 // unparsable body, none of the names above) or whose last good scrape is
 // older than Config.Staleness is Stale, and one never scraped is Unknown:

@@ -271,12 +271,25 @@ func parseValue(s []byte) (float64, error) {
 	}
 	v, err := strconv.ParseFloat(string(s), 64)
 	if err != nil {
-		return 0, fmt.Errorf("bad value %q", s)
+		return 0, fmt.Errorf("bad value %s", quoteClipped(s))
 	}
 	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("non-finite value %q", s)
+		return 0, fmt.Errorf("non-finite value %s", quoteClipped(s))
 	}
 	return v, nil
+}
+
+// maxQuoted bounds the replica's text an error quotes: the error is kept
+// per replica and shown by health, and a value may be megabytes long.
+const maxQuoted = 64
+
+// quoteClipped quotes at most maxQuoted bytes of b, saying how long the
+// rest was.
+func quoteClipped(b []byte) string {
+	if len(b) <= maxQuoted {
+		return strconv.Quote(string(b))
+	}
+	return fmt.Sprintf("%q… (%d bytes)", b[:maxQuoted], len(b))
 }
 
 // labelValue returns the raw (still escaped) value of label key. The

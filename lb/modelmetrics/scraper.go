@@ -58,12 +58,36 @@ func New(cfg Config) *Scraper {
 			DialContext:         (&net.Dialer{Timeout: cfg.Timeout}).DialContext,
 			MaxIdleConnsPerHost: 2,
 			IdleConnTimeout:     90 * time.Second,
+			// The headers are bounded like the body (net/http's default
+			// is 10 MiB, per scrape of each replica).
+			MaxResponseHeaderBytes: maxHeaderBytes,
 		}
-		s.client = &http.Client{Transport: s.own}
+		s.client = &http.Client{Transport: s.own, CheckRedirect: sameHost}
 	}
 	empty := map[string]*target{}
 	s.targets.Store(&empty)
 	return s
+}
+
+// maxHeaderBytes bounds a metrics response's headers.
+const maxHeaderBytes = 64 << 10
+
+// maxRedirects is net/http's default limit.
+const maxRedirects = 10
+
+// sameHost follows a redirect only on the replica itself (older vLLM
+// answers /metrics with a redirect to /metrics/): a redirect to another
+// host would pass that host's load off as the replica's, and have Sluice
+// send requests wherever a replica points it.
+func sameHost(req *http.Request, via []*http.Request) error {
+	if len(via) >= maxRedirects {
+		return fmt.Errorf("stopped after %d redirects", maxRedirects)
+	}
+	if !strings.EqualFold(req.URL.Host, via[0].URL.Host) {
+		return fmt.Errorf("redirect to another host (%s) not followed: a replica's load is read from the replica",
+			quoteClipped([]byte(req.URL.Host)))
+	}
+	return nil
 }
 
 // SetTargets makes targets (dial address → base URL such as
@@ -261,7 +285,7 @@ func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) (sm
 		if prev := t.last.Load(); prev != nil {
 			next = *prev
 		}
-		next.smp.Err = err
+		next.smp.Err = clipErr(err)
 		next.fails++
 		wait := cfg.MaxBackoff
 		if !next.smp.At.IsZero() {
@@ -296,7 +320,12 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (Sample, error) {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
-		return Sample{}, fmt.Errorf("modelmetrics: GET %s: %s", t.url, resp.Status)
+		// The replica's reason phrase: quoted, and cut, only if long.
+		status := resp.Status
+		if len(status) > maxQuoted {
+			status = quoteClipped([]byte(status))
+		}
+		return Sample{}, fmt.Errorf("modelmetrics: GET %s: %s", t.url, status)
 	}
 	b := bytes.NewBuffer(t.buf[:0])
 	_, err = b.ReadFrom(io.LimitReader(resp.Body, MaxBodyBytes+1))
@@ -313,6 +342,30 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (Sample, error) {
 		return Sample{}, fmt.Errorf("modelmetrics: %s: body larger than %d bytes", t.url, MaxBodyBytes)
 	}
 	return Parse(body)
+}
+
+// maxErrText bounds the text of the error a failed scrape stores: it is
+// kept per replica and shown by health, and may quote what the replica
+// sent (a redirect's Location, up to maxHeaderBytes).
+const maxErrText = 512
+
+// clippedErr is an error whose text was cut to maxErrText; it still
+// unwraps to the error it was cut from.
+type clippedErr struct {
+	msg string
+	err error
+}
+
+func (e *clippedErr) Error() string { return e.msg }
+func (e *clippedErr) Unwrap() error { return e.err }
+
+// clipErr returns err, or err with its text cut to maxErrText.
+func clipErr(err error) error {
+	msg := err.Error()
+	if len(msg) <= maxErrText {
+		return err
+	}
+	return &clippedErr{msg: strings.ToValidUTF8(msg[:maxErrText], "") + "…", err: err}
 }
 
 // Get returns addr's latest sample and whether it may be trusted. It
