@@ -28,6 +28,12 @@ type requestInfo struct {
 	// parseTried: Parsed says what the whole body is (read within a
 	// caller's bound once).
 	parseTried bool
+	// inference: the path is an inference call's (chat, completions,
+	// generate), whether its body parsed or not; declared is the body's
+	// Content-Length (-1: not given). Together they weigh a body that
+	// did not parse (estimatedTokens).
+	inference bool
+	declared  int64
 
 	// The first replay and the first attempt's copy, in the same
 	// allocation (later ones, rare, get their own).
@@ -74,6 +80,8 @@ func (rs *requestState) readBody(r *http.Request, max int64) *requestInfo {
 			ri = &requestInfo{}
 		}
 		rs.info = ri
+		ri.inference = reqtext.KindOf(r.URL.Path) != reqtext.KindOther
+		ri.declared = r.ContentLength
 		if r.Body == nil || r.Body == http.NoBody || r.Method == http.MethodGet || r.Method == http.MethodHead {
 			ri.complete = true
 			return ri
@@ -201,7 +209,8 @@ const (
 	// (engines then stop at the context length, but most answers are
 	// short).
 	assumedOutputTokens = 256
-	// assumedRequestTokens stands for a body Sluice could not parse.
+	// assumedRequestTokens stands for a body Sluice could not parse: at
+	// least, for an inference call's (see estimatedTokens).
 	assumedRequestTokens = 512
 	// maxEstimatedTokens caps an estimate: a client's max_tokens of 4e18
 	// must not close a token gate for everyone (no served model's context
@@ -213,9 +222,19 @@ const (
 // weighs it (load_aware's active_tokens, flow control's token
 // concurrency): its prompt plus the output it may generate (max_tokens),
 // both of which hold KV cache and take engine steps while it runs.
+//
+// A body Sluice did not parse (over the bound, or one the engine reads and
+// Sluice does not: a NaN, a float max_tokens) is weighed by its size on an
+// inference path, as a prompt of its bytes would be, and never less than
+// assumedRequestTokens: weighed 512, any prompt passed the token gates.
+// On other paths (audio, uploads) bytes are not tokens: 512.
 func (ri *requestInfo) estimatedTokens() int64 {
 	if !ri.Parsed {
-		return assumedRequestTokens
+		if !ri.inference {
+			return assumedRequestTokens
+		}
+		size := max(int64(len(ri.buf)), ri.declared) // a declared length is a floor: net/http enforces it
+		return min(max(assumedRequestTokens, size/4+assumedOutputTokens), maxEstimatedTokens)
 	}
 	out := ri.MaxTokens
 	if out <= 0 {

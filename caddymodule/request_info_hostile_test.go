@@ -70,3 +70,51 @@ func TestEveryReplayGivesTheBodyAfterALargerBoundReadFurther(t *testing.T) {
 		}
 	}
 }
+
+// A body Sluice cannot parse weighed 512 tokens whatever its size, so a
+// client passed flow control's token gate (and load_aware's active
+// tokens) with any prompt by making the body one Sluice does not read
+// and the engine does: a NaN field (Python's json takes it), a float
+// max_tokens (pydantic takes 100.0), a body over max_body_bytes. An
+// inference call's body is weighed at least by its size (4 bytes a
+// token, as a parsed prompt is); other paths (audio, uploads) keep 512.
+func TestUnparsedInferenceBodyIsWeighedByItsSize(t *testing.T) {
+	prompt := strings.Repeat("lorem ipsum dolor sit amet ", 20000) // 540 KB
+	for _, c := range []struct {
+		name, path, body string
+		cl, max          int64
+		min              int64
+	}{
+		{"NaN field", "/v1/completions", `{"prompt":"` + prompt + `","temperature":NaN}`, -1, 4 << 20, int64(len(prompt)) / 4},
+		{"float max_tokens", "/v1/chat/completions",
+			`{"messages":[{"role":"user","content":"` + prompt + `"}],"max_tokens":100.0}`, -1, 4 << 20, int64(len(prompt)) / 4},
+		{"over the bound, unknown length", "/v1/completions", `{"prompt":"` + prompt + `"}`, -1, 64 << 10, 64 << 10 / 4},
+		{"over the bound, known length", "/generate", `{"text":"` + prompt + `"}`, int64(len(prompt) + 11), 64 << 10, int64(len(prompt)) / 4},
+	} {
+		r, _, _ := newRequest(t)
+		r.URL.Path = c.path
+		r.Body, r.ContentLength = io.NopCloser(strings.NewReader(c.body)), c.cl
+		ri := requestInfoFor(r, c.max)
+		if ri.Parsed {
+			t.Fatalf("%s: parsed", c.name)
+		}
+		if got := ri.estimatedTokens(); got < c.min || got > maxEstimatedTokens {
+			t.Errorf("%s: a %d-byte body weighed %d tokens, want at least %d", c.name, len(c.body), got, c.min)
+		}
+		if got, _ := io.ReadAll(r.Body); string(got) != c.body {
+			t.Errorf("%s: the replica gets %d bytes, want %d", c.name, len(got), len(c.body))
+		}
+	}
+	// Other paths, and small bodies, as before.
+	for _, c := range []struct{ path, body string }{
+		{"/v1/audio/transcriptions", strings.Repeat("\x00audio", 100000)},
+		{"/v1/completions", `{"prompt":"hi","x":NaN}`},
+	} {
+		r, _, _ := newRequest(t)
+		r.URL.Path = c.path
+		r.Body = io.NopCloser(strings.NewReader(c.body))
+		if got := requestInfoFor(r, 4<<20).estimatedTokens(); got != assumedRequestTokens {
+			t.Errorf("%s: %d-byte body weighed %d tokens, want %d", c.path, len(c.body), got, assumedRequestTokens)
+		}
+	}
+}

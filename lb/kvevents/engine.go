@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sluice-router/sluice/lb/reqtext"
 )
 
 // Prompt is what a PromptTokenizer gets of a request.
@@ -71,6 +73,10 @@ type EngineConfig struct {
 	// Backoff: a prefix whose tokenization failed is not asked again for
 	// this long (default 5s).
 	Backoff time.Duration
+	// MaxAge: a cached answer older than this is asked again (of the next
+	// replica in turn) when a prompt uses it, and serves until the new one
+	// comes (default 10m).
+	MaxAge time.Duration
 	// Transport makes the requests (default a plain HTTP transport).
 	Transport http.RoundTripper
 }
@@ -102,6 +108,9 @@ func (c EngineConfig) WithDefaults() EngineConfig {
 	def(&c.MaxTokens, 1<<19)
 	if c.Backoff <= 0 {
 		c.Backoff = 5 * time.Second
+	}
+	if c.MaxAge <= 0 {
+		c.MaxAge = 10 * time.Minute
 	}
 	return c
 }
@@ -179,6 +188,7 @@ type EngineTokenizer struct {
 	cfg    EngineConfig
 	client *http.Client
 	seed   maphash.Seed
+	now    func() time.Time // time.Now; a test's clock
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -200,9 +210,12 @@ type EngineTokenizer struct {
 }
 
 type tokEntry struct {
-	key         uint64
-	tokens      []uint32  // nil: failed, asked again after failedUntil
-	failedUntil time.Time // of a failed one
+	key    uint64
+	tokens []uint32  // nil: failed, asked again after failedUntil
+	at     time.Time // when tokens came (asked again after MaxAge)
+	// failedUntil: the last request for it failed; not asked again
+	// before (tokens, if any, still serve).
+	failedUntil time.Time
 }
 
 const entryOverhead = 128
@@ -226,7 +239,7 @@ func NewEngineTokenizer(cfg EngineConfig) *EngineTokenizer {
 	e := &EngineTokenizer{
 		cfg: cfg, client: &http.Client{Transport: tr, Timeout: cfg.Timeout,
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		seed: maphash.MakeSeed(), ctx: ctx, cancel: cancel,
+		seed: maphash.MakeSeed(), now: time.Now, ctx: ctx, cancel: cancel,
 		sem:     make(chan struct{}, cfg.Concurrency),
 		entries: map[uint64]*list.Element{}, pending: map[uint64]struct{}{}, down: map[string]time.Time{},
 		seen:     [2]map[uint64]struct{}{{}, {}},
@@ -281,7 +294,10 @@ func (e *EngineTokenizer) cuts(p Prompt) []cut {
 			_ = h.WriteByte(':')
 			_, _ = h.Write(m)
 			size += len(m)
-			out = append(out, cut{key: h.Sum64(), end: i + 1, whole: i+1 == len(p.Messages), size: size})
+			// reqtext keeps the first MaxMessages of a longer conversation:
+			// as many is not known to be the whole of it.
+			whole := i+1 == len(p.Messages) && len(p.Messages) < reqtext.MaxMessages
+			out = append(out, cut{key: h.Sum64(), end: i + 1, whole: whole, size: size})
 		}
 		return out
 	}
@@ -321,14 +337,17 @@ func (e *EngineTokenizer) TokenizePrompt(p Prompt) ([]uint32, int, bool) {
 	if !cs[len(cs)-1].whole {
 		fullSize = len(p.Text)
 	}
-	now := time.Now()
+	now := e.now()
 	hit := -1
+	stale := false
 	var tokens []uint32
 	var ask []asked
 	e.mu.Lock()
 	for i := len(cs) - 1; i >= 0; i-- {
 		if el, ok := e.entries[cs[i].key]; ok && el.Value.(*tokEntry).tokens != nil {
-			hit, tokens = i, el.Value.(*tokEntry).tokens
+			en := el.Value.(*tokEntry)
+			hit, tokens = i, en.tokens
+			stale = now.Sub(en.at) >= e.cfg.MaxAge
 			e.lru.MoveToFront(el)
 			break
 		}
@@ -343,6 +362,12 @@ func (e *EngineTokenizer) TokenizePrompt(p Prompt) ([]uint32, int, bool) {
 		var want []int
 		if own > hit {
 			want = append(want, own)
+		}
+		// An old answer is asked again (of the next replica in turn):
+		// one replica's wrong answer serves every replica's requests, so
+		// it must not stay for good.
+		if stale {
+			want = append(want, hit)
 		}
 		// The longest cut an earlier prompt had too.
 		for i := len(cs) - 1; i > hit; i-- {
@@ -462,8 +487,12 @@ func (e *EngineTokenizer) fetch(p Prompt, c cut, addr string) {
 		}
 		if reason != "" {
 			e.fail(reason)
-			until := time.Now().Add(e.cfg.Backoff)
-			e.put(&tokEntry{key: c.key, failedUntil: until})
+			until := e.now().Add(e.cfg.Backoff)
+			if el, ok := e.entries[c.key]; ok && el.Value.(*tokEntry).tokens != nil {
+				el.Value.(*tokEntry).failedUntil = until // a refresh: the old answer serves on
+			} else {
+				e.put(&tokEntry{key: c.key, failedUntil: until})
+			}
 			if reason == TokUnreachable || reason == TokTimeout {
 				if len(e.down) >= 4096 { // bounded: only replicas of the pool get here
 					clear(e.down)
@@ -473,7 +502,7 @@ func (e *EngineTokenizer) fetch(p Prompt, c cut, addr string) {
 			return
 		}
 		e.stored.Add(1)
-		e.put(&tokEntry{key: c.key, tokens: tokens})
+		e.put(&tokEntry{key: c.key, tokens: tokens, at: e.now()})
 	}()
 }
 
@@ -570,11 +599,18 @@ func parseTokenizeAnswer(raw []byte, maxTokens int) ([]uint32, string) {
 		return nil, TokBadAnswer
 	}
 	// Count the elements before decoding them: a huge list is refused
-	// without building it.
-	if n := bytes.Count(a.Tokens, []byte{','}) + 1; n > maxTokens+1 {
+	// without building it, and the list is decoded into a slice of its
+	// size (json's growth left up to twice the room, held by the cache
+	// but not counted in its bytes).
+	n := bytes.Count(a.Tokens, []byte{','}) + 1
+	if n > maxTokens+1 {
 		return nil, TokTooMany
 	}
-	var tokens []uint32
+	// A null decodes as id 0 (json leaves the element zero): not an id.
+	if bytes.IndexByte(a.Tokens, 'n') >= 0 {
+		return nil, TokBadAnswer
+	}
+	tokens := make([]uint32, 0, n)
 	if err := json.Unmarshal(a.Tokens, &tokens); err != nil {
 		return nil, TokBadAnswer
 	}
@@ -612,7 +648,7 @@ func (e *EngineTokenizer) put(en *tokEntry) {
 	}
 }
 
-func entryBytes(en *tokEntry) int64 { return int64(4*len(en.tokens) + entryOverhead) }
+func entryBytes(en *tokEntry) int64 { return int64(4*cap(en.tokens) + entryOverhead) }
 
 func (e *EngineTokenizer) fail(reason string) {
 	e.failMu.Lock()

@@ -39,7 +39,8 @@ type Request struct {
 	PromptTokens int
 	// Messages are a chat request's messages as the client sent them (raw
 	// JSON, sub-slices of the body), so a tokenizer can hand them to the
-	// engine, which applies its chat template; nil for other kinds.
+	// engine, which applies its chat template; nil for other kinds. At
+	// most the first MaxMessages (Text renders them all).
 	Messages []json.RawMessage
 	// TokenIDs: the prompt was given as token ids (Text is them in
 	// decimal, space-separated; several prompts joined by "\n").
@@ -61,15 +62,25 @@ func Extract(path string, body []byte) (Request, error) {
 		return generate(body)
 	default:
 		req := Request{Kind: KindOther}
-		var v struct {
-			Model string `json:"model"`
-		}
-		if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '{' && json.Unmarshal(body, &v) == nil {
-			req.Model = v.Model
+		if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '{' {
+			var model []byte
+			s := &scanner{b: body}
+			if s.top("body", func(key []byte) {
+				if is(key, "model") {
+					s.str(&model, "model")
+				} else {
+					s.skip(1)
+				}
+			}) == nil {
+				req.Model = text(model)
+			}
 		}
 		return req, nil
 	}
 }
+
+// KindOf is the kind of request a path makes, whatever its body.
+func KindOf(path string) string { return kindOf(path) }
 
 // kindOf matches the path's end, so a prefix (e.g. /openai/v1/...) is fine.
 func kindOf(path string) string {
@@ -85,15 +96,17 @@ func kindOf(path string) string {
 	return KindOther
 }
 
-// is reports whether an object key names field (encoding/json's matching).
-func is(key []byte, field string) bool { return bytes.EqualFold(key, []byte(field)) }
+// is reports whether an object key names field: exactly, as the engines
+// match it (see scanner).
+func is(key []byte, field string) bool { return string(key) == field }
 
 // shared reads a field every inference body has (model, stream) into
-// req; false if key is another.
-func (s *scanner) shared(key []byte, req *Request) bool {
+// req; false if key is another. The model is kept raw (model) and
+// decoded once, after the last of a repeated key.
+func (s *scanner) shared(key []byte, req *Request, model *[]byte) bool {
 	switch {
 	case is(key, "model"):
-		s.str(&req.Model, "model")
+		s.str(model, "model")
 	case is(key, "stream"):
 		s.boolean(&req.Stream, "stream")
 	default:
@@ -102,44 +115,56 @@ func (s *scanner) shared(key []byte, req *Request) bool {
 	return true
 }
 
+// MaxMessages bounds Request.Messages: a chat request's first messages
+// are kept for a tokenizer (kvevents asks the engine for at most its
+// first 1024), not millions of empty ones at a slice header each.
+const MaxMessages = 4096
+
 // chat renders messages as "<|role|>\ncontent\n" in order: the same
 // conversation prefix gives the same text prefix. Content is a string, an
 // array of parts (only the text ones count, joined by "\n"), or null.
+// Each message is rendered as its object ends, from the raw values of
+// its last role and content: nothing is built per message.
 func chat(body []byte) (Request, error) {
 	req := Request{Kind: KindChat}
+	var model []byte
 	var maxCompletion int
-	type message struct {
-		role  string
-		texts []string
-	}
-	var msgs []message
+	w := newWriter(len(body))
 	s := &scanner{b: body}
 	err := s.top("chat completions body", func(key []byte) {
 		switch {
-		case s.shared(key, &req):
+		case s.shared(key, &req, &model):
 		case is(key, "max_tokens"):
 			s.integer(&req.MaxTokens, "max_tokens")
 		case is(key, "max_completion_tokens"):
 			s.integer(&maxCompletion, "max_completion_tokens")
 		case is(key, "messages"):
+			// The last messages key wins: what an earlier one rendered goes.
+			w.reset()
+			req.Messages = req.Messages[:0]
 			switch s.peek() {
 			case 'n':
 				s.literal("null")
-				msgs = nil
+				req.Messages = nil
 			case '[':
-				msgs = msgs[:0]
-				req.Messages = req.Messages[:0]
 				s.array(2, func() {
-					var m message
 					s.peek()
 					start := s.i
+					var role, content []byte
 					if !s.isNull() {
-						s.message(3, &m.role, &m.texts)
+						s.message(3, &role, &content)
 					}
-					if s.err == nil {
+					if s.err != nil {
+						return
+					}
+					if len(req.Messages) < MaxMessages {
 						req.Messages = append(req.Messages, json.RawMessage(s.b[start:s.i]))
 					}
-					msgs = append(msgs, m)
+					w.str("<|")
+					w.raw(role)
+					w.str("|>\n")
+					renderContent(w, content)
+					w.str("\n")
 				})
 			default:
 				s.typeErr("messages", "array")
@@ -151,28 +176,18 @@ func chat(body []byte) (Request, error) {
 	if err != nil {
 		return Request{}, fmt.Errorf("chat completions body: %w", err)
 	}
+	req.Model = text(model)
 	if maxCompletion > 0 {
 		req.MaxTokens = maxCompletion // the newer name wins
-	}
-	w := newWriter(len(body))
-	for _, m := range msgs {
-		w.str("<|")
-		w.str(m.role)
-		w.str("|>\n")
-		for j, t := range m.texts {
-			if j > 0 {
-				w.str("\n")
-			}
-			w.str(t)
-		}
-		w.str("\n")
 	}
 	w.done(&req)
 	return req, nil
 }
 
-// message reads one chat message object into role and texts.
-func (s *scanner) message(depth int, role *string, texts *[]string) {
+// message reads one chat message object, checking its fields' types, and
+// gives the raw values of its last role (a string) and content (a string
+// or an array of parts; nil when null or absent).
+func (s *scanner) message(depth int, role, content *[]byte) {
 	if s.peek() != '{' {
 		s.typeErr("messages", "object")
 		return
@@ -182,65 +197,101 @@ func (s *scanner) message(depth int, role *string, texts *[]string) {
 		case is(key, "role"):
 			s.str(role, "role")
 		case is(key, "content"):
-			s.content(depth+1, texts)
+			*content = s.content(depth + 1)
 		default:
 			s.skip(depth)
 		}
 	})
 }
 
-// content reads a message's content: a string (its text), an array of
-// parts (the text of those of type "text"), or null (no change).
-func (s *scanner) content(depth int, texts *[]string) {
+// content checks a message's content: a string, an array of parts
+// (objects whose type and text are strings), or null (nil).
+func (s *scanner) content(depth int) []byte {
+	s.peek()
+	start := s.i
 	switch s.peek() {
 	case 'n':
 		s.literal("null")
+		return nil
 	case '"':
-		raw, escaped := s.rawString()
-		if s.err == nil {
-			*texts = append((*texts)[:0], decode(raw, escaped))
-		}
+		s.rawString()
 	case '[':
-		var kept []string
 		s.array(depth, func() {
-			var typ, text string
-			if !s.isNull() {
-				if s.peek() != '{' {
-					s.typeErr("content", "object")
-					return
+			if s.isNull() {
+				return
+			}
+			if s.peek() != '{' {
+				s.typeErr("content", "object")
+				return
+			}
+			var typ, txt []byte
+			s.object(depth+1, func(key []byte) {
+				switch {
+				case is(key, "type"):
+					s.str(&typ, "type")
+				case is(key, "text"):
+					s.str(&txt, "text")
+				default:
+					s.skip(depth + 1)
 				}
-				s.object(depth+1, func(key []byte) {
-					switch {
-					case is(key, "type"):
-						s.str(&typ, "type")
-					case is(key, "text"):
-						s.str(&text, "text")
-					default:
-						s.skip(depth + 1)
-					}
-				})
-			}
-			if typ == "text" {
-				kept = append(kept, text)
-			}
+			})
 		})
-		*texts = append((*texts)[:0], kept...)
 	default:
 		s.skip(depth)
 		if s.err == nil {
 			s.fail(errors.New("content: want a string or an array of parts"))
 		}
 	}
+	if s.err != nil {
+		return nil
+	}
+	return s.b[start:s.i]
+}
+
+// renderContent writes a content content() checked: a string's text, or
+// the text of the parts of type "text", joined by "\n".
+func renderContent(w *writer, raw []byte) {
+	switch {
+	case raw == nil:
+	case raw[0] == '"':
+		w.raw(raw)
+	default:
+		s := &scanner{b: raw}
+		first := true
+		s.array(0, func() {
+			if s.isNull() {
+				return
+			}
+			var typ, txt []byte
+			s.object(0, func(key []byte) {
+				switch {
+				case is(key, "type"):
+					s.str(&typ, "type")
+				case is(key, "text"):
+					s.str(&txt, "text")
+				default:
+					s.skip(0)
+				}
+			})
+			if typ != nil && equals(typ, "text") {
+				if !first {
+					w.str("\n")
+				}
+				first = false
+				w.raw(txt)
+			}
+		})
+	}
 }
 
 // completions renders the prompt (see promptText).
 func completions(body []byte) (Request, error) {
 	req := Request{Kind: KindCompletions}
-	var prompt []byte
+	var model, prompt []byte
 	s := &scanner{b: body}
 	err := s.top("completions body", func(key []byte) {
 		switch {
-		case s.shared(key, &req):
+		case s.shared(key, &req, &model):
 		case is(key, "max_tokens"):
 			s.integer(&req.MaxTokens, "max_tokens")
 		case is(key, "prompt"):
@@ -252,6 +303,7 @@ func completions(body []byte) (Request, error) {
 	if err != nil {
 		return Request{}, fmt.Errorf("completions body: %w", err)
 	}
+	req.Model = text(model)
 	w := newWriter(len(body))
 	if err := promptText(w, prompt); err != nil {
 		return Request{}, fmt.Errorf("prompt: %w", err)
@@ -263,16 +315,17 @@ func completions(body []byte) (Request, error) {
 // generate handles SGLang's native /generate: text, or else input_ids.
 func generate(body []byte) (Request, error) {
 	req := Request{Kind: KindGenerate}
-	var text, ids []byte
+	var model, txt, ids []byte
 	s := &scanner{b: body}
 	err := s.top("generate body", func(key []byte) {
 		switch {
-		case s.shared(key, &req):
+		case s.shared(key, &req, &model):
 		case is(key, "text"):
-			text = s.raw(1)
+			txt = s.raw(1)
 		case is(key, "input_ids"):
 			ids = s.raw(1)
 		case is(key, "sampling_params"):
+			req.MaxTokens = 0 // the last sampling_params wins
 			switch s.peek() {
 			case 'n':
 				s.literal("null")
@@ -294,8 +347,9 @@ func generate(body []byte) (Request, error) {
 	if err != nil {
 		return Request{}, fmt.Errorf("generate body: %w", err)
 	}
+	req.Model = text(model)
 	w := newWriter(len(body))
-	field, raw := "text", text
+	field, raw := "text", txt
 	if isNull(raw) {
 		field, raw = "input_ids", ids
 	}
@@ -311,48 +365,58 @@ func isNull(raw json.RawMessage) bool {
 	return len(raw) == 0 || raw[0] == 'n'
 }
 
-// promptText renders a polymorphic prompt: a string; an array of strings
-// (joined by "\n"); an array of token ids (decimal, space-separated, so
-// prompts sharing leading ids share a text prefix); or an array of such
-// arrays (joined by "\n"). Absent or null renders as "".
+// promptText renders a polymorphic prompt (valid JSON: the scanner checked
+// it): a string; an array of strings (joined by "\n"; null elements are
+// empty, as encoding/json makes them); an array of token ids (decimal,
+// space-separated, so prompts sharing leading ids share a text prefix);
+// or an array of such arrays (joined by "\n"). Absent or null renders as
+// "". Strings are decoded straight into w: no allocation per element.
 func promptText(w *writer, raw json.RawMessage) error {
 	raw = bytes.TrimLeft(raw, " \t\r\n")
 	if len(raw) == 0 || raw[0] == 'n' {
 		return nil
 	}
-	if raw[0] == '"' { // validated by the scanner
-		w.str(decode(raw, bytes.IndexByte(raw, '\\') >= 0))
+	if raw[0] == '"' {
+		w.raw(raw)
 		return nil
 	}
 	if raw[0] != '[' {
 		return errors.New("want a string, an array of strings or an array of token ids")
 	}
-	// The first element decides the shape; json then checks the rest.
+	// The first element decides the shape.
 	first := bytes.TrimLeft(raw[1:], " \t\r\n")
 	switch {
 	case len(first) == 0 || first[0] == ']':
 		return nil
 	case first[0] == '"':
-		var ss []string
-		if err := json.Unmarshal(raw, &ss); err != nil {
-			return err
-		}
-		for i, s := range ss {
+		s := &scanner{b: raw}
+		i := 0
+		s.array(0, func() {
 			if i > 0 {
 				w.str("\n")
 			}
-			w.str(s)
-		}
+			i++
+			switch s.peek() {
+			case '"':
+				raw, _ := s.rawString()
+				w.raw(raw)
+			case 'n':
+				s.literal("null")
+			default:
+				s.skip(0)
+				s.fail(errors.New("json: cannot unmarshal into a prompt string"))
+			}
+		})
+		return s.err
 	default:
 		return writeIDs(w, raw)
 	}
-	return nil
 }
 
 // writeIDs renders an array of token ids, or an array of arrays of them,
 // copying each id's digits as they are (JSON allows no leading zeros, so
 // equal ids have equal digits). raw is a valid JSON array (the caller's
-// json.Unmarshal checked it); this only checks the shape and that every
+// scanner checked it); this only checks the shape and that every
 // number is an integer. Scanning by hand is ~10x faster than decoding
 // into []int64 and allocates nothing.
 func writeIDs(w *writer, raw []byte) error {
@@ -435,6 +499,37 @@ func (w *writer) str(s string) {
 	}
 	w.b = append(w.b, s...)
 }
+
+// raw appends a validated raw string's value (see unquote).
+func (w *writer) raw(raw []byte) {
+	if raw == nil {
+		return
+	}
+	var buf [utf8.UTFMax]byte
+	for in := raw[1 : len(raw)-1]; len(in) > 0; {
+		var p []byte
+		p, in = piece(in, &buf)
+		w.bytes(p)
+	}
+}
+
+// bytes appends text (not retained).
+func (w *writer) bytes(b []byte) {
+	w.textBytes += len(b)
+	if w.cut {
+		return
+	}
+	if room := MaxTextBytes - len(w.b); len(b) > room {
+		for room > 0 && !utf8.RuneStart(b[room]) {
+			room--
+		}
+		b, w.cut = b[:room], true
+	}
+	w.b = append(w.b, b...)
+}
+
+// reset empties w (a repeated key: the last one's value is the text).
+func (w *writer) reset() { *w = writer{b: w.b[:0]} }
 
 // id appends one token id's digits (ASCII: any cut is a rune boundary).
 func (w *writer) id(b []byte) {

@@ -2,10 +2,12 @@ package reqtext
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -16,15 +18,19 @@ import (
 //
 // Semantics follow encoding/json's Unmarshal into the structs Extract used
 // to decode (reference_test.go; FuzzExtractMatchesEncodingJSON holds the
-// two together): keys match case-insensitively (bytes.EqualFold), null
-// leaves a field as it was, a value of another type is an error, a body
-// that is not exactly one JSON value is an error. Bodies with a key twice
-// in one object may differ (encoding/json then reuses the first value's
-// storage); RFC 8259 leaves those to the implementation.
+// two together: a value of another type is an error, a body that is not
+// exactly one JSON value is an error), except where the engines Sluice
+// routes to read a body otherwise: vLLM and SGLang (Python's json, then
+// pydantic) match a key to a field exactly, not case-insensitively as
+// encoding/json does, and of a key given twice take the last value, null
+// included (null is "not given"). Sluice must route and weigh a request
+// on the prompt the engine will serve: {"prompt": <100k tokens>,
+// "PROMPT": "hi"} is the long prompt to vLLM.
 type scanner struct {
-	b   []byte
-	i   int
-	err error
+	b      []byte
+	i      int
+	err    error
+	keyBuf []byte // an escaped key, decoded
 }
 
 // maxDepth bounds nesting. The scanner recurses, so a body nested 10,000
@@ -303,43 +309,173 @@ func isHex(c byte) bool {
 	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
 }
 
-// decode turns a validated raw string into its value: the bytes between
-// the quotes when there is nothing to decode, else encoding/json (escapes,
-// invalid UTF-8 replaced by U+FFFD, as it does).
-func decode(raw []byte, escaped bool) string {
-	if in := raw[1 : len(raw)-1]; !escaped && utf8.Valid(in) {
-		return string(in)
+// piece decodes the next piece of in, the inside of a string rawString
+// validated, as encoding/json decodes it (escapes, surrogate pairs, and
+// U+FFFD for a lone surrogate or for each byte of invalid UTF-8): a run
+// of in that needs no change, or one escape or bad byte's decoding (in
+// buf). Callers copy the pieces where they want them, so a string costs
+// no allocation of its own.
+func piece(in []byte, buf *[utf8.UTFMax]byte) (out, rest []byte) {
+	if in[0] == '\\' { // validated: a whole escape follows
+		n := 2
+		switch c := in[1]; c {
+		case 'b':
+			buf[0] = '\b'
+		case 'f':
+			buf[0] = '\f'
+		case 'n':
+			buf[0] = '\n'
+		case 'r':
+			buf[0] = '\r'
+		case 't':
+			buf[0] = '\t'
+		case 'u':
+			r := hex4(in[2:6])
+			n = 6
+			if utf16.IsSurrogate(r) {
+				r2 := rune(-1)
+				if len(in) >= 12 && in[6] == '\\' && in[7] == 'u' {
+					r2 = hex4(in[8:12])
+				}
+				if d := utf16.DecodeRune(r, r2); d != unicode.ReplacementChar {
+					r, n = d, 12
+				} else {
+					r = unicode.ReplacementChar
+				}
+			}
+			return utf8.AppendRune(buf[:0], r), in[n:]
+		default: // " \\ /
+			buf[0] = c
+		}
+		return buf[:1], in[n:]
 	}
-	var v string
-	_ = json.Unmarshal(raw, &v) // raw is a valid string: cannot fail
-	return v
+	end := bytes.IndexByte(in, '\\')
+	if end < 0 {
+		end = len(in)
+	}
+	run := in[:end]
+	if utf8.Valid(run) {
+		return run, in[end:]
+	}
+	for i := 0; i < len(run); {
+		if run[i] < utf8.RuneSelf {
+			i++
+			continue
+		}
+		if r, size := utf8.DecodeRune(run[i:]); r != utf8.RuneError || size > 1 {
+			i += size
+			continue
+		}
+		if i == 0 {
+			return replacement, in[1:]
+		}
+		return run[:i], in[i:]
+	}
+	return run, in[end:] // not reached: run is not valid
 }
 
-// key reads an object key.
+var replacement = []byte(string(utf8.RuneError))
+
+// hex4 reads four hex digits (validated).
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h[:4] {
+		switch {
+		case c <= '9':
+			c -= '0'
+		case c >= 'a':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
+}
+
+// decode turns a validated raw string (with its quotes) into its value.
+func decode(raw []byte, escaped bool) string {
+	in := raw[1 : len(raw)-1]
+	if !escaped && utf8.Valid(in) {
+		return string(in)
+	}
+	var out strings.Builder
+	out.Grow(len(in))
+	var buf [utf8.UTFMax]byte
+	for len(in) > 0 {
+		var p []byte
+		p, in = piece(in, &buf)
+		out.Write(p)
+	}
+	return out.String()
+}
+
+// equals reports whether the validated raw string decodes to want, with
+// no allocation.
+func equals(raw []byte, want string) bool {
+	var buf [utf8.UTFMax]byte
+	for in := raw[1 : len(raw)-1]; len(in) > 0; {
+		var p []byte
+		p, in = piece(in, &buf)
+		if len(p) > len(want) || string(p) != want[:len(p)] {
+			return false
+		}
+		want = want[len(p):]
+	}
+	return want == ""
+}
+
+// maxKeyBytes: a longer raw key names none of the fields Extract reads
+// (the longest, max_completion_tokens, is 21 bytes: 126 with every byte
+// escaped), so it is not decoded.
+const maxKeyBytes = 128
+
+// key reads an object key: valid until the next key is read.
 func (s *scanner) key() []byte {
 	raw, escaped := s.rawString()
 	if s.err != nil {
 		return nil
 	}
-	if in := raw[1 : len(raw)-1]; !escaped && utf8.Valid(in) {
-		return in
+	in := raw[1 : len(raw)-1]
+	switch {
+	case !escaped:
+		return in // invalid UTF-8 matches no field either way
+	case len(in) > maxKeyBytes:
+		return nil
 	}
-	return []byte(decode(raw, escaped))
+	s.keyBuf = s.keyBuf[:0]
+	var buf [utf8.UTFMax]byte
+	for len(in) > 0 {
+		var p []byte
+		p, in = piece(in, &buf)
+		s.keyBuf = append(s.keyBuf, p...)
+	}
+	return s.keyBuf
 }
 
-// str decodes a string field: null leaves dst as it is.
-func (s *scanner) str(dst *string, field string) {
+// str reads a string field as its raw form (decoded by the caller, once,
+// whichever of a repeated key wins); null gives nil: the field is unset,
+// as the engines read a null.
+func (s *scanner) str(dst *[]byte, field string) {
 	switch c := s.peek(); c {
 	case '"':
-		raw, escaped := s.rawString()
-		if s.err == nil {
-			*dst = decode(raw, escaped)
+		if raw, _ := s.rawString(); s.err == nil {
+			*dst = raw
 		}
 	case 'n':
 		s.literal("null")
+		*dst = nil
 	default:
 		s.typeErr(field, "string")
 	}
+}
+
+// text decodes a raw string from str ("" for nil).
+func text(raw []byte) string {
+	if raw == nil {
+		return ""
+	}
+	return decode(raw, bytes.IndexByte(raw, '\\') >= 0)
 }
 
 func (s *scanner) boolean(dst *bool, field string) {
@@ -352,6 +488,7 @@ func (s *scanner) boolean(dst *bool, field string) {
 		*dst = false
 	case 'n':
 		s.literal("null")
+		*dst = false
 	default:
 		s.typeErr(field, "bool")
 	}
@@ -363,6 +500,7 @@ func (s *scanner) integer(dst *int, field string) {
 	switch c := s.peek(); {
 	case c == 'n':
 		s.literal("null")
+		*dst = 0
 	case c == '-' || (c >= '0' && c <= '9'):
 		lit := s.number()
 		if s.err != nil {
