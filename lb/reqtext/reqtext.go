@@ -485,20 +485,8 @@ func (w *writer) sep(s string) {
 	w.textBytes = n
 }
 
-func (w *writer) str(s string) {
-	w.textBytes += len(s)
-	if w.cut {
-		return
-	}
-	if room := MaxTextBytes - len(w.b); len(s) > room {
-		// Cut on a rune boundary so Text stays valid UTF-8.
-		for room > 0 && !utf8.RuneStart(s[room]) {
-			room--
-		}
-		s, w.cut = s[:room], true
-	}
-	w.b = append(w.b, s...)
-}
+// str appends text.
+func (w *writer) str(s string) { appendText(w, s) }
 
 // raw appends a validated raw string's value (see unquote).
 func (w *writer) raw(raw []byte) {
@@ -514,18 +502,22 @@ func (w *writer) raw(raw []byte) {
 }
 
 // bytes appends text (not retained).
-func (w *writer) bytes(b []byte) {
-	w.textBytes += len(b)
+func (w *writer) bytes(b []byte) { appendText(w, b) }
+
+// appendText appends s to w's text up to MaxTextBytes, cut on a rune
+// boundary so Text stays valid UTF-8; textBytes counts it all.
+func appendText[T string | []byte](w *writer, s T) {
+	w.textBytes += len(s)
 	if w.cut {
 		return
 	}
-	if room := MaxTextBytes - len(w.b); len(b) > room {
-		for room > 0 && !utf8.RuneStart(b[room]) {
+	if room := MaxTextBytes - len(w.b); len(s) > room {
+		for room > 0 && !utf8.RuneStart(s[room]) {
 			room--
 		}
-		b, w.cut = b[:room], true
+		s, w.cut = s[:room], true
 	}
-	w.b = append(w.b, b...)
+	w.b = append(w.b, s...)
 }
 
 // reset empties w (a repeated key: the last one's value is the text).
