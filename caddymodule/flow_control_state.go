@@ -23,7 +23,8 @@ var (
 )
 
 // flowState is one pool's controller, its detector inputs and a metrics
-// scraper (used by the utilization detector).
+// scraper (the utilization detector's: with the concurrency detector it
+// scrapes nothing, see scrapes).
 type flowState struct {
 	mu      sync.Mutex
 	c       *flow.Controller
@@ -82,16 +83,29 @@ func (st *flowState) updateView(change func(*replicaView)) {
 	v := *st.view.Load()
 	change(&v)
 	st.view.Store(&v)
-	targets := map[string]string{}
-	for _, b := range v.backends() {
-		targets[b.Dial] = b.URL
-	}
-	st.scraper.SetTargets(targets)
+	st.pointScraperLocked()
 	c := st.c
 	st.mu.Unlock()
 	if c != nil {
 		c.Kick()
 	}
+}
+
+// scrapes reports whether cfg's detector reads the replicas' metrics.
+// The concurrency detector does not: its pool's replicas are not scraped
+// (load on every replica, every interval, for a reading nothing used).
+func scrapes(cfg flow.Config) bool { return cfg.Detector.Type == flow.DetectorUtilization }
+
+// pointScraperLocked points the scraper at the view's replicas if the
+// detector reads their metrics, else at none (st.mu held).
+func (st *flowState) pointScraperLocked() {
+	targets := map[string]string{}
+	if cfg := st.cfg.Load(); cfg != nil && scrapes(*cfg) {
+		for _, b := range st.view.Load().backends() {
+			targets[b.Dial] = b.URL
+		}
+	}
+	st.scraper.SetTargets(targets)
 }
 
 // Settings implements observable.
@@ -107,8 +121,14 @@ func (st *flowState) Settings() any {
 
 // Health implements observable: flow control shows its settings (with
 // redis, its share of the pool among them) and no replica view of its own;
-// its queues are in the metrics.
-func (st *flowState) Health() stateHealth { return stateHealth{} }
+// its queues are in the metrics. With the utilization detector the
+// replicas' scraped metrics show, which hold or open the pool's gate.
+func (st *flowState) Health() stateHealth {
+	if scrapes(st.config()) {
+		return stateHealth{Metrics: st.scraper}
+	}
+	return stateHealth{}
+}
 
 // fallbackLogger logs the gate entering and leaving its fallback share.
 func fallbackLogger(log *zap.Logger, pool string) func(error) {
@@ -165,6 +185,7 @@ func (st *flowState) configure(cfg flow.Config, mc modelmetrics.Config) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.cfg.Store(&cfg)
+	st.pointScraperLocked() // a reload may switch the detector
 	if st.c == nil {
 		var opts []flow.Option
 		if st.gate != nil {
