@@ -27,6 +27,7 @@ type publishBuffer struct {
 	ring     []record
 	head, n  int
 	held     int64 // bytes waiting and in flight
+	waiting  int64 // bytes waiting
 	maxBytes int64
 }
 
@@ -41,19 +42,24 @@ func (b *publishBuffer) push(rec record) (dropped uint64) {
 	size := rec.size()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.held-b.waiting+size > b.maxBytes {
+		// No room beside the batch in flight even with nothing waiting:
+		// rec goes, not the waiting records that fit.
+		return 1
+	}
 	for b.n > 0 && (b.n == len(b.ring) || b.held+size > b.maxBytes) {
-		b.held -= b.ring[b.head].size()
+		s := b.ring[b.head].size()
+		b.held -= s
+		b.waiting -= s
 		b.ring[b.head] = nil
 		b.head = (b.head + 1) % len(b.ring)
 		b.n--
 		dropped++
 	}
-	if b.held+size > b.maxBytes {
-		return dropped + 1
-	}
 	b.ring[(b.head+b.n)%len(b.ring)] = rec
 	b.n++
 	b.held += size
+	b.waiting += size
 	return dropped
 }
 
@@ -64,11 +70,13 @@ func (b *publishBuffer) take(maxRecords int, maxBytes int64) []record {
 	defer b.mu.Unlock()
 	var out []record
 	var bytes int64
-	for len(out) < min(b.n, maxRecords) {
+	for b.n > 0 && len(out) < maxRecords {
 		rec := b.ring[b.head]
-		if bytes += rec.size(); len(out) > 0 && bytes > maxBytes {
+		s := rec.size()
+		if bytes += s; len(out) > 0 && bytes > maxBytes {
 			break
 		}
+		b.waiting -= s
 		out = append(out, rec)
 		b.ring[b.head] = nil
 		b.head = (b.head + 1) % len(b.ring)
@@ -105,6 +113,7 @@ func (b *publishBuffer) requeue(rs []record) (dropped uint64) {
 		b.head = (b.head - 1 + len(b.ring)) % len(b.ring)
 		b.ring[b.head] = rs[i]
 		b.n++
+		b.waiting += rs[i].size()
 	}
 	return 0
 }

@@ -366,7 +366,10 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 	full := r.cfg.readCount()
 	// After a reply cut for its size, the records it asked for are read
 	// one at a time (slow of them left): those before the one over
-	// ReadBytes fit, and that one is then cut alone and skipped.
+	// ReadBytes fit, and that one is then cut alone and skipped, and
+	// reads ask for full batches again (a read one at a time never comes
+	// back short, so it would take news for history until the stream's
+	// end came back empty).
 	count, slow := full, int64(0)
 	for ctx.Err() == nil {
 		if !positioned {
@@ -397,9 +400,7 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 			if id, ok := cut.string(1); ok && idLess(last, id) {
 				r.oversize.Add(1)
 				r.lastID.Store(&id)
-				if slow--; slow <= 0 {
-					count = full
-				}
+				count, slow = full, 0
 				continue
 			}
 		}
@@ -463,9 +464,19 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 
 // newestID is the id of the stream's newest record (found false: the key
 // is gone or empty). A newest record over ReadBytes is cut from the reply
-// after its id, the reply's first string.
+// after its id, the reply's first string. It is read on a dedicated
+// connection (as the blocking XREAD): a cut drops the connection it comes
+// on, and on the pipelined one it would fail the publisher's XADDs sent
+// behind it, which Redis ran (requeued, they would be published twice).
 func (r *Relay) newestID(ctx context.Context, cl rueidis.Client) (id string, found bool, err error) {
-	es, err := cl.Do(ctx, cl.B().Xrevrange().Key(r.cfg.Key).End("+").Start("-").Count(1).Build()).AsXRange()
+	var es []rueidis.XRangeEntry
+	derr := cl.Dedicated(func(dc rueidis.DedicatedClient) error {
+		es, err = dc.Do(ctx, dc.B().Xrevrange().Key(r.cfg.Key).End("+").Start("-").Count(1).Build()).AsXRange()
+		return nil
+	})
+	if err == nil && derr != nil {
+		err = derr
+	}
 	if cut := asCut(err); cut != nil {
 		if id, ok := cut.string(0); ok {
 			if _, _, valid := parseID(id); valid {
