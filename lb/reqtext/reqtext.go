@@ -488,15 +488,13 @@ func (w *writer) sep(s string) {
 // str appends text.
 func (w *writer) str(s string) { appendText(w, s) }
 
-// raw appends a validated raw string's value (see unquote).
+// raw appends a validated raw string's value (see unquoter).
 func (w *writer) raw(raw []byte) {
 	if raw == nil {
 		return
 	}
-	var buf [utf8.UTFMax]byte
-	for in := raw[1 : len(raw)-1]; len(in) > 0; {
-		var p []byte
-		p, in = piece(in, &buf)
+	u := unquoter{in: raw[1 : len(raw)-1]}
+	for p := u.next(); p != nil; p = u.next() {
 		w.bytes(p)
 	}
 }

@@ -309,53 +309,90 @@ func isHex(c byte) bool {
 	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
 }
 
-// piece decodes the next piece of in, the inside of a string rawString
-// validated, as encoding/json decodes it (escapes, surrogate pairs, and
-// U+FFFD for a lone surrogate or for each byte of invalid UTF-8): a run
-// of in that needs no change, or one escape or bad byte's decoding (in
-// buf). Callers copy the pieces where they want them, so a string costs
-// no allocation of its own.
-func piece(in []byte, buf *[utf8.UTFMax]byte) (out, rest []byte) {
-	if in[0] == '\\' { // validated: a whole escape follows
-		n := 2
-		switch c := in[1]; c {
-		case 'b':
-			buf[0] = '\b'
-		case 'f':
-			buf[0] = '\f'
-		case 'n':
-			buf[0] = '\n'
-		case 'r':
-			buf[0] = '\r'
-		case 't':
-			buf[0] = '\t'
-		case 'u':
-			r := hex4(in[2:6])
-			n = 6
-			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
-				if len(in) >= 12 && in[6] == '\\' && in[7] == 'u' {
-					r2 = hex4(in[8:12])
-				}
-				if d := utf16.DecodeRune(r, r2); d != unicode.ReplacementChar {
-					r, n = d, 12
-				} else {
-					r = unicode.ReplacementChar
-				}
-			}
-			return utf8.AppendRune(buf[:0], r), in[n:]
-		default: // " \\ /
-			buf[0] = c
+// unquoter decodes in, the inside of a string rawString validated, as
+// encoding/json decodes it (escapes, surrogate pairs, and U+FFFD for a
+// lone surrogate or for each byte of invalid UTF-8), one piece at a time
+// (next): a run of in that needs no change, or one escape or bad byte's
+// decoding (in buf). Callers copy the pieces where they want them, so a
+// string costs no allocation of its own.
+//
+// Each byte is looked at a bounded number of times: a run between
+// escapes is found once (run), and its bad bytes split it in place.
+// Finding the run again after each bad byte made a string of them cost
+// time quadratic in its length: minutes for a 4 MiB prompt of "\xff".
+type unquoter struct {
+	in  []byte // not yet split into runs and escapes
+	run []byte // the rest of the current run (no escape in it)
+	buf [utf8.UTFMax]byte
+}
+
+// next is the next piece (never empty), nil at the end.
+func (u *unquoter) next() []byte {
+	if len(u.run) == 0 {
+		if len(u.in) == 0 {
+			return nil
 		}
-		return buf[:1], in[n:]
+		if u.in[0] == '\\' {
+			var p []byte
+			p, u.in = escape(u.in, &u.buf)
+			return p
+		}
+		end := indexByte(u.in, '\\')
+		if end < 0 {
+			end = len(u.in)
+		}
+		u.run, u.in = u.in[:end], u.in[end:]
 	}
-	end := bytes.IndexByte(in, '\\')
-	if end < 0 {
-		end = len(in)
+	n := validPrefix(u.run)
+	p := u.run[:n]
+	if n == 0 {
+		p, n = replacement, 1
 	}
-	run := in[:end]
+	u.run = u.run[n:]
+	return p
+}
+
+// escape decodes the escape in starts with (validated: a whole one
+// follows) into buf.
+func escape(in []byte, buf *[utf8.UTFMax]byte) (out, rest []byte) {
+	n := 2
+	switch c := in[1]; c {
+	case 'b':
+		buf[0] = '\b'
+	case 'f':
+		buf[0] = '\f'
+	case 'n':
+		buf[0] = '\n'
+	case 'r':
+		buf[0] = '\r'
+	case 't':
+		buf[0] = '\t'
+	case 'u':
+		r := hex4(in[2:6])
+		n = 6
+		if utf16.IsSurrogate(r) {
+			r2 := rune(-1)
+			if len(in) >= 12 && in[6] == '\\' && in[7] == 'u' {
+				r2 = hex4(in[8:12])
+			}
+			if d := utf16.DecodeRune(r, r2); d != unicode.ReplacementChar {
+				r, n = d, 12
+			} else {
+				r = unicode.ReplacementChar
+			}
+		}
+		return utf8.AppendRune(buf[:0], r), in[n:]
+	default: // " \\ /
+		buf[0] = c
+	}
+	return buf[:1], in[n:]
+}
+
+// validPrefix is the length of run's longest valid UTF-8 prefix, found
+// in time linear in it (utf8.Valid stops at the first bad byte).
+func validPrefix(run []byte) int {
 	if utf8.Valid(run) {
-		return run, in[end:]
+		return len(run)
 	}
 	for i := 0; i < len(run); {
 		if run[i] < utf8.RuneSelf {
@@ -366,15 +403,16 @@ func piece(in []byte, buf *[utf8.UTFMax]byte) (out, rest []byte) {
 			i += size
 			continue
 		}
-		if i == 0 {
-			return replacement, in[1:]
-		}
-		return run[:i], in[i:]
+		return i
 	}
-	return run, in[end:] // not reached: run is not valid
+	return len(run) // not reached: run is not valid
 }
 
 var replacement = []byte(string(utf8.RuneError))
+
+// indexByte is bytes.IndexByte, where a string's runs are found (once): a test
+// counts the bytes it scans.
+var indexByte = bytes.IndexByte
 
 // hex4 reads four hex digits (validated).
 func hex4(h []byte) rune {
@@ -401,10 +439,8 @@ func decode(raw []byte, escaped bool) string {
 	}
 	var out strings.Builder
 	out.Grow(len(in))
-	var buf [utf8.UTFMax]byte
-	for len(in) > 0 {
-		var p []byte
-		p, in = piece(in, &buf)
+	u := unquoter{in: in}
+	for p := u.next(); p != nil; p = u.next() {
 		out.Write(p)
 	}
 	return out.String()
@@ -413,10 +449,8 @@ func decode(raw []byte, escaped bool) string {
 // equals reports whether the validated raw string decodes to want, with
 // no allocation.
 func equals(raw []byte, want string) bool {
-	var buf [utf8.UTFMax]byte
-	for in := raw[1 : len(raw)-1]; len(in) > 0; {
-		var p []byte
-		p, in = piece(in, &buf)
+	u := unquoter{in: raw[1 : len(raw)-1]}
+	for p := u.next(); p != nil; p = u.next() {
 		if len(p) > len(want) || string(p) != want[:len(p)] {
 			return false
 		}
@@ -444,10 +478,8 @@ func (s *scanner) key() []byte {
 		return nil
 	}
 	s.keyBuf = s.keyBuf[:0]
-	var buf [utf8.UTFMax]byte
-	for len(in) > 0 {
-		var p []byte
-		p, in = piece(in, &buf)
+	u := unquoter{in: in}
+	for p := u.next(); p != nil; p = u.next() {
 		s.keyBuf = append(s.keyBuf, p...)
 	}
 	return s.keyBuf
