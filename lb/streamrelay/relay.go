@@ -464,19 +464,15 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 
 // newestID is the id of the stream's newest record (found false: the key
 // is gone or empty). A newest record over ReadBytes is cut from the reply
-// after its id, the reply's first string. It is read on a dedicated
-// connection (as the blocking XREAD): a cut drops the connection it comes
-// on, and on the pipelined one it would fail the publisher's XADDs sent
-// behind it, which Redis ran (requeued, they would be published twice).
+// after its id, the reply's first string. The check goes on the client's
+// pipelined connection, which the cut drops: the publisher's XADDs sent
+// behind it fail and are published again, though Redis ran them (a
+// dedicated connection would avoid that, but rueidis resets one it hands
+// back with DISCARD and UNSUBSCRIBE, which the documented ACL user may not
+// run). Only a hostile newest record costs that; the users take a record
+// twice (a decision applied again, a KV-event message a duplicate).
 func (r *Relay) newestID(ctx context.Context, cl rueidis.Client) (id string, found bool, err error) {
-	var es []rueidis.XRangeEntry
-	derr := cl.Dedicated(func(dc rueidis.DedicatedClient) error {
-		es, err = dc.Do(ctx, dc.B().Xrevrange().Key(r.cfg.Key).End("+").Start("-").Count(1).Build()).AsXRange()
-		return nil
-	})
-	if err == nil && derr != nil {
-		err = derr
-	}
+	es, err := cl.Do(ctx, cl.B().Xrevrange().Key(r.cfg.Key).End("+").Start("-").Count(1).Build()).AsXRange()
 	if cut := asCut(err); cut != nil {
 		if id, ok := cut.string(0); ok {
 			if _, _, valid := parseID(id); valid {
