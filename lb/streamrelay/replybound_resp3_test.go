@@ -3,6 +3,7 @@ package streamrelay
 import (
 	"context"
 	"crypto/tls"
+	"maps"
 	"net"
 	"strings"
 	"testing"
@@ -129,7 +130,7 @@ func TestBoundedConnRESP3LikeAPlainClient(t *testing.T) {
 				}
 				return out
 			}
-			if got, want := hello(bounded), hello(plain); len(got) < 5 || !sameMap(got, want) {
+			if got, want := hello(bounded), hello(plain); len(got) < 5 || !maps.Equal(got, want) {
 				t.Errorf("HELLO 3: %v; a plain client had %v", got, want)
 			}
 			info, err := bounded.Do(ctx, bounded.B().ClientInfo().Build()).ToMessage()
@@ -169,16 +170,4 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
-}
-
-func sameMap(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }

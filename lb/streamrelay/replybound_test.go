@@ -2,11 +2,9 @@ package streamrelay
 
 import (
 	"context"
-	"crypto/tls"
 	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/redis/rueidis"
 
@@ -22,23 +20,7 @@ func (c oneByteConn) Read(p []byte) (int, error) { return c.Conn.Read(p[:min(len
 // boundedClient is a client of the shared Redis whose connections are
 // bounded to limit bytes a reply and read a byte at a time.
 func boundedClient(t *testing.T, limit int64) rueidis.Client {
-	opt, err := redistest.Targets(t)[0].Conn.WithDefaults().ClientOption(5 * time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt.DialCtxFn = func(ctx context.Context, addr string, d *net.Dialer, _ *tls.Config) (net.Conn, error) {
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err != nil {
-			return nil, err
-		}
-		return &boundedConn{Conn: oneByteConn{c}, limit: limit}, nil
-	}
-	cl, err := rueidis.NewClient(opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	return cl
+	return dialledClient(t, redistest.Targets(t)[0], limit, true)
 }
 
 // Replies of every kind the relay's connections carry (and more) pass
