@@ -153,7 +153,7 @@ func (h *FlowControl) Validate() error {
 		return fmt.Errorf("flow_control: replicas: must not be negative, got %d", h.Replicas)
 	}
 	if h.MetricsInterval < 0 {
-		return fmt.Errorf("flow_control: max_body_bytes and metrics_interval must be positive")
+		return fmt.Errorf("flow_control: metrics_interval: must be positive, got %v", time.Duration(h.MetricsInterval))
 	}
 	if h.global() {
 		if t := h.Detector; t != "" && t != flow.DetectorConcurrency {
@@ -247,7 +247,11 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		r.Header.Del(headerObjective)
 		r.Header.Del(headerSLOTTFT)
 	}
-	req.Bytes = r.ContentLength
+	// max_bytes bounds the memory queued requests hold: at most
+	// max_body_bytes of a body is read while it waits, the rest stays in
+	// the client's socket, so a declared length counts up to that (one
+	// client declaring a gigabyte filled the band's budget for everyone).
+	req.Bytes = min(r.ContentLength, h.bodyLimit())
 	if cfg := h.state.config(); cfg.Detector.ConcurrencyMode == flow.ModeTokens || req.Bytes < 0 {
 		ri := requestInfoFor(r, h.bodyLimit())
 		req.Model = ri.Model
@@ -257,6 +261,16 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 			req.Bytes = int64(len(ri.buf))
 		}
 		req.Tokens = ri.estimatedTokens()
+	} else if req.Bytes > 0 {
+		// A request that waits reads its body (up to the bound, which
+		// max_bytes counts anyway): net/http sees an HTTP/1 client close
+		// its connection only once the body is read, so an unread one
+		// kept a gone client's place in the queue until its TTL and then
+		// went to a replica. A body over the bound stays unread.
+		req.Queued = func() {
+			rs, _ := requestStateOf(r, true)
+			rs.readBody(r, h.bodyLimit())
+		}
 	}
 	// Only validated values reach the variables: an untrusted client's
 	// headers were removed above, so it shows the shared flow ("") and

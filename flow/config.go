@@ -248,7 +248,7 @@ func (d DetectorConfig) validate() error {
 	case !(d.KVCacheThreshold >= 0 && d.KVCacheThreshold <= 1):
 		return fmt.Errorf("kv_cache_threshold: want a fraction in (0, 1], got %v", d.KVCacheThreshold)
 	case d.MetricsStaleness < 0:
-		return fmt.Errorf("metrics_staleness_threshold: must be positive, got %v", d.MetricsStaleness)
+		return fmt.Errorf("metrics_staleness: must be positive, got %v", d.MetricsStaleness)
 	}
 	return nil
 }

@@ -55,7 +55,7 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{Config{Detector: DetectorConfig{Headroom: 1.5}}, "detector.headroom"},
 		{Config{Detector: DetectorConfig{QueueDepthThreshold: -1}}, "detector.queue_depth_threshold"},
 		{Config{Detector: DetectorConfig{KVCacheThreshold: 1.2}}, "detector.kv_cache_threshold"},
-		{Config{Detector: DetectorConfig{MetricsStaleness: -1}}, "detector.metrics_staleness_threshold"},
+		{Config{Detector: DetectorConfig{MetricsStaleness: -1}}, "detector.metrics_staleness"},
 		{Config{Objectives: Objectives{"": 5}}, "objectives"},
 	}
 	for _, tc := range cases {

@@ -204,6 +204,9 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 	c.publishLocked()
 	c.mu.Unlock()
 	obs.Enqueued(&req, "Queued", time.Since(start))
+	if req.Queued != nil {
+		req.Queued()
+	}
 
 	select {
 	case <-w.done:

@@ -18,6 +18,10 @@ const (
 	MaxLabelBytes = 128
 	// OverflowLabel stands for every value past MaxLabelValues.
 	OverflowLabel = "__other__"
+	// MaxLabelSeries bounds the distinct (fairness id, model, target
+	// model) combinations of one metric: each label alone is bounded, but
+	// their product was not.
+	MaxLabelSeries = 10 * MaxLabelValues
 )
 
 // labelSet admits up to MaxLabelValues distinct values.
@@ -43,6 +47,30 @@ func (l *labelSet) value(s string) string {
 	}
 	l.seen[s] = struct{}{}
 	return s
+}
+
+// seriesSet admits up to MaxLabelSeries distinct label combinations.
+type seriesSet struct {
+	mu   sync.Mutex
+	seen map[[3]string]struct{}
+}
+
+// admit reports whether k is one of the first MaxLabelSeries distinct
+// combinations (past the bound, only those already admitted).
+func (l *seriesSet) admit(k [3]string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.seen[k]; ok {
+		return true
+	}
+	if l.seen == nil {
+		l.seen = map[[3]string]struct{}{}
+	}
+	if len(l.seen) >= MaxLabelSeries {
+		return false
+	}
+	l.seen[k] = struct{}{}
+	return true
 }
 
 // SanitizeLabel makes s valid UTF-8 (invalid bytes become U+FFFD) and at

@@ -22,8 +22,10 @@ type Collector struct {
 	queueSize, queueBytes, saturation *prometheus.Desc
 	inFlight, requests                *prometheus.Desc
 
-	// Client-chosen label values, bounded (see labels.go).
+	// Client-chosen label values, bounded (see labels.go), and their
+	// combinations in the queue-duration histogram.
 	flowIDs, models labelSet
+	series          seriesSet
 }
 
 var (
@@ -73,8 +75,14 @@ func (o collectorObserver) Enqueued(r *Request, outcome string, d time.Duration)
 }
 
 func (o collectorObserver) Finished(r *Request, out Outcome, waited time.Duration) {
-	o.c.queueDuration.WithLabelValues(o.c.flowIDs.value(r.FlowID), strconv.Itoa(r.Priority), out.String(), o.pool,
-		o.c.models.value(r.Model), o.c.models.value(r.TargetModel)).Observe(waited.Seconds())
+	id, model, target := o.c.flowIDs.value(r.FlowID), o.c.models.value(r.Model), o.c.models.value(r.TargetModel)
+	if !o.c.series.admit([3]string{id, model, target}) {
+		// Past the bound a tenant's new models share one series: the
+		// tenant keeps its own (at most MaxLabelValues+1 of those).
+		model, target = OverflowLabel, OverflowLabel
+	}
+	o.c.queueDuration.WithLabelValues(id, strconv.Itoa(r.Priority), out.String(), o.pool,
+		model, target).Observe(waited.Seconds())
 }
 
 func (o collectorObserver) DispatchCycle(d time.Duration) { o.c.dispatchCycle.Observe(d.Seconds()) }

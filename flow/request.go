@@ -26,6 +26,13 @@ type Request struct {
 	TTL time.Duration
 	// Model and TargetModel only label metrics (model_name, target_model_name).
 	Model, TargetModel string
+	// Queued, if set, is called once when the request is queued rather
+	// than dispatched or refused at once: on Enqueue's goroutine, without
+	// the controller's lock, before Enqueue waits for the outcome (which
+	// may come while it runs). The adapter reads the body then: net/http
+	// notices a client that went away only once the body has been read,
+	// and until then a queued request's ctx never ends.
+	Queued func()
 }
 
 // waiter is a queued request. Its fields after item are guarded by the
