@@ -169,19 +169,8 @@ func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int)
 	switch {
 	case full:
 		// Full: what it holds beyond some level waits inside it. Back
-		// towards the lowest level that served about as much, at least
-		// one slot down from k: one noisy sample does not undo many good
-		// ones, and a failed probe at k always ends below k.
-		target := float64(c.knee(k, float64(k)/s))
-		if target < c.limit {
-			c.limit = math.Max(1, math.Min(c.limit-(c.limit-target)/2, float64(k)-0.5))
-		}
-		c.growing = false
-		if k == c.failedAt {
-			c.failures++
-		} else if c.failedAt == 0 || k < c.failedAt {
-			c.failedAt, c.failures = k, 1
-		}
+		// towards the lowest level that served about as much.
+		c.full(k, float64(c.knee(k, float64(k)/s)))
 	case k >= at:
 		// Used up to its limit with room: allow one more.
 		if c.failedAt > 0 && k >= c.failedAt {
@@ -195,6 +184,29 @@ func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int)
 		default: // probing where it failed: +1 per round, backed off
 			c.grow(c.limit+1/(c.limit*float64(int(1)<<min(c.failures, maxProbeBackoff))), cap)
 		}
+	}
+}
+
+// refused learns from a request the replica refused as overloaded (429)
+// when k requests (itself included) were in flight: it holds fewer than
+// k, so the limit goes back as after a full sample, below k.
+func (c *concurrencyLimit) refused(k int) {
+	k = max(k, 1)
+	c.full(k, float64(k-1))
+}
+
+// full moves the limit towards target (at least one slot down from k:
+// one noisy sample does not undo many good ones, and a failed probe at k
+// always ends below k), ends slow start and records where it was full.
+func (c *concurrencyLimit) full(k int, target float64) {
+	if target < c.limit {
+		c.limit = math.Max(1, math.Min(c.limit-(c.limit-target)/2, float64(k)-0.5))
+	}
+	c.growing = false
+	if k == c.failedAt {
+		c.failures++
+	} else if c.failedAt == 0 || k < c.failedAt {
+		c.failedAt, c.failures = k, 1
 	}
 }
 

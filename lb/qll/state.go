@@ -3,6 +3,7 @@ package qll
 import (
 	"container/list"
 	"context"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,7 @@ type replica struct {
 	lim         concurrencyLimit
 	eng         engineView // the replica's own metrics (see engine.go)
 	consecFails int
+	lastFail    time.Time // when the last of consecFails happened
 	downUntil   time.Time
 	lastPick    uint64 // s.picks when it last got a request (0: never)
 	answering   int    // in flight with their response begun (FirstByte)
@@ -82,6 +84,10 @@ type waiter struct {
 	done     bool          // resolved (under State.mu)
 	lease    *Lease
 	err      error
+	// timeout ends the wait after QueueTimeout; it runs under State.mu,
+	// and a reload re-arms it (gen tells a re-armed timer's stale run).
+	timeout *time.Timer
+	gen     uint64
 }
 
 // Counters are the pool-wide totals since the state was created.
@@ -188,6 +194,7 @@ func (s *State) askEngineLocked() {
 func (s *State) Configure(cfg Config) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	old := s.cfg
 	s.cfg = cfg.WithDefaults()
 	s.engine.Configure(s.cfg.EngineMetrics)
 	if s.cfg.NoEngineMetrics {
@@ -196,7 +203,31 @@ func (s *State) Configure(cfg Config) {
 		}
 	}
 	s.engineTargetsLocked()
+	if s.cfg.MaxFails != old.MaxFails || s.cfg.FailDuration != old.FailDuration {
+		for _, r := range s.replicas {
+			if r.consecFails > 0 {
+				s.markDownLocked(r)
+			}
+		}
+	}
 	s.dispatchLocked()
+	// The requests still waiting get the new queue settings too: a reload
+	// that lowers queue_timeout or queue_max_size (an operator's answer
+	// to requests waiting too long) must not leave them to the old ones.
+	if s.cfg.QueueMaxSize < 0 {
+		s.failAllLocked(lb.ErrQueueFull)
+	}
+	for s.queue.Len() > max(s.cfg.QueueMaxSize, 0) {
+		s.resolveLocked(s.queue.Front().Value.(*waiter), nil, lb.ErrEvicted)
+		s.counters.Evicted++
+	}
+	if s.cfg.QueueTimeout != old.QueueTimeout {
+		now := s.now()
+		for e := s.queue.Front(); e != nil; e = e.Next() {
+			w := e.Value.(*waiter)
+			s.armTimeoutLocked(w, w.enqueued.Add(s.cfg.QueueTimeout).Sub(now))
+		}
+	}
 }
 
 // SetWaitObserver installs a callback for queue waits (metrics).
@@ -352,38 +383,53 @@ func (s *State) acquire(ctx context.Context, unavailable, full, avoid []string) 
 	w := &waiter{enqueued: now, ready: make(chan struct{}), avoid: avoid}
 	w.elem = s.queue.PushBack(w)
 	s.dispatchLocked()
+	if !w.done {
+		s.armTimeoutLocked(w, s.cfg.QueueTimeout)
+	}
 	s.armViewPollLocked()
-	timeout := s.cfg.QueueTimeout
 	s.mu.Unlock()
 
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
 	select {
 	case <-w.ready:
 		return w.lease, w.err
 	case <-ctx.Done():
-		return s.abandon(w, ctx.Err(), &s.counters.Cancelled)
-	case <-timer.C:
-		return s.abandon(w, lb.ErrQueueTimeout, &s.counters.TimedOut)
+		return s.abandon(w, ctx.Err())
 	}
 }
 
-// abandon takes w out of the queue because its client left or its time ran
-// out. If a dispatcher resolved it first, that result stands: a lease is
-// handed back (cancelled) so the slot is not lost.
-func (s *State) abandon(w *waiter, err error, counter *uint64) (*Lease, error) {
+// armTimeoutLocked (re)starts w's queue timeout: it ends after d, or at
+// once when d <= 0. The timeout resolves w under the lock, so a dispatch
+// and a timeout never both count.
+func (s *State) armTimeoutLocked(w *waiter, d time.Duration) {
+	if w.timeout != nil {
+		w.timeout.Stop()
+	}
+	w.gen++
+	gen := w.gen
+	w.timeout = time.AfterFunc(max(d, 0), func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if w.done || w.gen != gen {
+			return // dispatched, gone, or re-armed by a reload meanwhile
+		}
+		s.resolveLocked(w, nil, lb.ErrQueueTimeout)
+		s.counters.TimedOut++
+	})
+}
+
+// abandon takes w out of the queue because its client left. If w was
+// resolved first, that result stands: a lease is handed back (cancelled)
+// so the slot is not lost.
+func (s *State) abandon(w *waiter, err error) (*Lease, error) {
 	s.mu.Lock()
 	if !w.done {
 		s.resolveLocked(w, nil, err)
-		*counter++
+		s.counters.Cancelled++
 		s.mu.Unlock()
 		return nil, err
 	}
 	s.mu.Unlock()
 	if w.lease != nil {
-		if err == lb.ErrQueueTimeout {
-			return w.lease, nil // dispatched just in time: use it
-		}
 		w.lease.Release(lb.Outcome{Kind: lb.Cancelled})
 	}
 	return nil, err
@@ -396,6 +442,9 @@ func (s *State) resolveLocked(w *waiter, l *Lease, err error) {
 	}
 	w.done = true
 	w.lease, w.err = l, err
+	if w.timeout != nil {
+		w.timeout.Stop()
+	}
 	s.queue.Remove(w.elem)
 	close(w.ready)
 }
@@ -506,8 +555,20 @@ func (l *Lease) Release(o lb.Outcome) bool {
 		r.answering--
 	}
 	s.counters.Released++
-	switch o.Kind {
-	case lb.Success:
+	switch {
+	case o.Kind == lb.Success && o.Status >= 400:
+		// Answered, so not down, but refused, not served (TGI's 429 "model
+		// is overloaded", a 404 for a model it does not serve): its few
+		// milliseconds are no service time. Fed to the EWMA and the limit,
+		// the overloaded replica looked fastest and its limit doubled.
+		// A 429 says the replica is full at the concurrency it was sent at.
+		if o.Status == http.StatusTooManyRequests && s.cfg.Parallelism == 0 && s.cfg.LatencyThreshold == 0 {
+			r.lim.refused(l.conc)
+		}
+		r.successes++
+		r.consecFails = 0
+		r.downUntil = time.Time{}
+	case o.Kind == lb.Success:
 		kind := plainKind
 		if o.Streamed {
 			kind = streamKind
@@ -526,14 +587,12 @@ func (l *Lease) Release(o lb.Outcome) bool {
 		r.successes++
 		r.consecFails = 0
 		r.downUntil = time.Time{}
-	case lb.Failure:
+	case o.Kind == lb.Failure:
 		r.failures++
 		s.counters.Failures++
 		r.consecFails++
-		if r.consecFails >= s.cfg.MaxFails {
-			factor := 1 << min(r.consecFails-s.cfg.MaxFails, 4)
-			r.downUntil = s.now().Add(time.Duration(min(factor, maxBackoffFactor)) * s.cfg.FailDuration)
-		}
+		r.lastFail = s.now()
+		s.markDownLocked(r)
 	}
 	if !r.present && r.inFlight == 0 && s.replicas[r.addr] == r {
 		delete(s.replicas, r.addr)
@@ -541,6 +600,17 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	s.refreshViewLocked()
 	s.dispatchLocked()
 	return true
+}
+
+// markDownLocked sets r's down time from its failures in a row and the
+// settings now (again on reload: a shortened fail_duration applies to a
+// replica already down).
+func (s *State) markDownLocked(r *replica) {
+	r.downUntil = time.Time{}
+	if r.consecFails >= s.cfg.MaxFails {
+		factor := 1 << min(r.consecFails-s.cfg.MaxFails, 4)
+		r.downUntil = r.lastFail.Add(time.Duration(min(factor, maxBackoffFactor)) * s.cfg.FailDuration)
+	}
 }
 
 // FirstByte implements lb.FirstByter: the response counts as answering
