@@ -58,8 +58,7 @@ func (a *AdminAPI) pool(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch op {
 	case "set-backends":
-		restorePool(name, a.log)
-		serveSetBackends(w, r, name, nil, a.log)
+		serveSetBackendsTo(w, r, name, nil, func() { restorePool(name, a.log) }, a.log)
 	case "health":
 		serveHealth(w, r, name)
 	default:

@@ -90,6 +90,14 @@ func applyBackendsLocked(name string, bs []lb.Backend, log *zap.Logger) (added, 
 }
 
 func serveSetBackends(w http.ResponseWriter, r *http.Request, name string, allowed func(lb.Backend) error, log *zap.Logger) {
+	serveSetBackendsTo(w, r, name, allowed, nil, log)
+}
+
+// serveSetBackendsTo is serveSetBackends that calls prepare (if not nil)
+// once the call is accepted, before the set changes: the admin API
+// restores a pool it may not have yet only then, so a refused call leaves
+// no pool behind.
+func serveSetBackendsTo(w http.ResponseWriter, r *http.Request, name string, allowed func(lb.Backend) error, prepare func(), log *zap.Logger) {
 	if r.Method != http.MethodPost && r.Method != http.MethodPut {
 		w.Header().Set("Allow", "POST, PUT")
 		writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST")
@@ -100,6 +108,9 @@ func serveSetBackends(w http.ResponseWriter, r *http.Request, name string, allow
 		log.Warn("set-backends rejected; previous set kept", zap.String("pool", name), zap.Error(err))
 		writeJSONError(w, status, "invalid_request", err.Error())
 		return
+	}
+	if prepare != nil {
+		prepare()
 	}
 	added, removed := applyBackends(name, bs, log)
 	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "pool": name, "backends": urls(bs),

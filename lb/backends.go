@@ -3,12 +3,14 @@
 package lb
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Backend is one replica address as given to set-backends, validated and
@@ -47,37 +49,46 @@ func ParseBackend(s string) (Backend, error) {
 	if s == "" {
 		return Backend{}, fmt.Errorf("empty address")
 	}
+	q := quoteClipped(s)
 	u, err := url.Parse(s)
 	if err != nil {
-		return Backend{}, fmt.Errorf("%q is not a URL: %v", s, err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // without the URL, quoted already
+		}
+		return Backend{}, fmt.Errorf("%s is not a URL: %s", q, clip(err.Error()))
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return Backend{}, fmt.Errorf("%q: scheme must be http or https", s)
+		return Backend{}, fmt.Errorf("%s: scheme must be http or https", q)
 	}
 	if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
-		return Backend{}, fmt.Errorf("%q: only scheme://host:port is allowed (no user, path, query or fragment)", s)
+		return Backend{}, fmt.Errorf("%s: only scheme://host:port is allowed (no user, path, query or fragment)", q)
 	}
 	host, port := u.Hostname(), u.Port()
 	if host == "" {
-		return Backend{}, fmt.Errorf("%q: missing host", s)
+		return Backend{}, fmt.Errorf("%s: missing host", q)
 	}
 	if port == "" {
-		return Backend{}, fmt.Errorf("%q: missing port", s)
+		return Backend{}, fmt.Errorf("%s: missing port", q)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return Backend{}, fmt.Errorf("%q: bad port %q", s, port)
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return Backend{}, fmt.Errorf("%s: bad port %s", q, quoteClipped(port))
 	}
+	// Written back as a number: Go dials "02019" as port 2019, and the
+	// dial key is compared as text (duplicates, Caddy's own ports).
+	port = strconv.Itoa(n)
 	if ip, err := netip.ParseAddr(host); err == nil {
 		// The zone (fe80::1%eth0) names an interface, not another address:
 		// "::%0" is the unspecified address all the same.
 		if why := forbiddenIP(ip.WithZone("").Unmap()); why != "" {
-			return Backend{}, fmt.Errorf("%q: %s addresses are never backends", s, why)
+			return Backend{}, fmt.Errorf("%s: %s addresses are never backends", q, why)
 		}
 		if z := ip.Zone(); z != "" && !validZone(z) {
-			return Backend{}, fmt.Errorf("%q: IPv6 zone %q is not an interface name or index", s, z)
+			return Backend{}, fmt.Errorf("%s: IPv6 zone %s is not an interface name or index", q, quoteClipped(z))
 		}
 	} else if !validHostname(host) {
-		return Backend{}, fmt.Errorf("%q: host %q is neither an IP address nor a host name", s, host)
+		return Backend{}, fmt.Errorf("%s: host %s is neither an IP address nor a host name", q, quoteClipped(host))
 	}
 	// Host names and IPv6 hex digits are case-blind; a zone, an interface
 	// name, is not (Linux's "ETH0" is not "eth0").
@@ -89,6 +100,36 @@ func ParseBackend(s string) (Backend, error) {
 	dial := net.JoinHostPort(host, port)
 	// url.URL writes an IPv6 zone's '%' as %25, so the URL parses back.
 	return Backend{URL: (&url.URL{Scheme: u.Scheme, Host: dial}).String(), Dial: dial}, nil
+}
+
+// maxQuoted bounds the part of an address an error quotes: the error is
+// the API's 400 answer and a log line, and an address may be as long as
+// the body (1 MiB).
+const maxQuoted = 128
+
+// quoteClipped quotes s, cut to maxQuoted bytes (on a character
+// boundary) and saying how long it was.
+func quoteClipped(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%q… (%d bytes)", s[:clipAt(s)], len(s))
+}
+
+// clip is quoteClipped without the quotes, for a message.
+func clip(s string) string {
+	if len(s) <= maxQuoted {
+		return s
+	}
+	return fmt.Sprintf("%s… (%d bytes)", s[:clipAt(s)], len(s))
+}
+
+func clipAt(s string) int {
+	cut := maxQuoted
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return cut
 }
 
 // PlainBackends returns a backend per address, reached at http://addr:

@@ -154,12 +154,16 @@ func (p *Picker) SetBackends(set []lb.Backend) {
 		targets[b.Dial] = b.URL
 		keep[b.Dial] = true
 	}
-	p.tracker.SetReplicas(addrs)
+	// The new replicas join the tracker before picks read the new list,
+	// and the old ones leave it only after: a pick that read the old list
+	// finds its replicas, or finds the list changed (rankAndAcquire).
+	p.tracker.SetReplicas(slices.Concat(*p.addrs.Load(), addrs))
 	p.prefixes.SetReplicas(addrs)
 	p.policy.Forget(keep)
 	p.scraper.SetTargets(targets)
 	p.retokenLocked(addrs)
 	p.addrs.Store(&addrs)
+	p.tracker.SetReplicas(addrs)
 }
 
 func (p *Picker) retokenLocked(addrs []string) {
@@ -254,8 +258,8 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		for len(fb.order) > 0 {
 			addr := fb.order[0]
 			fb.order = fb.order[1:]
-			if p.usable(addr, req) {
-				if l := p.tracker.AcquireCost(addr, req.Tokens); l != nil {
+			if !req.Excluded(addr) {
+				if l := p.tracker.AcquireUsable(addr, req.Tokens); l != nil {
 					req.Reason = lb.ReasonFallback
 					return p.lease(l, p.policy.settings().slo), nil
 				}
@@ -275,7 +279,39 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	// Counts are read now, after the body was read: a burst of picks must
 	// rank fresh counts, not the zeros they all saw on arrival.
 	now := time.Now()
-	addrs := *p.addrs.Load()
+	// A ranking's choices can all be lost before they are acquired: removed
+	// by a set-backends, or a recovering replica's one probe taken by
+	// another pick. The next ranking sees them gone (or busy probing) and
+	// the set in force. A ranking lost to a set-backends counts against a
+	// bound of its own: sets posted back to back must not fail a request
+	// while each has replicas.
+	for lost, changed := 0, 0; lost < pickTries && changed < maxSetChanges; {
+		list := p.addrs.Load()
+		if l, err := p.rankAndAcquire(req, &st, facts, lru, now, list); l != nil || err != nil {
+			return l, err
+		}
+		if p.addrs.Load() != list {
+			changed++
+		} else {
+			lost++
+		}
+	}
+	return nil, lb.ErrNoBackends
+}
+
+// pickTries bounds the rankings of one pick that lose their choices with
+// the set unchanged (a recovering replica's probe taken); maxSetChanges
+// those that a set-backends overtook (see Pick).
+const (
+	pickTries     = 4
+	maxSetChanges = 64
+)
+
+// rankAndAcquire ranks the usable replicas of list, the set in force,
+// and acquires the best it can; nil and no error when every one it
+// ranked was lost meanwhile.
+func (p *Picker) rankAndAcquire(req *lb.Request, st *settings, facts RequestFacts, lru bool, now time.Time, list *[]string) (lb.Lease, error) {
+	addrs := *list
 	cutoff := now.Add(-st.requestTimeout)
 	var onStack [smallPool]Candidate
 	cands := onStack[:0]
@@ -307,6 +343,9 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		cands = append(cands, c)
 	}
 	if len(cands) == 0 {
+		if p.addrs.Load() != list {
+			return nil, nil // a set-backends landed meanwhile: rank its set
+		}
 		if len(addrs) > 0 {
 			return nil, lb.ErrAllDown
 		}
@@ -324,9 +363,9 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	}
 	for k, i := range order {
 		addr := cands[i].Addr
-		l := p.tracker.AcquireCost(addr, req.Tokens)
+		l := p.tracker.AcquireUsable(addr, req.Tokens)
 		if l == nil {
-			continue // removed meanwhile
+			continue // removed meanwhile, or its one probe taken
 		}
 		if k+1 < len(order) {
 			m := &fallbackMemo{}
@@ -353,12 +392,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		req.Reason = lb.ReasonScore
 		return p.lease(l, st.slo), nil
 	}
-	return nil, lb.ErrNoBackends
-}
-
-func (p *Picker) usable(addr string, req *lb.Request) bool {
-	_, ok := p.tracker.Load(addr)
-	return ok && !req.Excluded(addr)
+	return nil, nil
 }
 
 func (p *Picker) sessionAddr(token string) string {

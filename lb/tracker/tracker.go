@@ -158,12 +158,34 @@ func (t *Tracker) Acquire(addr string) *Lease { return t.AcquireCost(addr, 0) }
 // AcquireCost is Acquire for a request of the given cost (a policy's
 // estimate of its work, e.g. tokens), summed per replica until released.
 func (t *Tracker) AcquireCost(addr string, cost int64) *Lease {
+	return t.acquire(addr, cost, false)
+}
+
+// AcquireUsable is AcquireCost for a replica that Load says may get a
+// request, checked and counted at once: nil also if failures have it down
+// now, or its down time is over and another request, the one probe, got
+// there first. (Load then AcquireCost lets every pick that read Load
+// between the two send a probe.)
+func (t *Tracker) AcquireUsable(addr string, cost int64) *Lease {
+	return t.acquire(addr, cost, true)
+}
+
+func (t *Tracker) acquire(addr string, cost int64, usable bool) *Lease {
 	cost = max(cost, 0)
 	t.mu.RLock()
 	r, ok := t.reps[addr]
 	ok = ok && r.present
 	if ok {
-		r.inFlight.Add(1) // under the read lock: SetReplicas cannot forget r now
+		// Under the read lock: SetReplicas cannot forget r now.
+		if until := r.downUntil.Load(); usable && until != 0 {
+			// Down: only once its time is over, and only as the one
+			// request in flight (0 → 1, or another got there first).
+			ok = t.now().UnixNano() >= until && r.inFlight.CompareAndSwap(0, 1)
+		} else {
+			r.inFlight.Add(1)
+		}
+	}
+	if ok {
 		r.inFlightCost.Add(cost)
 		r.lastAcquired.Store(t.acquired.Add(1))
 	}
