@@ -184,16 +184,15 @@ func (a *attempt) retry() {
 // to r, the request reverse_proxy is about to send. If the request already
 // ended, l is released at once and begin returns false.
 //
-// limit (if > 0) bounds the attempt's time to first byte; usual (if not
-// nil) learns the replica's time to first byte.
-func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, usual *firstByteUsual) bool {
+// fb says how the attempt's time to first byte is bounded and learned.
+func (a *attempt) begin(l lb.Lease, r *http.Request, fb firstByteRule) bool {
 	// One allocation (none for the first attempt: the record's) for
 	// everything the attempt adds to the request: its trace, its context
 	// and its body wrapper.
 	whole := a.bodyWhole
 	a.bodyWhole = false
 	t := a.newTrace()
-	t.base, t.usual, t.att = a.base, usual, a
+	t.base, t.firstByteRule, t.att = a.base, fb, a
 	_, t.firstByter = l.(lb.FirstByter)
 	// The attempt's clock starts now, not at the transport's GetConn: a
 	// hook fewer per attempt, for the microseconds reverse_proxy takes to
@@ -228,8 +227,8 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, limit time.Duration, usual 
 	// Watched before a.mu is let go: finish takes the trace under a.mu,
 	// so it always finds it to unwatch (watched after, it outlived a
 	// request that ended in between, for up to the whole limit).
-	if limit > 0 {
-		t.deadline = t.start.Add(limit)
+	if t.limit > 0 {
+		t.deadline = t.start.Add(t.limit)
 		firstByteWatched.watch(t)
 	}
 	for _, k := range attemptKeys {
@@ -395,11 +394,11 @@ func (a *attempt) classify(dial string, t *attemptTrace, kept map[string]any) (o
 
 // attemptTrace is what the transport reports about one attempt.
 type attemptTrace struct {
-	base  context.Context // the request's
-	ctx   attemptContext  // the attempt's
-	hooks httptrace.ClientTrace
-	body  clientBody      // wraps the request body, when there is one
-	usual *firstByteUsual // the replica's usual time to first byte
+	base          context.Context // the request's
+	ctx           attemptContext  // the attempt's
+	hooks         httptrace.ClientTrace
+	body          clientBody // wraps the request body, when there is one
+	firstByteRule            // the attempt's first-byte limit, and the replica's record it learns
 	// firstByter: the attempt's lease learns from its first byte
 	// (lb.FirstByter); the others skip the record's lock for it.
 	firstByter bool
@@ -465,8 +464,9 @@ func (t *attemptTrace) setHooks() {
 		GotFirstResponseByte: func() {
 			t.mu.Lock()
 			first := t.firstByte == 0 && !t.transportErr
+			now := time.Now()
 			if first {
-				t.firstByte = max(time.Since(t.start), time.Nanosecond)
+				t.firstByte = max(now.Sub(t.start), time.Nanosecond)
 			}
 			d := t.firstByte
 			t.mu.Unlock()
@@ -474,7 +474,7 @@ func (t *attemptTrace) setHooks() {
 				firstByteWatched.unwatch(t)
 			}
 			if first && t.usual != nil {
-				t.usual.observe(d)
+				t.usual.observe(d, t.streamed, now)
 			}
 			if first && t.att != nil && t.firstByter {
 				t.att.firstByte(t, d)

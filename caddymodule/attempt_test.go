@@ -163,7 +163,7 @@ func TestAttemptTraceTimesTheRealRoundTrip(t *testing.T) {
 	r, repl, cancel := requestTo(t, srv.URL)
 	a := attemptFor(r, "test", measureLastByte)
 	l := &recordingLease{addr: dial}
-	if !a.begin(l, r, 0, nil) {
+	if !a.begin(l, r, firstByteRule{}) {
 		t.Fatal("begin refused a live request")
 	}
 	repl.Set(keyStatus, 200)
@@ -182,7 +182,7 @@ func TestAttemptTraceTimesTheRealRoundTrip(t *testing.T) {
 	r2.RequestURI = ""
 	a2 := attemptFor(r2, "test", measureLastByte)
 	l2 := &recordingLease{addr: "127.0.0.1:1"}
-	a2.begin(l2, r2, 0, nil)
+	a2.begin(l2, r2, firstByteRule{})
 	if _, err := http.DefaultTransport.RoundTrip(r2); err == nil {
 		t.Fatal("dial to port 1 succeeded")
 	}
@@ -219,7 +219,7 @@ func TestAttemptTellsItsLeaseAndTheReplicaItsFirstByte(t *testing.T) {
 	r, _, cancel := requestTo(t, srv.URL)
 	a := attemptFor(r, "test", measureLastByte)
 	l := &firstByteLease{recordingLease: recordingLease{addr: dial}}
-	if !a.begin(l, r, 0, stats.of(dial)) {
+	if !a.begin(l, r, firstByteRule{usual: stats.of(dial)}) {
 		t.Fatal("begin refused a live request")
 	}
 	roundTripWhole(t, r)
@@ -231,7 +231,7 @@ func TestAttemptTellsItsLeaseAndTheReplicaItsFirstByte(t *testing.T) {
 	if len(got) != 1 || got[0] <= 0 {
 		t.Fatalf("lease told first bytes %v, want one, positive", got)
 	}
-	if limit := stats.of(dial).limit(0); limit != firstByteMin {
+	if limit, _ := stats.of(dial).limit(0, false); limit != firstByteMin {
 		t.Fatalf("limit after a fast first byte %v, want the floor %v (not the %v of a replica never heard)", limit, firstByteMin, firstByteUnknown)
 	}
 }
@@ -240,7 +240,7 @@ func TestAttemptRetryReleasesThePreviousAsFailureExactlyOnce(t *testing.T) {
 	r, repl, cancel := newRequest(t)
 	a := attemptFor(r, "test", measureAuto)
 	first, second := &recordingLease{}, &recordingLease{}
-	a.begin(first, r, 0, nil)
+	a.begin(first, r, firstByteRule{})
 	repl.Set(keyStatus, 200) // stale values from the failed attempt...
 	a.retry()
 	if got := first.get(); len(got) != 1 || got[0].Kind != lb.Failure {
@@ -249,7 +249,7 @@ func TestAttemptRetryReleasesThePreviousAsFailureExactlyOnce(t *testing.T) {
 	if attemptFor(r, "test", measureAuto) != a {
 		t.Fatal("a second Select must find the same attempt record")
 	}
-	a.begin(second, r, 0, nil) // ...are cleared when the next attempt starts
+	a.begin(second, r, firstByteRule{}) // ...are cleared when the next attempt starts
 	cancel()
 	if got := waitOutcomes(t, second, 1); got[0].Kind != lb.Cancelled {
 		t.Fatalf("second attempt %+v, want Cancelled (no response recorded)", got[0])
@@ -267,7 +267,7 @@ func TestAttemptAfterAnEarlyReleaseIsReleasedAtTheRequestsEnd(t *testing.T) {
 	r, repl, cancel := newRequest(t)
 	a := attemptFor(r, "test", measureLastByte)
 	first, second := &recordingLease{addr: "10.0.0.1:1"}, &recordingLease{addr: "10.0.0.2:1"}
-	if !a.begin(first, r, 0, nil) {
+	if !a.begin(first, r, firstByteRule{}) {
 		t.Fatal("begin refused a live request")
 	}
 	tr := a.trace
@@ -280,7 +280,7 @@ func TestAttemptAfterAnEarlyReleaseIsReleasedAtTheRequestsEnd(t *testing.T) {
 	if got := first.get(); len(got) != 1 || got[0].Kind != lb.Success {
 		t.Fatalf("first attempt released %+v, want one Success at its body's end", got)
 	}
-	if !a.begin(second, r, 0, nil) {
+	if !a.begin(second, r, firstByteRule{}) {
 		t.Fatal("begin refused a second attempt on a live request")
 	}
 	cancel()
@@ -297,7 +297,7 @@ func TestAttemptAfterTheRequestEndedIsReleasedAtOnce(t *testing.T) {
 	a := attemptFor(r, "test", measureAuto)
 	cancel()
 	l := &recordingLease{}
-	if a.begin(l, r, 0, nil) {
+	if a.begin(l, r, firstByteRule{}) {
 		t.Fatal("begin accepted an attempt on a finished request")
 	}
 	if got := l.get(); len(got) != 1 || got[0].Kind != lb.Cancelled {
@@ -341,7 +341,7 @@ func TestFirstByteWatchNeverOutlivesTheRequest(t *testing.T) {
 		a := attemptFor(r, "k", measureAuto)
 		go cancel() // the client leaves as the attempt begins
 		l := &recordingLease{addr: "r:1"}
-		if !a.begin(l, r, time.Hour, nil) {
+		if !a.begin(l, r, firstByteRule{limit: time.Hour}) {
 			continue
 		}
 		// The end-of-request hook closes the trace, then releases.
@@ -368,7 +368,7 @@ func TestFirstByteLimitAbandonsOnlyTheHungAttempt(t *testing.T) {
 		r.Body = io.NopCloser(strings.NewReader("{}"))
 		a := attemptFor(r, "k", measureLastByte)
 		l := &recordingLease{addr: "r:1"}
-		if !a.begin(l, r, limit, nil) {
+		if !a.begin(l, r, firstByteRule{limit: limit}) {
 			t.Fatal("begin refused a live request")
 		}
 		return r, l, r.Body.(*clientBody).t, cancel
@@ -430,7 +430,7 @@ func TestSecondProxyAfterAnAnswerIsNoFailure(t *testing.T) {
 	r.Body = io.NopCloser(strings.NewReader("{}"))
 	a := attemptFor(r, "test", measureAuto)
 	first := &recordingLease{addr: "10.0.0.1:1"}
-	if !a.begin(first, r, 0, nil) {
+	if !a.begin(first, r, firstByteRule{}) {
 		t.Fatal("begin refused a live request")
 	}
 	tr := r.Body.(*clientBody).t
@@ -468,7 +468,7 @@ func TestTransportsChildContextJoinsTheAttempts(t *testing.T) {
 		ends = append(ends, end)
 		r.Body = io.NopCloser(strings.NewReader("{}"))
 		a := attemptFor(r, "k", measureLastByte)
-		if !a.begin(&recordingLease{addr: "r:1"}, r, time.Hour, nil) {
+		if !a.begin(&recordingLease{addr: "r:1"}, r, firstByteRule{limit: time.Hour}) {
 			t.Fatal("begin refused a live request")
 		}
 		traces = append(traces, r.Body.(*clientBody).t)

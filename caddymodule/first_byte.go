@@ -16,13 +16,24 @@ import (
 // says nothing against the replica. So each attempt has a limit on its
 // time to first byte: past it the attempt is abandoned (the client gets
 // 504 and may retry) and counted as the replica's failure.
+//
+// The automatic limit must never cut a healthy replica's slow answer (the
+// engine did the work, the client gets 504, the replica is counted as
+// failed). Two things make a healthy answer slow: its kind (an answer sent
+// whole has its first byte when the whole generation is done, a streamed
+// one at its start), so each kind is held to its own usual time; and a
+// queue in the engine (a burst waits there in turn), so an attempt is
+// abandoned only once its replica has sent no first byte, to any request,
+// for a whole limit: a replica that answers others is alive.
 
 // attemptOptions are the per-attempt settings every policy has.
 type attemptOptions struct {
 	// FirstByteTimeout bounds an attempt's time to first byte. 0 (the
 	// default): derived from the replica's own history — 20× its usual
-	// time to first byte, between 10 s and 10 min; 2 min before it has
-	// answered once. Negative: no limit.
+	// time to first byte for the same kind of answer (streamed or whole),
+	// between 10 s and 10 min, 2 min before it has answered one; and only
+	// once the replica has sent no first byte to any request for that
+	// long. Positive: a hard limit on every attempt. Negative: no limit.
 	FirstByteTimeout caddy.Duration `json:"first_byte_timeout,omitempty"`
 }
 
@@ -40,11 +51,19 @@ type firstByteStats struct {
 	m sync.Map // dial -> *firstByteUsual
 }
 
-// firstByteUsual is one replica's usual time to first byte. An attempt
-// looks it up once, in Select, for both its limit and its sample.
+// firstByteUsual is one replica's usual time to first byte, for each kind
+// of answer, and when it last sent one. An attempt looks it up once, in
+// Select, for both its limit and its sample.
 type firstByteUsual struct {
-	ns atomic.Int64 // 0: no sample yet
+	streamed, whole atomic.Int64 // ns; 0: no sample yet
+	// lastAnswer is when the replica last sent a first byte, in ns since
+	// firstByteEpoch (0: never).
+	lastAnswer atomic.Int64
 }
+
+// firstByteEpoch is the origin of lastAnswer: a monotonic reading, so a
+// wall-clock step neither revives nor abandons an attempt.
+var firstByteEpoch = time.Now()
 
 // of is dial's record, made on first use.
 func (s *firstByteStats) of(dial string) *firstByteUsual {
@@ -72,32 +91,63 @@ func (s *firstByteStats) keepOnly(set []lb.Backend) {
 	})
 }
 
-func (u *firstByteUsual) observe(d time.Duration) {
+func (u *firstByteUsual) kind(streamed bool) *atomic.Int64 {
+	if streamed {
+		return &u.streamed
+	}
+	return &u.whole
+}
+
+// observe learns a first byte d after its attempt began, sent at at.
+func (u *firstByteUsual) observe(d time.Duration, streamed bool, at time.Time) {
+	u.lastAnswer.Store(max(int64(at.Sub(firstByteEpoch)), 1))
+	usual := u.kind(streamed)
 	for {
-		old := u.ns.Load()
+		old := usual.Load()
 		next := int64(d)
 		if old > 0 {
 			next = int64(firstByteEWMAKeep*float64(old) + (1-firstByteEWMAKeep)*float64(d))
 		}
-		if u.ns.CompareAndSwap(old, next) {
+		if usual.CompareAndSwap(old, next) {
 			return
 		}
 	}
 }
 
-// limit is an attempt's first-byte limit on this replica (0: none).
-func (u *firstByteUsual) limit(configured time.Duration) time.Duration {
+// limit is an attempt's first-byte limit on this replica (0: none) for an
+// answer of the given kind, and whether it is the automatic one.
+func (u *firstByteUsual) limit(configured time.Duration, streamed bool) (time.Duration, bool) {
 	switch {
 	case configured < 0:
-		return 0
+		return 0, false
 	case configured > 0:
-		return configured
+		return configured, false
 	}
-	usual := time.Duration(u.ns.Load())
+	usual := time.Duration(u.kind(streamed).Load())
 	if usual == 0 {
-		return firstByteUnknown
+		return firstByteUnknown, true
 	}
-	return min(max(firstByteFactor*usual, firstByteMin), firstByteMax)
+	return min(max(firstByteFactor*usual, firstByteMin), firstByteMax), true
+}
+
+// firstByteRule is how one attempt's first byte is watched and learned.
+type firstByteRule struct {
+	limit    time.Duration   // 0: none
+	auto     bool            // the automatic limit: it waits for the replica's silence
+	streamed bool            // the answer's kind, for the replica's usual times
+	usual    *firstByteUsual // the replica's record; nil: nothing learned
+}
+
+// firstByteRuleFor is the rule of an attempt on usual's replica.
+func firstByteRuleFor(usual *firstByteUsual, configured time.Duration, streamed bool) firstByteRule {
+	limit, auto := usual.limit(configured, streamed)
+	return firstByteRule{limit: limit, auto: auto, streamed: streamed, usual: usual}
+}
+
+// silentUntil is when the replica will have sent no first byte for d:
+// the earliest an automatic limit of d may abandon an attempt on it.
+func (u *firstByteUsual) silentUntil(d time.Duration) time.Time {
+	return firstByteEpoch.Add(time.Duration(u.lastAnswer.Load()) + d)
 }
 
 // errFirstByteTimeout is why an attempt was abandoned. It is a timeout
@@ -209,7 +259,8 @@ type firstByteWatch struct {
 // firstByteWatched is the process's watch.
 var firstByteWatched firstByteWatch
 
-// watch adds t, which must expire at t.deadline unless it leaves first.
+// watch adds t, which must expire at t.deadline unless it leaves first
+// (or, with an automatic limit, its replica answers meanwhile).
 func (w *firstByteWatch) watch(t *attemptTrace) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -257,8 +308,9 @@ func (w *firstByteWatch) armLocked(at time.Time) {
 	w.timer.Reset(d)
 }
 
-// fire abandons the attempts past their deadline and re-arms the timer
-// for the earliest left.
+// fire abandons the attempts past their deadline (an automatic one moved
+// on to its replica's silence) and re-arms the timer for the earliest
+// left.
 func (w *firstByteWatch) fire() {
 	var expired []*attemptTrace
 	w.mu.Lock()
@@ -266,6 +318,10 @@ func (w *firstByteWatch) fire() {
 	var earliest time.Time
 	for t := w.head; t != nil; {
 		next := t.watchNext
+		if !now.Before(t.deadline) && t.auto && t.usual != nil {
+			// An automatic limit waits for the replica's silence.
+			t.deadline = t.usual.silentUntil(t.limit)
+		}
 		if !now.Before(t.deadline) {
 			w.unlinkLocked(t)
 			expired = append(expired, t)

@@ -2,13 +2,17 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/sluice-router/sluice/lb"
 )
 
 // A pool whose replicas keep changing (autoscaling, set-backends) keeps a
@@ -50,4 +54,79 @@ func selectOnce(t *testing.T, p reverseproxy.Selector, dials ...string) http.Hea
 		t.Fatalf("no upstream among %v", dials)
 	}
 	return w.h
+}
+
+// Each kind of answer has its own usual time to first byte: a streamed
+// answer's first byte is its start, a whole one's its end. Held to the
+// streams' usual time, a long answer sent whole was cut at the floor.
+func TestUsualFirstByteIsPerKindOfAnswer(t *testing.T) {
+	u := new(firstByteUsual)
+	for range 20 {
+		u.observe(time.Millisecond, true, time.Now())
+	}
+	if got, auto := u.limit(0, true); got != firstByteMin || !auto {
+		t.Fatalf("streamed after fast streamed first bytes: %v (automatic %v), want the floor %v", got, auto, firstByteMin)
+	}
+	if got, _ := u.limit(0, false); got != firstByteUnknown {
+		t.Fatalf("a whole answer after streamed ones only: limit %v, want %v (none of its kind seen)", got, firstByteUnknown)
+	}
+	for range 40 {
+		u.observe(30*time.Second, false, time.Now())
+	}
+	if got, _ := u.limit(0, false); got < 9*time.Minute {
+		t.Fatalf("a whole answer after 30 s whole ones: limit %v, want about 20× 30 s", got)
+	}
+	if got, _ := u.limit(0, true); got != firstByteMin {
+		t.Fatalf("streamed after slow whole answers: limit %v, want still the floor %v", got, firstByteMin)
+	}
+}
+
+// The automatic limit abandons an attempt only once its replica has sent
+// no first byte, to any request, for the whole limit: a replica that
+// answers others is alive and the attempt merely waits in its queue. A
+// configured limit stays a hard one.
+func TestAutomaticFirstByteLimitWaitsForTheReplicasSilence(t *testing.T) {
+	usual := new(firstByteUsual)
+	begin := func(rule firstByteRule) (*http.Request, *recordingLease, context.CancelFunc) {
+		r, _, cancel := newRequest(t)
+		a := attemptFor(r, "k", measureLastByte)
+		l := &recordingLease{addr: "r:1"}
+		if !a.begin(l, r, rule) {
+			t.Fatal("begin refused a live request")
+		}
+		return r, l, cancel
+	}
+	const limit = 20 * time.Millisecond
+	// The replica answers other requests until answering (one answer
+	// stamped then stands for answers all along).
+	answering := time.Now().Add(time.Second)
+	usual.observe(time.Millisecond, false, answering)
+	rAuto, lAuto, cancelAuto := begin(firstByteRule{limit: limit, auto: true, usual: usual})
+	rHard, lHard, cancelHard := begin(firstByteRule{limit: limit, usual: usual})
+
+	waitDone := func(r *http.Request, what string) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s was not abandoned", what)
+		}
+		if err := r.Context().Err(); !errors.Is(err, errFirstByteTimeout) {
+			t.Fatalf("%s ended with %v, want the first-byte timeout", what, err)
+		}
+	}
+	waitDone(rHard, "the attempt under a configured limit")
+	if time.Now().Before(answering) && rAuto.Context().Err() != nil {
+		t.Fatalf("the automatic limit abandoned an attempt while its replica answered others: %v", rAuto.Context().Err())
+	}
+	waitDone(rAuto, "the attempt under the automatic limit, its replica silent")
+	if now := time.Now(); now.Before(answering.Add(limit)) {
+		t.Fatalf("abandoned %v before the replica had been silent for its limit", answering.Add(limit).Sub(now))
+	}
+	cancelAuto()
+	cancelHard()
+	for _, l := range []*recordingLease{lAuto, lHard} {
+		if got := waitOutcomes(t, l, 1); got[0].Kind != lb.Failure {
+			t.Fatalf("released %+v, want the replica's failure", got[0])
+		}
+	}
 }

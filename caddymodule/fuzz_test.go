@@ -127,15 +127,17 @@ func FuzzFirstByteLimit(f *testing.F) {
 	f.Add(int64(1<<62), int64(0))
 	f.Fuzz(func(t *testing.T, sample, configured int64) {
 		var s firstByteStats
-		if sample > 0 {
-			s.of("r").observe(time.Duration(sample))
-		}
-		got := s.of("r").limit(time.Duration(configured))
-		switch {
-		case configured < 0 && got != 0, configured > 0 && got != time.Duration(configured):
-			t.Fatalf("configured %d: limit %v", configured, got)
-		case configured == 0 && (got < firstByteMin || got > firstByteMax):
-			t.Fatalf("sample %d: auto limit %v out of [%v, %v]", sample, got, firstByteMin, firstByteMax)
+		for _, streamed := range []bool{false, true} {
+			if sample > 0 {
+				s.of("r").observe(time.Duration(sample), streamed, time.Now())
+			}
+			got, auto := s.of("r").limit(time.Duration(configured), streamed)
+			switch {
+			case configured < 0 && got != 0, configured > 0 && got != time.Duration(configured), configured != 0 && auto:
+				t.Fatalf("configured %d: limit %v (automatic %v)", configured, got, auto)
+			case configured == 0 && (got < firstByteMin || got > firstByteMax || !auto):
+				t.Fatalf("sample %d: auto limit %v (automatic %v) out of [%v, %v]", sample, got, auto, firstByteMin, firstByteMax)
+			}
 		}
 	})
 }

@@ -161,8 +161,8 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		a.bodyWhole = rs.info.bodyFor(r)
 	}
 	begun = true
-	usual := st.firstByte.of(lease.Replica())
-	if !a.begin(lease, r, usual.limit(s.firstByte), usual) {
+	streamed := rs.info != nil && rs.info.Parsed && rs.info.Stream
+	if !a.begin(lease, r, firstByteRuleFor(st.firstByte.of(lease.Replica()), s.firstByte, streamed)) {
 		recordDecision(vars, "", reasonCancelled, req.Attempt+1) // the client left: the lease went back
 		return nil
 	}
