@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/sluice-router/sluice/flow"
 	"github.com/sluice-router/sluice/lb"
 )
 
@@ -517,4 +518,16 @@ func (a *attempt) outcome(dial string, t *attemptTrace) lb.Outcome {
 	a.mu.Unlock()
 	o, _ := a.classify(dial, t, kept)
 	return o
+}
+
+// A request still queued when a reload or a stop destroys its state gets
+// a retryable answer: the new config, or another instance, serves it. 500
+// read as Sluice's own bug, and without Retry-After clients gave up.
+func TestShutdownIsARetryableRefusal(t *testing.T) {
+	for _, err := range []error{lb.ErrShutdown, flow.ErrShutdown} {
+		rf, ok := refusalFor(err, 0)
+		if !ok || rf.Status != http.StatusServiceUnavailable || rf.Type != "shutdown" || rf.RetryAfter != time.Second {
+			t.Fatalf("%v: answered %+v, want 503 shutdown with Retry-After 1s", err, rf)
+		}
+	}
 }

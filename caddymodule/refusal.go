@@ -39,7 +39,7 @@ var refusals = []struct {
 	{[]error{lb.ErrSaturated}, http.StatusServiceUnavailable, "pool_saturated", "every replica is at its in-flight limit", waitEstimate},
 	{[]error{flow.ErrCapacity}, http.StatusTooManyRequests, "flow_capacity", "the queue for this priority is full", waitEstimate},
 	{[]error{flow.ErrTTL}, http.StatusServiceUnavailable, "queue_ttl", "the pool stayed saturated for the request's whole time in the queue", waitEstimate},
-	{[]error{lb.ErrShutdown, flow.ErrShutdown}, http.StatusInternalServerError, "shutdown", "shutting down", waitNone},
+	{[]error{lb.ErrShutdown, flow.ErrShutdown}, http.StatusServiceUnavailable, "shutdown", "shutting down: the pool's state was replaced by a reload, or stopped, while the request waited; retry", waitSecond},
 }
 
 // retryWait says what Retry-After a refusal carries.
