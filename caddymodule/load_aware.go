@@ -130,8 +130,9 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 		},
 		build: func(key stateKey) (*policyState, error) {
 			pk := loadaware.NewPicker(cfg)
-			pk.Explain = func(e loadaware.Explanation) { logScores(log, name, e) }
-			pk.Explaining = func() bool { return log.Core().Enabled(zap.DebugLevel) }
+			sl := newStateLog(log)
+			pk.Explain = func(e loadaware.Explanation) { logScores(sl.get(), name, e) }
+			pk.Explaining = func() bool { return sl.get().Core().Enabled(zap.DebugLevel) }
 			settings := func() any {
 				c := pk.Config()
 				if c.SessionKey != "" {
@@ -144,9 +145,10 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 				h.Metrics = pk.Scraper()
 				return h
 			}
-			return newPolicyState(key, pk, policyParts{settings: settings, health: health, run: pk.Run}), nil
+			return newPolicyState(key, pk, policyParts{settings: settings, health: health, run: pk.Run, extra: sl}), nil
 		},
 		apply: func(st *policyState) {
+			st.extra.(*stateLog).set(log)
 			if err := st.picker.(*loadaware.Picker).Configure(cfg); err != nil {
 				log.Error("cannot apply load_aware settings", zap.String("pool", name), zap.Error(err))
 			}

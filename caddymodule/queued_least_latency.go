@@ -155,7 +155,7 @@ func (p *QueuedLeastLatency) Provision(ctx caddy.Context) error {
 		build: func(key stateKey) (*policyState, error) {
 			s := qll.New(cfg)
 			s.SetWaitObserver(qllCollector.WaitObserver(name))
-			lg := &qllStateLog{state: s, pool: name, log: log}
+			lg := &qllStateLog{state: s, pool: name, log: newStateLog(log)}
 			lg.every.Store(int64(every))
 			run := func(ctx context.Context) {
 				var wg sync.WaitGroup
@@ -169,6 +169,7 @@ func (p *QueuedLeastLatency) Provision(ctx caddy.Context) error {
 		apply: func(st *policyState) {
 			st.picker.(*qll.State).Configure(cfg)
 			st.extra.(*qllStateLog).every.Store(int64(every))
+			st.extra.(*qllStateLog).log.set(log)
 		},
 	})
 }
@@ -194,7 +195,7 @@ func qllHealth(s *qll.State) stateHealth {
 type qllStateLog struct {
 	state *qll.State
 	pool  string
-	log   *zap.Logger
+	log   *stateLog
 	every atomic.Int64 // time.Duration; <= 0 disables
 }
 
@@ -224,7 +225,7 @@ func (l *qllStateLog) run(ctx context.Context) {
 		for _, r := range snap.Replicas {
 			fields = append(fields, zap.String(r.Addr, fmt.Sprintf("ewma=%.3fs in_flight=%d slots=%d(%s) down=%t", r.EWMASeconds, r.InFlight, r.Parallelism, r.SlotsFrom, r.Down)))
 		}
-		l.log.Info("queued_least_latency state", fields...)
+		l.log.get().Info("queued_least_latency state", fields...)
 	}
 }
 
