@@ -86,6 +86,11 @@ type attempt struct {
 
 	// req is what the policy knows of the request, kept across retries.
 	req *lb.Request
+	// waitReq is the request of the attempt being picked, whose body is
+	// read if the pick waits in a queue (Waiting, queue_wait_body.go);
+	// waitReads: the config lets the policy read it.
+	waitReq   *http.Request
+	waitReads bool
 	// failed lists the replicas whose attempts at this request failed.
 	failed []string
 	// kept: the placeholders this attempt's outcome reads, as they were

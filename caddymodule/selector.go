@@ -186,11 +186,14 @@ func attemptNumber(a *attempt) int {
 // request is what the policy knows of r, built at the first attempt and
 // kept (with the policy's memo) across retries.
 func (s *selector) request(rs *requestState, a *attempt, r *http.Request) *lb.Request {
+	a.waitReq = r
 	if a.req != nil {
 		a.req.Attempt++
 		return a.req
 	}
 	req := &a.reqStore
+	a.waitReads = s.readsAhead() || rs.body.ReadCloser != nil
+	req.Waiter = a
 	if s.maxBody > 0 {
 		ri := rs.requestInfoFor(r, s.maxBody)
 		req.Model, req.Text, req.Parsed, req.Tokens = ri.Model, ri.Text, ri.Parsed, ri.estimatedTokens()

@@ -101,7 +101,16 @@ type Request struct {
 	// Reason is set by a successful Pick: why it chose the replica (one
 	// of the Reason constants, reason.go), for logs and headers.
 	Reason string
+	// Waiter, if set, is told when the pick is about to wait in the
+	// policy's queue: once, on the picking goroutine, under no lock. The
+	// adapter reads the client's body then: net/http notices an HTTP/1
+	// client that hung up only once its body is read, and until then a
+	// queued request's context does not end when its client leaves.
+	Waiter Waiter
 }
+
+// Waiter is told that a pick waits in a queue (Request.Waiter).
+type Waiter interface{ Waiting() }
 
 // Excluded reports whether addr may not be picked for this request: it
 // is in Unavailable or in Avoid.

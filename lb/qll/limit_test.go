@@ -285,7 +285,7 @@ func TestSlowStartGrowsOnFirstBytes(t *testing.T) {
 		// Without room the request would wait for a release that never
 		// comes: give up after a while and report the slots.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		l, err := s.acquire(ctx, nil, nil, nil)
+		l, err := s.acquire(ctx, nil, nil, nil, nil)
 		cancel()
 		if err != nil {
 			t.Fatalf("request %d: %v (slots %d, no completion yet)", len(held)+1, err, s.Snapshot().Replicas[0].Parallelism)
@@ -313,7 +313,7 @@ func TestSlowStartKeepsAheadOfWhatAnswersAtOnce(t *testing.T) {
 	var held []*Lease
 	for range 100 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // only a hang guard
-		l, err := s.acquire(ctx, nil, nil, nil)
+		l, err := s.acquire(ctx, nil, nil, nil, nil)
 		cancel()
 		if err != nil {
 			t.Fatalf("%d in flight, slots %d: %v", len(held), s.Snapshot().Replicas[0].Parallelism, err)

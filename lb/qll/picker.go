@@ -26,10 +26,11 @@ func (s *State) SetReplicas(addrs []string) { s.SetBackends(addrs) }
 // queue, else least_latency.
 func (s *State) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	var unavailable, full, avoid []string
+	var waiter lb.Waiter
 	if req != nil {
-		unavailable, full, avoid = req.Unavailable, req.Full, req.Avoid
+		unavailable, full, avoid, waiter = req.Unavailable, req.Full, req.Avoid, req.Waiter
 	}
-	l, err := s.acquire(ctx, unavailable, full, avoid)
+	l, err := s.acquire(ctx, unavailable, full, avoid, waiter)
 	if err != nil {
 		return nil, err
 	}

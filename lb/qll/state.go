@@ -330,15 +330,16 @@ func (s *State) RetryAfter() time.Duration {
 // ErrShutdown. It is Pick for a request that reports no replica
 // unavailable (so it clears the proxy's last view).
 func (s *State) Acquire(ctx context.Context) (*Lease, error) {
-	return s.acquire(ctx, nil, nil, nil)
+	return s.acquire(ctx, nil, nil, nil, nil)
 }
 
 // acquire is Acquire with the proxy's current view (the replicas it will
 // not use now, and of those the ones merely full; see Pick) and the
 // replicas this request already failed on (a retry's avoid list: never
 // picked for it; lb.ErrAllDown when no other is left, and the adapter
-// asks again without it).
-func (s *State) acquire(ctx context.Context, unavailable, full, avoid []string) (*Lease, error) {
+// asks again without it). onWait (if not nil) is told when the request
+// waits in the queue.
+func (s *State) acquire(ctx context.Context, unavailable, full, avoid []string, onWait lb.Waiter) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -383,11 +384,15 @@ func (s *State) acquire(ctx context.Context, unavailable, full, avoid []string) 
 	w := &waiter{enqueued: now, ready: make(chan struct{}), avoid: avoid}
 	w.elem = s.queue.PushBack(w)
 	s.dispatchLocked()
-	if !w.done {
+	waits := !w.done
+	if waits {
 		s.armTimeoutLocked(w, s.cfg.QueueTimeout)
 	}
 	s.armViewPollLocked()
 	s.mu.Unlock()
+	if waits && onWait != nil {
+		onWait.Waiting()
+	}
 
 	select {
 	case <-w.ready:

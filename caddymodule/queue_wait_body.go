@@ -1,0 +1,28 @@
+package caddymodule
+
+import (
+	"net/http"
+
+	"github.com/sluice-router/sluice/lb"
+)
+
+// A request that waits in a policy's queue reads its client's body first
+// (up to DefaultMaxBodyBytes, put back in front of the rest as every read
+// of Sluice's is): net/http notices that an HTTP/1 client hung up only
+// once the handler has read the request body, and until then the queued
+// request's context does not end when its client leaves. A long prompt or
+// an upload over the 16 KiB every policy reads ahead kept its place until
+// its queue_timeout and then went to a replica for nobody. A body over the
+// bound stays unread (its client is noticed at dispatch), and so does one
+// the config does not let the policy read (see body_read_ahead.go).
+
+// Waiting implements lb.Waiter.
+func (a *attempt) Waiting() {
+	r := a.waitReq
+	if r == nil || !a.waitReads || r.Body == nil || r.Body == http.NoBody || a.rs == nil {
+		return
+	}
+	a.rs.readBody(r, DefaultMaxBodyBytes)
+}
+
+var _ lb.Waiter = (*attempt)(nil)
