@@ -31,7 +31,8 @@ import (
 //	KeyPrefix         key_prefix         new store (every Redis key changes)
 //	InstanceID        instance_id        new store (the identity records are kept under)
 //	QueueTimeout      queue_timeout      live while the mode stays the same (> 0 ↔ > 0: a
-//	                                     Select already waiting keeps its deadline);
+//	                                     Select already waiting gets the new one, counted
+//	                                     from when it began to wait);
 //	                                     0 ↔ > 0 switches the queueing mode: new store
 //	                                     (Configure refuses it, naming queue_timeout)
 //	MaxInflight       max_inflight       live: the next Select sheds (or queues) at the new
@@ -41,7 +42,8 @@ import (
 //	LeaseTTL          lease_ttl          live: the liveness key is renewed with the new TTL
 //	                                     at once, renewal and reaping follow (every TTL/3)
 //	BreakerFailures   breaker_failures   live (from the next failed call)
-//	BreakerBackoff    breaker_backoff    live (from the probe's next wait)
+//	BreakerBackoff    breaker_backoff    live (the probe's wait under way too, counted
+//	                                     from its start)
 //	ReadTimeout       read_timeout       live (the next call); a raise beyond what the
 //	                                     connection allows (rueidis drops a connection
 //	                                     whose reply takes longer than max(4×read_timeout

@@ -161,6 +161,27 @@ func (m *member) fitConnection() {
 	}
 }
 
+// sleepBackoff waits BreakerBackoff, or until the store closes (false).
+// The wait follows a reload: a shorter breaker_backoff ends it sooner
+// (counted from its start).
+func (m *member) sleepBackoff() bool {
+	start := time.Now()
+	changed := m.confChanged()
+	t := time.NewTimer(m.conf().BreakerBackoff)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return true
+		case <-m.done:
+			return false
+		case <-changed:
+			changed = m.confChanged()
+			t.Reset(time.Until(start.Add(m.conf().BreakerBackoff)))
+		}
+	}
+}
+
 // startProbe runs, once per outage, the half-open step: every
 // BreakerBackoff, PING; when Redis answers, replay the member set if Redis
 // came back empty, renew the liveness key, close the breaker and send the
@@ -176,7 +197,7 @@ func (m *member) startProbe() {
 		defer m.wg.Done()
 		defer m.probing.Store(false)
 		ctx := context.Background()
-		for backoffSleep(m.done, m.conf().BreakerBackoff) {
+		for m.sleepBackoff() {
 			if m.conn.provisional.Load() && !m.conn.reconnect(m.conf().ReadTimeout) {
 				m.c.errors.Add(1)
 				continue

@@ -32,6 +32,9 @@ type member struct {
 	k      keys
 	conn   conn
 	rec    records // the mode (Store.mode)
+	// reconf is closed (and replaced) by each configure, so that what
+	// waits on a setting (a queued Select's queue_timeout) follows it.
+	reconf atomic.Pointer[chan struct{}]
 
 	ident atomic.Pointer[identity]
 	seq   atomic.Uint64
@@ -58,6 +61,8 @@ func newMember(cfg Config, pool string) *member {
 	m := &member{pool: pool, k: newKeys(cfg.KeyPrefix, pool), wakeCh: make(chan struct{}, 1),
 		lifecycle: lifecycle{done: make(chan struct{})}}
 	m.cfgp.Store(&cfg)
+	reconf := make(chan struct{})
+	m.reconf.Store(&reconf)
 	m.br = breaker{limit: cfg.BreakerFailures, onOpen: m.startProbe}
 	m.pend.max = cfg.PendingMax
 	m.tombs.max = cfg.PendingMax
@@ -114,6 +119,10 @@ func (m *member) unreachableErr() error {
 // conf is the configuration in force.
 func (m *member) conf() Config { return *m.cfgp.Load() }
 
+// confChanged is closed by the next configure. Take it before reading
+// conf, so that no change between the two is missed.
+func (m *member) confChanged() <-chan struct{} { return *m.reconf.Load() }
+
 // configure applies cfg's live settings (see Store.Configure).
 func (m *member) configure(cfg Config) error {
 	m.cfgMu.Lock()
@@ -125,6 +134,8 @@ func (m *member) configure(cfg Config) error {
 		return fmt.Errorf("%s: a changed %s needs a new store (new connection or identity)", f, f)
 	}
 	m.cfgp.Store(&cfg)
+	next := make(chan struct{})
+	close(*m.reconf.Swap(&next)) // after the store: a waiter woken reads the new cfg
 	m.br.setLimit(cfg.BreakerFailures)
 	m.pend.setMax(cfg.PendingMax)
 	m.health.Configure(cfg.healthConfig())

@@ -273,22 +273,30 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 		return q.giveUp(ctx, ident, req, start, gaveUpClosed)
 	}
 	defer q.qwg.Done()
-	t := time.NewTimer(m.conf().QueueTimeout)
+	// The deadline follows queue_timeout: a reload that changes it
+	// reaches the requests already waiting (counted from their arrival).
+	changed := m.confChanged()
+	t := time.NewTimer(time.Until(start.Add(m.conf().QueueTimeout)))
 	defer t.Stop()
-	select {
-	case rep := <-ch:
-		if rep == "" { // refused by the queue, which left a tombstone (dispatchFn)
-			q.waiters.drop(tok)
-			m.tombs.add(ident, []string{req}, time.Now())
-			return nil, errNoMemberLeft
+	for {
+		select {
+		case rep := <-ch:
+			if rep == "" { // refused by the queue, which left a tombstone (dispatchFn)
+				q.waiters.drop(tok)
+				m.tombs.add(ident, []string{req}, time.Now())
+				return nil, errNoMemberLeft
+			}
+			return q.handed(ident, req, tok, rep, start), nil
+		case <-ctx.Done():
+			return q.giveUp(ctx, ident, req, start, gaveUpCancelled)
+		case <-t.C:
+			return q.giveUp(ctx, ident, req, start, gaveUpTimeout)
+		case <-m.done:
+			return q.giveUp(ctx, ident, req, start, gaveUpClosed)
+		case <-changed:
+			changed = m.confChanged()
+			t.Reset(time.Until(start.Add(m.conf().QueueTimeout)))
 		}
-		return q.handed(ident, req, tok, rep, start), nil
-	case <-ctx.Done():
-		return q.giveUp(ctx, ident, req, start, gaveUpCancelled)
-	case <-t.C:
-		return q.giveUp(ctx, ident, req, start, gaveUpTimeout)
-	case <-m.done:
-		return q.giveUp(ctx, ident, req, start, gaveUpClosed)
 	}
 }
 

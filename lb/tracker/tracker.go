@@ -59,6 +59,7 @@ type replica struct {
 	// health, guarded by hmu: rarely written (on failures and recoveries)
 	hmu         sync.Mutex
 	consecFails int
+	lastFail    time.Time    // when the last of consecFails happened
 	downUntil   atomic.Int64 // unix nanoseconds; 0 = up
 	failures    atomic.Uint64
 	// in-flight leases, oldest first (acquired in time order, appended at
@@ -76,8 +77,32 @@ func New(cfg Config) *Tracker {
 // Configure swaps the health settings, keeping the counts.
 func (t *Tracker) Configure(cfg Config) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.cfg
 	t.cfg = cfg.WithDefaults()
-	t.mu.Unlock()
+	if t.cfg == old {
+		return
+	}
+	// A replica failures marked down is judged again by the new
+	// settings, from its last failure: a reload that raises max_fails
+	// or shortens fail_duration must not leave it out on the old ones.
+	for _, r := range t.reps {
+		r.hmu.Lock()
+		if r.consecFails > 0 {
+			r.downUntil.Store(t.cfg.downUntil(r.consecFails, r.lastFail))
+		}
+		r.hmu.Unlock()
+	}
+}
+
+// downUntil is when a replica with n consecutive failures, the last at
+// last, is up again (unix nanoseconds; 0: up).
+func (c Config) downUntil(n int, last time.Time) int64 {
+	if n < c.MaxFails {
+		return 0
+	}
+	factor := 1 << min(n-c.MaxFails, 4)
+	return last.Add(time.Duration(factor) * c.FailDuration).UnixNano()
 }
 
 // SetReplicas makes addrs the present set; removed replicas are forgotten
@@ -235,16 +260,15 @@ func (l *Lease) Release(o lb.Outcome) bool {
 		r.hmu.Unlock()
 	case lb.Failure:
 		r.failures.Add(1)
-		t.mu.RLock()
-		cfg := t.cfg
-		t.mu.RUnlock()
+		t.mu.RLock() // held: a Configure meanwhile would judge it by the old settings
 		r.hmu.Lock()
 		r.consecFails++
-		if r.consecFails >= cfg.MaxFails {
-			factor := 1 << min(r.consecFails-cfg.MaxFails, 4)
-			r.downUntil.Store(t.now().Add(time.Duration(factor) * cfg.FailDuration).UnixNano())
+		r.lastFail = t.now()
+		if until := t.cfg.downUntil(r.consecFails, r.lastFail); until != 0 {
+			r.downUntil.Store(until)
 		}
 		r.hmu.Unlock()
+		t.mu.RUnlock()
 	}
 	if r.inFlight.Add(-1) == 0 {
 		t.mu.Lock()
