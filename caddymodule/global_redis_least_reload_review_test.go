@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -12,16 +11,14 @@ import (
 
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/redisleast"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
 // A reload that lowers global_redis_least's queue_timeout reaches the
 // requests already waiting in the global queue (as queued_least_latency's
 // does): they used to keep the hour they arrived with.
 func TestReloadGlobalRedisLeastQueueTimeoutReachesWaiters(t *testing.T) {
-	addr := os.Getenv("SLUICE_TEST_REDIS_ADDR")
-	if addr == "" {
-		t.Skip("no Redis: set SLUICE_TEST_REDIS_ADDR (scripts/redis-test-server.sh)")
-	}
+	addr := redistest.Addr(t)
 	cctx := provisionContext(t)
 	pool := freshPoolName("reload-grl-queue-timeout")
 	conf := func(queueTimeout time.Duration) *GlobalRedisLeast {

@@ -8,12 +8,15 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/qll"
+	"github.com/sluice-router/sluice/lb/redisleast"
+	"github.com/sluice-router/sluice/lb/redistest"
 )
 
 // An HTTP/1.1 client that gives up while its request waits in
@@ -56,4 +59,38 @@ func TestQueuedClientThatLeavesLeavesQLLsQueue(t *testing.T) {
 	if c := st.Snapshot().Counters; c.Cancelled != 1 {
 		t.Fatalf("counters %+v: want the queued request cancelled", c)
 	}
+}
+
+// The same for global_redis_least's global queue (queueing mode).
+func TestQueuedClientThatLeavesLeavesTheGlobalQueue(t *testing.T) {
+	p := &GlobalRedisLeast{Pool: freshPoolName("grl-gone"), MaxInflight: 1, QueueTimeout: caddy.Duration(time.Hour),
+		redisConnection: redisConnection{Redis: []string{redistest.Addr(t)}, KeyPrefix: fmt.Sprintf("grl-gone-%d", time.Now().UnixNano())}}
+	if err := p.Provision(provisionContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cleanup()
+	st := p.state.picker.(*redisleast.Store)
+	pool := reverseproxy.UpstreamPool{{Dial: "127.0.0.1:19", Host: new(reverseproxy.Host)}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		repl := caddy.NewReplacer()
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		p.Select(pool, r, w)
+	}))
+	defer srv.Close()
+	p.state.syncStatic(pool)
+	held, err := st.Pick(context.Background(), &lb.Request{}) // the replica's one slot
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(lb.Outcome{Kind: lb.Success})
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("a long prompt ", 5000))
+	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	waitFor(t, "the request queued", func() bool { return st.Stats().Waiting == 1 })
+	conn.Close()
+	waitFor(t, "the request of the client that left to leave the queue", func() bool { return st.Stats().Waiting == 0 })
 }

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/lb"
 )
 
 // leastRequest is the mode without a queue: every pick goes to the least
@@ -35,7 +37,7 @@ func (lr *leastRequest) start(context.Context) error {
 	return nil
 }
 
-func (lr *leastRequest) pick(ctx context.Context, candidates []string) (*Lease, error) {
+func (lr *leastRequest) pick(ctx context.Context, candidates []string, _ lb.Waiter) (*Lease, error) {
 	if c := lr.m.cfgp.Load(); c.MaxInflight == 0 && c.CallRate > 0 {
 		return lr.batch.pick(ctx, c, candidates, false)
 	}

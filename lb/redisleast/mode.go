@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluice-router/sluice/lb"
 )
 
 // A store runs one mode, chosen at New from the configuration (QueueTimeout
@@ -25,8 +27,9 @@ type mode interface {
 	// error is configuration, and New closes the store.
 	start(ctx context.Context) error
 	// pick is Select with Redis usable: breaker closed, candidates
-	// healthy and not empty.
-	pick(ctx context.Context, candidates []string) (*Lease, error)
+	// healthy and not empty. onWait (if not nil) is told when the request
+	// waits in a queue.
+	pick(ctx context.Context, candidates []string, onWait lb.Waiter) (*Lease, error)
 	// stop ends what the mode keeps waiting (Close, before the member
 	// waits for the goroutines).
 	stop()

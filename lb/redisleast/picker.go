@@ -57,7 +57,7 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 			return nil, lb.ErrAllDown
 		}
 	}
-	l, err := s.Select(ctx, cands)
+	l, err := s.selectWaiting(ctx, cands, req.Waiter)
 	if err != nil {
 		return nil, err
 	}

@@ -130,7 +130,7 @@ func (q *globalQueue) start(ctx context.Context) error {
 
 // pick takes a free slot, or queues: the waiter listens before it asks,
 // since the hand-over may be published before the script's reply arrives.
-func (q *globalQueue) pick(ctx context.Context, candidates []string) (*Lease, error) {
+func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.Waiter) (*Lease, error) {
 	m := q.m
 	var tok string
 	var wait chan string
@@ -153,6 +153,9 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string) (*Lease, er
 	})
 	if err == nil && p.code == pickQueued {
 		m.own.mu.RUnlock()
+		if onWait != nil {
+			onWait.Waiting()
+		}
 		return q.await(ctx, p.ident, p.req, wait)
 	}
 	defer m.own.mu.RUnlock()

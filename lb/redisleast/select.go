@@ -55,6 +55,12 @@ type Lease struct {
 // After Close it returns lb.ErrShutdown (also to requests still waiting
 // in the queue when Close runs).
 func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error) {
+	return s.selectWaiting(ctx, candidates, nil)
+}
+
+// selectWaiting is Select that tells onWait (if not nil) when the request
+// waits in the queue.
+func (s *Store) selectWaiting(ctx context.Context, candidates []string, onWait lb.Waiter) (*Lease, error) {
 	if s.closed.Load() {
 		return nil, lb.ErrShutdown
 	}
@@ -67,7 +73,7 @@ func (s *Store) Select(ctx context.Context, candidates []string) (*Lease, error)
 	if s.br.isOpen() {
 		return s.fallback(candidates)
 	}
-	return s.mode.pick(ctx, candidates)
+	return s.mode.pick(ctx, candidates, onWait)
 }
 
 // Select script replies (selectScript, selectQueueScript).
