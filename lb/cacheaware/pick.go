@@ -37,7 +37,7 @@ func (r Reason) String() string {
 type Decision struct {
 	Addr   string
 	Reason Reason
-	// MatchedChars is the longest prefix of the text (in runes) any present
+	// MatchedChars is the longest prefix of the text (in runes) any usable
 	// replica holds, and MatchRate that over the text's runes. Both are 0
 	// when the pool was imbalanced: the tree is not consulted then.
 	MatchedChars int
@@ -128,6 +128,11 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 	}
 	var ubuf [64]*replica
 	usable := ubuf[:0]
+	var mbuf [64]bool
+	mask := mbuf[:0] // usable by Router.order index
+	if n > len(mbuf) {
+		mask = make([]bool, 0, n)
+	}
 	minL, maxL := 0, 0
 	for _, rep := range r.order {
 		l, ok := 0, true
@@ -135,6 +140,7 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 			l, ok = load(rep.addr)
 		}
 		loads = append(loads, l)
+		mask = append(mask, ok)
 		if !ok {
 			continue
 		}
@@ -164,7 +170,7 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 	var hit *node
 	if total := utf8.RuneCountInString(text); total > 0 {
 		if root := r.trees[modelKey(model)]; root != nil {
-			hit, d.MatchedChars = match(root, text)
+			hit, d.MatchedChars = matchFor(root, text, mask)
 			d.MatchRate = float64(d.MatchedChars) / float64(total)
 		}
 	}
@@ -173,7 +179,7 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 	affinity := abuf[:0] // usable tree holders whose engine's view is fresh
 	if hit != nil {
 		for _, h := range hit.holders {
-			if h.rep.dead || !isIn(usable, h.rep) {
+			if h.rep.dead || !mask[h.rep.idx] {
 				continue
 			}
 			if exact != nil {
@@ -265,15 +271,6 @@ func (r *Router) relieve(home *replica, usable []*replica, loads []int, pressure
 		return low
 	}
 	return nil
-}
-
-func isIn(reps []*replica, rep *replica) bool {
-	for _, x := range reps {
-		if x == rep {
-			return true
-		}
-	}
-	return false
 }
 
 // choose returns the candidate with the lowest (key, load) (key nil: load

@@ -2,6 +2,7 @@ package cacheaware
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -79,15 +80,21 @@ func (p *Picker) SetReplicas(addrs []string) {
 }
 
 func (p *Picker) setReplicasLocked(addrs []string) {
-	p.tracker.SetReplicas(addrs)
+	// The new replicas join the tracker before picks read them from the
+	// router, and the old ones leave it only after: a pick finds every
+	// replica the router gave it in the tracker, or (its choice removed
+	// meanwhile) picks again from the new set.
+	p.tracker.SetReplicas(slices.Concat(p.router.Addrs(), addrs))
 	p.router.SetReplicas(addrs)
+	p.tracker.SetReplicas(addrs)
 }
 
 // InFlight implements lb.Picker.
 func (p *Picker) InFlight() map[string]int { return p.tracker.PerReplica() }
 
-// pickTries bounds re-picks when the chosen replica is removed between the
-// pick and the acquire (a set-backends racing the request).
+// pickTries bounds re-picks when the chosen replica is lost between the
+// pick and the acquire (a set-backends racing the request, or another
+// pick taking a recovering replica's one probe).
 const pickTries = 3
 
 // Pick implements lb.Picker: the longest cached prefix unless the pool is
@@ -125,9 +132,11 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		case d.Addr == "":
 			return nil, lb.ErrNoBackends
 		}
-		l := p.tracker.AcquireCost(d.Addr, req.Tokens)
+		// Checked and counted at once: a recovering replica that Load
+		// found idle takes one probe, not one per pick that read it.
+		l := p.tracker.AcquireUsable(d.Addr, req.Tokens)
 		if l == nil {
-			continue // removed between pick and acquire: pick again
+			continue // removed, down, or its probe taken since: pick again
 		}
 		if routed != nil {
 			routed(d.Addr)

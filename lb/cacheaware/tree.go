@@ -63,17 +63,35 @@ func commonPrefix(a, b string) int {
 	return i
 }
 
+// heldBy reports whether a replica still in the set that usable (by
+// Router.order index) marks holds n.
+func (n *node) heldBy(usable []bool) bool {
+	for _, h := range n.holders {
+		if !h.rep.dead && usable[h.rep.idx] {
+			return true
+		}
+	}
+	return false
+}
+
 // match walks text down root and returns the deepest node that a live
 // replica holds and text reaches (fully or partly), and the number of
 // runes matched down to there. The node's live holders are exactly the
 // replicas with the longest match (holders of a child are holders of the
 // parent).
 func match(root *node, text string) (best *node, matched int) {
+	return matchFor(root, text, nil)
+}
+
+// matchFor is match among the replicas usable marks (nil: every live
+// one): a longest match held only by replicas that may not get the
+// request must not hide a shorter one that a usable replica holds.
+func matchFor(root *node, text string, usable []bool) (best *node, matched int) {
 	n := root
 	for len(text) > 0 {
 		c, _ := utf8.DecodeRuneInString(text)
 		kid := n.child(c)
-		if kid == nil || !kid.live() {
+		if kid == nil || (usable == nil && !kid.live()) || (usable != nil && !kid.heldBy(usable)) {
 			break
 		}
 		best = kid
