@@ -111,9 +111,25 @@ func (c *concurrencyLimit) slots() int { return int(c.limit) }
 // firstByte learns from a response that began while `answering` of the
 // replica's responses (itself included) had begun and not ended: in slow
 // start, more than half the limit doubles it. cap (> 0) bounds the limit.
-func (c *concurrencyLimit) firstByte(answering, cap int) {
+// It reports whether it grew the limit.
+func (c *concurrencyLimit) firstByte(answering, cap int) bool {
 	if c.growing && 2*answering > c.slots() && (c.failedAt == 0 || 2*c.slots() < c.failedAt) {
+		from := c.limit
 		c.grow(2*c.limit, cap)
+		return c.limit > from
+	}
+	return false
+}
+
+// ungrow takes back a doubling that firstByte made from `from`, for a
+// response that turned out a refusal (4xx), not service. Only in slow
+// start: there the limit has only grown since (every cut ends slow
+// start), so it is at least twice from, or capped above from, and a half
+// (not below from) undoes that doubling alone; after a cut there is
+// nothing of it left to undo.
+func (c *concurrencyLimit) ungrow(from float64) {
+	if c.growing {
+		c.limit = math.Max(from, c.limit/2)
 	}
 }
 

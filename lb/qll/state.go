@@ -110,6 +110,9 @@ type Lease struct {
 	rounds   int  // service rounds the request was predicted to wait, >= 1
 	answered bool // its response began (counted in replica.answering); under State.mu
 	conc     int  // requests in flight on the replica when sent, itself included
+	// grewFrom: the limit before this lease's first byte grew it in slow
+	// start (0: it grew nothing); under State.mu. A 4xx takes it back.
+	grewFrom float64
 	// Addr is the dial address of the chosen replica.
 	Addr string
 	// Waited is how long the request waited in the queue.
@@ -566,7 +569,12 @@ func (l *Lease) Release(o lb.Outcome) bool {
 		// is overloaded", a 404 for a model it does not serve): its few
 		// milliseconds are no service time. Fed to the EWMA and the limit,
 		// the overloaded replica looked fastest and its limit doubled.
-		// A 429 says the replica is full at the concurrency it was sent at.
+		// Its first byte, which came before its status, grew nothing
+		// either. A 429 says the replica is full at the concurrency it
+		// was sent at.
+		if l.grewFrom > 0 {
+			r.lim.ungrow(l.grewFrom)
+		}
 		if o.Status == http.StatusTooManyRequests && s.cfg.Parallelism == 0 && s.cfg.LatencyThreshold == 0 {
 			r.lim.refused(l.conc)
 		}
@@ -641,7 +649,9 @@ func (l *Lease) FirstByte(time.Duration) {
 	}
 	now := s.now()
 	before := s.slotsLocked(r, now)
-	r.lim.firstByte(r.answering, s.cfg.MaxConcurrency)
+	if from := r.lim.limit; r.lim.firstByte(r.answering, s.cfg.MaxConcurrency) {
+		l.grewFrom = from
+	}
 	if s.slotsLocked(r, now) > before {
 		s.dispatchLocked()
 	}

@@ -202,10 +202,17 @@ func (t *Tracker) acquire(addr string, cost int64, usable bool) *Lease {
 	ok = ok && r.present
 	if ok {
 		// Under the read lock: SetReplicas cannot forget r now.
-		if until := r.downUntil.Load(); usable && until != 0 {
-			// Down: only once its time is over, and only as the one
-			// request in flight (0 → 1, or another got there first).
-			ok = t.now().UnixNano() >= until && r.inFlight.CompareAndSwap(0, 1)
+		if usable && r.downUntil.Load() != 0 {
+			// Down: only as the one request in flight (0 → 1, or another
+			// got there first), and only once its time is over, read
+			// after the count: a failed probe stores its new down time
+			// before it leaves the count, so the time read now is the
+			// one of the probe whose slot this takes.
+			ok = r.inFlight.CompareAndSwap(0, 1)
+			if ok && t.now().UnixNano() < r.downUntil.Load() {
+				r.inFlight.Add(-1) // still down; r is present, nothing to forget
+				ok = false
+			}
 		} else {
 			r.inFlight.Add(1)
 		}
