@@ -173,6 +173,7 @@ func (a *attempt) retry() {
 	if prev != nil {
 		if first, _, _, _ := pt.facts(); first > 0 {
 			o, _ = a.classify(prev.Replica(), pt, a.kept)
+			a.learnFirstByte(pt, prev.Replica(), a.kept, o)
 		}
 		if o.Kind == lb.Failure {
 			a.failed = append(a.failed, prev.Replica())
@@ -274,6 +275,7 @@ func (a *attempt) bodyRead(t *attemptTrace) {
 		return
 	}
 	a.lease = nil
+	a.learnFirstByte(t, l.Replica(), a.kept, o)
 	if o.Kind == lb.Failure { // a 5xx: a retry must avoid it too
 		a.failed = append(a.failed, l.Replica())
 	}
@@ -310,7 +312,34 @@ func (a *attempt) finish() {
 	t.close()
 	if l != nil {
 		o, _ := a.classify(l.Replica(), t, kept)
+		a.learnFirstByte(t, l.Replica(), kept, o)
 		l.Release(o)
+	}
+}
+
+// learnFirstByte teaches the replica of the attempt traced by t (which
+// had outcome o) its answer's first byte, once per attempt (as it is
+// released), by the answer's kind: its Content-Type, read while the
+// placeholders name this attempt's replica, else what the request said.
+// A refusal or an error (4xx, 5xx) teaches nothing: a replica's fast
+// 429s or 503s made its usual time short, and its next healthy answers
+// were cut at the floor.
+func (a *attempt) learnFirstByte(t *attemptTrace, dial string, kept map[string]any, o lb.Outcome) {
+	if t == nil || t.usual == nil || o.Status >= 400 {
+		return
+	}
+	first, _, _, _ := t.facts()
+	if first <= 0 {
+		return
+	}
+	streamed, known := t.streamed, !t.kindUnknown
+	if hp, _ := a.placeholder(kept, keyHostport); caddy.ToString(hp) == dial {
+		if ct, ok := a.placeholder(kept, keyContentType); ok {
+			streamed, known = strings.HasPrefix(caddy.ToString(ct), "text/event-stream"), true
+		}
+	}
+	if known {
+		t.usual.learn(first, streamed)
 	}
 }
 
@@ -479,7 +508,9 @@ func (t *attemptTrace) setHooks() {
 				firstByteWatched.unwatch(t)
 			}
 			if first && t.usual != nil {
-				t.usual.observe(d, t.streamed, now)
+				// The replica is alive; its usual time learns this first
+				// byte once the answer's kind is known (learnFirstByte).
+				t.usual.answered(now)
 			}
 			if first && t.att != nil && t.firstByter {
 				t.att.firstByte(t, d)

@@ -100,7 +100,27 @@ func (u *firstByteUsual) kind(streamed bool) *atomic.Int64 {
 
 // observe learns a first byte d after its attempt began, sent at at.
 func (u *firstByteUsual) observe(d time.Duration, streamed bool, at time.Time) {
-	u.lastAnswer.Store(max(int64(at.Sub(firstByteEpoch)), 1))
+	u.answered(at)
+	u.learn(d, streamed)
+}
+
+// answered notes that the replica sent a first byte at at. lastAnswer
+// only moves forward: two attempts' hooks may store their readings of
+// the clock out of order, and the earlier one must not shorten the
+// replica's silence.
+func (u *firstByteUsual) answered(at time.Time) {
+	ns := max(int64(at.Sub(firstByteEpoch)), 1)
+	for {
+		old := u.lastAnswer.Load()
+		if old >= ns || u.lastAnswer.CompareAndSwap(old, ns) {
+			return
+		}
+	}
+}
+
+// learn adds a first byte d of an answer of the given kind to the
+// replica's usual time for that kind.
+func (u *firstByteUsual) learn(d time.Duration, streamed bool) {
 	usual := u.kind(streamed)
 	for {
 		old := usual.Load()
@@ -132,16 +152,29 @@ func (u *firstByteUsual) limit(configured time.Duration, streamed bool) (time.Du
 
 // firstByteRule is how one attempt's first byte is watched and learned.
 type firstByteRule struct {
-	limit    time.Duration   // 0: none
-	auto     bool            // the automatic limit: it waits for the replica's silence
-	streamed bool            // the answer's kind, for the replica's usual times
-	usual    *firstByteUsual // the replica's record; nil: nothing learned
+	limit    time.Duration // 0: none
+	auto     bool          // the automatic limit: it waits for the replica's silence
+	streamed bool          // the answer's kind the request asked for
+	// kindUnknown: the request did not say its kind (a body not parsed:
+	// queued_least_latency and global_redis_least never parse it, a
+	// body over max_body_bytes, a path that is not an inference call's);
+	// only the response's Content-Type tells what it teaches.
+	kindUnknown bool
+	usual       *firstByteUsual // the replica's record; nil: nothing learned
 }
 
-// firstByteRuleFor is the rule of an attempt on usual's replica.
-func firstByteRuleFor(usual *firstByteUsual, configured time.Duration, streamed bool) firstByteRule {
+// firstByteRuleFor is the rule of an attempt on usual's replica; known:
+// the request says the kind of its answer (streamed).
+func firstByteRuleFor(usual *firstByteUsual, configured time.Duration, streamed, known bool) firstByteRule {
 	limit, auto := usual.limit(configured, streamed)
-	return firstByteRule{limit: limit, auto: auto, streamed: streamed, usual: usual}
+	if auto && !known {
+		// Either kind: the longer limit (a kind never seen has the
+		// limit of a replica never heard), so a long answer sent whole
+		// is not held to the streams' usual time.
+		other, _ := usual.limit(configured, !streamed)
+		limit = max(limit, other)
+	}
+	return firstByteRule{limit: limit, auto: auto, streamed: streamed, kindUnknown: !known, usual: usual}
 }
 
 // silentUntil is when the replica will have sent no first byte for d:

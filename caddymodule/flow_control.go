@@ -261,7 +261,7 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 			req.Bytes = int64(len(ri.buf))
 		}
 		req.Tokens = ri.estimatedTokens()
-	} else if req.Bytes > 0 {
+	} else if req.Bytes > 0 && r.ContentLength <= h.bodyLimit() {
 		// A request that waits reads its body (up to the bound, which
 		// max_bytes counts anyway): net/http sees an HTTP/1 client close
 		// its connection only once the body is read, so an unread one

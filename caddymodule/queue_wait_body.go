@@ -22,6 +22,13 @@ func (a *attempt) Waiting() {
 	if r == nil || !a.waitReads || r.Body == nil || r.Body == http.NoBody || a.rs == nil {
 		return
 	}
+	if r.ContentLength > DefaultMaxBodyBytes {
+		// Declared over the bound: reading the bound of it would not let
+		// net/http notice its client leave, only hold it in memory for
+		// each such request queued (and consume a kept body a
+		// handle_errors fallback would send without it).
+		return
+	}
 	a.rs.readBody(r, DefaultMaxBodyBytes)
 }
 

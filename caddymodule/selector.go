@@ -161,8 +161,9 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 		a.bodyWhole = rs.info.bodyFor(r)
 	}
 	begun = true
-	streamed := rs.info != nil && rs.info.Parsed && rs.info.Stream
-	if !a.begin(lease, r, firstByteRuleFor(st.firstByte.of(lease.Replica()), s.firstByte, streamed)) {
+	known := rs.info != nil && rs.info.Parsed
+	streamed := known && rs.info.Stream
+	if !a.begin(lease, r, firstByteRuleFor(st.firstByte.of(lease.Replica()), s.firstByte, streamed, known)) {
 		recordDecision(vars, "", reasonCancelled, req.Attempt+1) // the client left: the lease went back
 		return nil
 	}
