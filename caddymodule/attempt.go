@@ -325,11 +325,12 @@ func (a *attempt) finish() {
 // 429s or 503s made its usual time short, and its next healthy answers
 // were cut at the floor.
 func (a *attempt) learnFirstByte(t *attemptTrace, dial string, kept map[string]any, o lb.Outcome) {
-	if t == nil || t.usual == nil || o.Status >= 400 {
+	if t == nil || t.usual == nil {
 		return
 	}
 	first, _, _, _ := t.facts()
-	if first <= 0 {
+	t.usual.released(t.start, first, o)
+	if first <= 0 || o.Status >= 400 {
 		return
 	}
 	streamed, known := t.streamed, !t.kindUnknown
@@ -508,9 +509,12 @@ func (t *attemptTrace) setHooks() {
 				firstByteWatched.unwatch(t)
 			}
 			if first && t.usual != nil {
-				// The replica is alive; its usual time learns this first
-				// byte once the answer's kind is known (learnFirstByte).
-				t.usual.answered(now)
+				// The replica is alive (unless it answers errors lately);
+				// its usual time learns this first byte once the
+				// answer's kind is known (learnFirstByte).
+				if !t.usual.erring.Load() {
+					t.usual.answered(now)
+				}
 			}
 			if first && t.att != nil && t.firstByter {
 				t.att.firstByte(t, d)

@@ -59,6 +59,11 @@ type firstByteUsual struct {
 	// lastAnswer is when the replica last sent a first byte, in ns since
 	// firstByteEpoch (0: never).
 	lastAnswer atomic.Int64
+	// erring: the last answer released was an error (5xx, or the
+	// attempt failed). Its first bytes are then no sign of life (a dead
+	// engine behind a live HTTP server answers 503 at once, and passive
+	// health keeps probing it) until an answer that is not one.
+	erring atomic.Bool
 }
 
 // firstByteEpoch is the origin of lastAnswer: a monotonic reading, so a
@@ -115,6 +120,20 @@ func (u *firstByteUsual) answered(at time.Time) {
 		if old >= ns || u.lastAnswer.CompareAndSwap(old, ns) {
 			return
 		}
+	}
+}
+
+// released notes how an answer whose first byte came first after start
+// ended: an error makes the replica erring; the first other answer after
+// errors ends that, and counts as the sign of life its first byte was not
+// taken for.
+func (u *firstByteUsual) released(start time.Time, first time.Duration, o lb.Outcome) {
+	if o.Kind == lb.Failure || o.Status >= 500 {
+		u.erring.Store(true)
+		return
+	}
+	if first > 0 && u.erring.Load() && u.erring.CompareAndSwap(true, false) {
+		u.answered(start.Add(first))
 	}
 }
 

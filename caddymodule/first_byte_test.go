@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,5 +129,62 @@ func TestAutomaticFirstByteLimitWaitsForTheReplicasSilence(t *testing.T) {
 		if got := waitOutcomes(t, l, 1); got[0].Kind != lb.Failure {
 			t.Fatalf("released %+v, want the replica's failure", got[0])
 		}
+	}
+}
+
+// A replica that answers nothing but errors (a dead engine behind a live
+// HTTP server answers 503 at once) is not alive for the automatic limit:
+// its fast error answers kept the attempts hung on it waiting, each probe
+// of its passive health counting as a sign of life.
+func TestErrorAnswersAreNoSignOfLife(t *testing.T) {
+	usual := new(firstByteUsual)
+	const limit = 20 * time.Millisecond
+	hungR, _, _ := newRequest(t)
+	hung := attemptFor(hungR, "k", measureLastByte)
+	hungLease := &recordingLease{addr: "r:1"}
+	if !hung.begin(hungLease, hungR, firstByteRule{limit: limit, auto: true, usual: usual}) {
+		t.Fatal("begin refused a live request")
+	}
+	// The replica answers others all along, with errors only.
+	var answering atomic.Bool
+	answering.Store(true)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer answering.Store(false)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			r, repl, cancel := newRequest(t)
+			a := attemptFor(r, "k", measureLastByte)
+			probe := &recordingLease{addr: "r:1"}
+			if !a.begin(probe, r, firstByteRule{limit: time.Hour, auto: true, usual: usual}) {
+				t.Error("begin refused a live request")
+				return
+			}
+			a.trace.hooks.GotFirstResponseByte()
+			// What reverse_proxy sets once the replica's 503 is in.
+			repl.Set(keyHostport, "r:1")
+			repl.Set(keyStatus, http.StatusServiceUnavailable)
+			cancel()
+			if got := waitOutcomes(t, probe, 1); got[0].Kind != lb.Failure {
+				t.Errorf("the 503 was released as %+v, want a failure", got[0])
+				return
+			}
+		}
+	}()
+	select {
+	case <-hungR.Context().Done():
+	case <-time.After(3 * time.Second):
+	}
+	stillAnswering := answering.Load()
+	close(stop)
+	<-done
+	if hungR.Context().Err() == nil || !stillAnswering {
+		t.Fatalf("the hung attempt was not abandoned while its replica answered only errors (ended: %v)", hungR.Context().Err())
 	}
 }
