@@ -153,10 +153,11 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.W
 	})
 	if err == nil && p.code == pickQueued {
 		m.own.mu.RUnlock()
+		start := time.Now() // the wait counts from the queueing, not after the body read
 		if onWait != nil {
 			onWait.Waiting()
 		}
-		return q.await(ctx, p.ident, p.req, wait)
+		return q.await(ctx, p.ident, p.req, wait, start)
 	}
 	defer m.own.mu.RUnlock()
 	q.waiters.drop(tok)
@@ -266,10 +267,10 @@ const (
 )
 
 // await waits for the queued request's slot: a notification, or, at
-// ctx done / QueueTimeout / Close, the cancel script's verdict.
-func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch chan string) (*Lease, error) {
+// ctx done / QueueTimeout / Close, the cancel script's verdict. start is
+// when the request was queued (its wait and timeout count from then).
+func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch chan string, start time.Time) (*Lease, error) {
 	m := q.m
-	start := time.Now()
 	tok := token(ident, req)
 	q.queuedTotal.Add(1)
 	if !m.hold(&q.qwg) {
