@@ -34,7 +34,7 @@ var refusals = []struct {
 	{[]error{lb.ErrNoBackends}, http.StatusServiceUnavailable, "no_backends", "no backends in the pool", waitSecond},
 	{[]error{lb.ErrAllDown}, http.StatusServiceUnavailable, "backends_down", "every backend is down: after failures, or by the proxy's own health checks; retrying shortly", waitEstimate},
 	{[]error{lb.ErrQueueFull}, http.StatusTooManyRequests, "queue_full", "every backend is busy and queueing is disabled", waitEstimate},
-	{[]error{lb.ErrEvicted}, http.StatusServiceUnavailable, "queue_evicted", "dropped from the full queue to make room for a newer request", waitEstimate},
+	{[]error{lb.ErrEvicted}, http.StatusServiceUnavailable, "queue_evicted", "dropped from the queue: it was full and a newer request took the place, or a reload lowered queue_max_size", waitEstimate},
 	{[]error{lb.ErrQueueTimeout}, http.StatusServiceUnavailable, "queue_timeout", "timed out waiting in the queue", waitEstimate},
 	{[]error{lb.ErrSaturated}, http.StatusServiceUnavailable, "pool_saturated", "every replica is at its in-flight limit", waitEstimate},
 	{[]error{flow.ErrCapacity}, http.StatusTooManyRequests, "flow_capacity", "the queue for this priority is full", waitEstimate},
