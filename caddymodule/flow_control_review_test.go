@@ -2,9 +2,7 @@ package caddymodule
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -73,12 +71,8 @@ func TestFlowControlQueuedClientThatLeavesLeavesTheQueue(t *testing.T) {
 	}
 	defer held.Release()
 
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
 	body := `{"model":"m","prompt":"hi"}`
-	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	conn := postHTTP1(t, srv, len(body), body)
 	waitFor(t, "the request queued", func() bool { return ctl.Snapshot().Queued == 1 })
 	conn.Close()
 	waitFor(t, "the request of the client that left to leave the queue", func() bool { return ctl.Snapshot().Queued == 0 })
@@ -196,12 +190,8 @@ func TestFlowControlDeclaredLengthDoesNotFillTheBand(t *testing.T) {
 	}
 	defer held.Release()
 
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := postHTTP1(t, srv, 999999990, `{"prompt":`)
 	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 999999990\r\n\r\n{\"prompt\":")
 	waitFor(t, "the large request queued", func() bool { return ctl.Snapshot().Queued == 1 })
 
 	status := make(chan int, 1)

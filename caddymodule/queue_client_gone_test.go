@@ -34,12 +34,7 @@ func TestQueuedClientThatLeavesLeavesQLLsQueue(t *testing.T) {
 	defer p.Cleanup()
 	st := p.state.picker.(*qll.State)
 	pool := reverseproxy.UpstreamPool{{Dial: "127.0.0.1:19", Host: new(reverseproxy.Host)}}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		repl := caddy.NewReplacer()
-		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
-		p.Select(pool, r, w)
-	}))
-	defer srv.Close()
+	srv := selectServer(t, p, pool)
 	p.state.syncStatic(pool)
 	held, err := st.Acquire(context.Background()) // the replica's one slot
 	if err != nil {
@@ -47,12 +42,7 @@ func TestQueuedClientThatLeavesLeavesQLLsQueue(t *testing.T) {
 	}
 	defer held.Release(lb.Outcome{Kind: lb.Success})
 
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("a long prompt ", 5000))
-	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	conn := postHTTP1(t, srv, len(longPrompt), longPrompt)
 	waitFor(t, "the request queued", func() bool { return st.Snapshot().QueueDepth == 1 })
 	conn.Close()
 	waitFor(t, "the request of the client that left to leave the queue", func() bool { return st.Snapshot().QueueDepth == 0 })
@@ -71,12 +61,7 @@ func TestQueuedClientThatLeavesLeavesTheGlobalQueue(t *testing.T) {
 	defer p.Cleanup()
 	st := p.state.picker.(*redisleast.Store)
 	pool := reverseproxy.UpstreamPool{{Dial: "127.0.0.1:19", Host: new(reverseproxy.Host)}}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		repl := caddy.NewReplacer()
-		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
-		p.Select(pool, r, w)
-	}))
-	defer srv.Close()
+	srv := selectServer(t, p, pool)
 	p.state.syncStatic(pool)
 	held, err := st.Pick(context.Background(), &lb.Request{}) // the replica's one slot
 	if err != nil {
@@ -84,13 +69,35 @@ func TestQueuedClientThatLeavesLeavesTheGlobalQueue(t *testing.T) {
 	}
 	defer held.Release(lb.Outcome{Kind: lb.Success})
 
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("a long prompt ", 5000))
-	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	conn := postHTTP1(t, srv, len(longPrompt), longPrompt)
 	waitFor(t, "the request queued", func() bool { return st.Stats().Waiting == 1 })
 	conn.Close()
 	waitFor(t, "the request of the client that left to leave the queue", func() bool { return st.Stats().Waiting == 0 })
 }
+
+// postHTTP1 opens an HTTP/1.1 connection to srv and writes a completion
+// request declaring declared body bytes and sending body (all of it, or a
+// part); the caller closes the connection to leave.
+func postHTTP1(t *testing.T, srv *httptest.Server, declared int, body string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", declared, body)
+	return conn
+}
+
+// selectServer serves p's Select over pool, as reverse_proxy calls it.
+func selectServer(t *testing.T, p reverseproxy.Selector, pool reverseproxy.UpstreamPool) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		repl := caddy.NewReplacer()
+		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+		p.Select(pool, r, w)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// longPrompt is a completion body over the 16 KiB every policy reads ahead.
+var longPrompt = fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("a long prompt ", 5000))
