@@ -64,6 +64,10 @@ type EngineOptions struct {
 	// its value is the share of a step's fixed cost that is GPU work (the
 	// rest is each engine's own CPU time). 0: a GPU each.
 	SharedGPU float64
+	// StreamHeaders, with the sim, is when its engines send a stream's
+	// status and headers (sim.Config.StreamHeaders): "first_token" (the
+	// default) or "immediate", as vLLM's and SGLang's servers do.
+	StreamHeaders string
 	// Prompts (P), PromptWords (W) and UniqueWords (U): P shared system
 	// prompts of W words; each request is one of them + U words of its
 	// own. One word = one token (3 letters + a space: 4 characters, as a
@@ -112,6 +116,12 @@ func (o EngineOptions) resolve(calibrate, quick bool) (EngineOptions, error) {
 		o.Engine = "sim"
 	case o.Engine != "sim" && o.Engine != "transformers" && o.Engine != "llmd":
 		return o, fmt.Errorf("-engine must be sim, transformers or llmd, got %q", o.Engine)
+	}
+	switch {
+	case o.StreamHeaders != "" && o.Engine != "sim":
+		return o, fmt.Errorf("-stream-headers is the sim's (-engine sim), not %s's", o.Engine)
+	case o.StreamHeaders != "" && o.StreamHeaders != sim.StreamHeadersFirstToken && o.StreamHeaders != sim.StreamHeadersImmediate:
+		return o, fmt.Errorf("-stream-headers must be %s or %s, got %q", sim.StreamHeadersFirstToken, sim.StreamHeadersImmediate, o.StreamHeaders)
 	}
 	if calibrate {
 		o.Replicas = 1
@@ -360,6 +370,12 @@ func realEngine(r *runner, calibrate bool) {
 				"(%g of the fixed step cost and all the per-token cost) takes turns on it, the rest of each step runs in parallel.",
 				e.Replicas, e.SharedGPU, e.SharedGPU)
 		}
+		if e.StreamHeaders == sim.StreamHeadersImmediate {
+			r.res.suffix += "-headers-at-once"
+			r.res.About += " The simulated engines send a stream's status and headers as soon as the request is accepted " +
+				"(-stream-headers immediate), before it queues or prefills, as vLLM's and SGLang's servers do: a proxy's " +
+				"first byte is then no load signal."
+		}
 		if e.Engine == "llmd" {
 			r.res.About += fmt.Sprintf(" Each replica: llm-d-inference-sim v0.10.2 (fresh for every system) with %s "+
 				"(time factor 1 + 2(n−1)/15 with n running: 3 with the batch full, on the first token and every next one; "+
@@ -399,6 +415,7 @@ func realEngine(r *runner, calibrate bool) {
 		for i := range e.Replicas {
 			c := engineReplicaConfig(fmt.Sprintf("engine-%d", i), e.Scale)
 			c.GPU = gpu
+			c.StreamHeaders = e.StreamHeaders
 			fleet = append(fleet, c)
 		}
 	}

@@ -213,6 +213,14 @@ func TestParseMetricsAndBodies(t *testing.T) {
 	if _, err := (EngineOptions{Engine: "vllm"}).resolve(false, false); err == nil {
 		t.Fatal("unknown engine accepted")
 	}
+	for _, bad := range []EngineOptions{{Engine: "llmd", StreamHeaders: "immediate"}, {StreamHeaders: "soon"}} {
+		if _, err := bad.resolve(false, false); err == nil {
+			t.Fatalf("-stream-headers %q with -engine %q accepted", bad.StreamHeaders, bad.Engine)
+		}
+	}
+	if _, err := (EngineOptions{StreamHeaders: "immediate"}).resolve(false, false); err != nil {
+		t.Fatal(err)
+	}
 	if e, _ := (EngineOptions{Endpoints: []string{"http://127.0.0.1:9/v1"}}).resolve(true, false); e.Replicas != 1 || e.Scale != 1 || e.Endpoints[0] != "http://127.0.0.1:9" {
 		t.Fatalf("%+v", e)
 	}

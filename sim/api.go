@@ -253,6 +253,10 @@ type generation struct {
 	// cached are set then).
 	er      *engineReq
 	onAdmit func()
+
+	// started: the stream's status and headers were sent already
+	// (Config.StreamHeaders immediate).
+	started bool
 }
 
 func (g *generation) id() string {
@@ -472,20 +476,29 @@ func (g *generation) complete(w http.ResponseWriter, sl *sleeper) error {
 	return nil
 }
 
+// startStream sends a stream's status and headers, flushed.
+func startStream(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if err := http.NewResponseController(w).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return // the client is gone: the first write says so
+	}
+}
+
 // stream serves a streaming request as server-sent events: headers and the
-// first chunk at the first token, one event per chunk, then "data: [DONE]".
+// first chunk at the first token (or before, see startStreamEarly), one
+// event per chunk, then "data: [DONE]".
 func (g *generation) stream(w http.ResponseWriter, sl *sleeper) error {
 	rc := http.NewResponseController(w)
-	started := false
+	started := g.started
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	send := func(v any) error {
 		if !started {
-			h := w.Header()
-			h.Set("Content-Type", "text/event-stream")
-			h.Set("Cache-Control", "no-cache")
-			h.Set("X-Accel-Buffering", "no")
-			w.WriteHeader(http.StatusOK)
+			startStream(w)
 			started = true
 		}
 		buf.Reset()

@@ -297,6 +297,12 @@ type Config struct {
 	// StreamChunkTokens is how many tokens each streamed chunk carries.
 	// Default 1 (one SSE event per token).
 	StreamChunkTokens int `json:"stream_chunk_tokens,omitempty"`
+	// StreamHeaders is when a streamed answer's status and headers are
+	// sent: StreamHeadersFirstToken (the default: with the first token)
+	// or StreamHeadersImmediate (as soon as the request is accepted,
+	// before it queues or prefills, as vLLM's, SGLang's and TGI's HTTP
+	// servers do; X-Sim-Seq and X-Sim-Cached-Tokens are then not sent).
+	StreamHeaders string `json:"stream_headers,omitempty"`
 	// MaxBodyBytes caps request bodies; larger ones get 413. Default 8 MiB.
 	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
 	// Faults are the initial injected faults.
@@ -397,6 +403,11 @@ func (c Config) Validate() error {
 	}
 	if c.StreamChunkTokens < 0 {
 		return fmt.Errorf("sim: StreamChunkTokens must be at least 1, got %d", c.StreamChunkTokens)
+	}
+	switch c.StreamHeaders {
+	case "", StreamHeadersFirstToken, StreamHeadersImmediate:
+	default:
+		return fmt.Errorf("sim: StreamHeaders must be %q or %q, got %q", StreamHeadersFirstToken, StreamHeadersImmediate, c.StreamHeaders)
 	}
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("sim: MaxBodyBytes must be positive, got %d", c.MaxBodyBytes)

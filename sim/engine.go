@@ -550,13 +550,14 @@ func (rp *Replica) serveEngine(w http.ResponseWriter, r *http.Request, req infer
 				strconv.Itoa(er.total)+" KV blocks, more than the replica's "+strconv.Itoa(rp.eng.kvBlocks))
 		return
 	}
+	started := rp.startStreamEarly(w, req) // after validation, before the queue
 	if err := rp.eng.submit(er); err != nil {
-		rp.abandon(w, err, false)
+		rp.abandon(w, err, started)
 		return
 	}
 	defer rp.eng.remove(er) // frees the seat and blocks of a request that did not finish
 
-	g := &generation{rp: rp, api: api, req: req, created: time.Now().Unix(), er: er}
+	g := &generation{rp: rp, api: api, req: req, created: time.Now().Unix(), er: er, started: started}
 	g.onAdmit = func() {
 		w.Header().Set(HeaderSeq, strconv.FormatUint(g.seq, 10))
 		w.Header().Set(HeaderCachedTokens, strconv.Itoa(g.cached))

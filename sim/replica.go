@@ -27,6 +27,12 @@ const (
 	HeaderCachedTokens = "X-Sim-Cached-Tokens"
 )
 
+// The values of Config.StreamHeaders.
+const (
+	StreamHeadersFirstToken = "first_token"
+	StreamHeadersImmediate  = "immediate"
+)
+
 // statusClientGone is the status recorded (never sent) for requests whose
 // client went away before the response was complete.
 const statusClientGone = 499
@@ -543,9 +549,10 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 	if rp.cfg.KVCapacityTokens > 0 {
 		kvHeld = req.PromptTokens
 	}
+	started := rp.startStreamEarly(w, req)
 	seq, err := rp.q.acquireTokens(ctx, rp.done, kvHeld)
 	if err != nil {
-		rp.abandon(w, err, false)
+		rp.abandon(w, err, started)
 		return
 	}
 	defer func() { rp.q.releaseTokens(kvHeld) }()
@@ -559,12 +566,12 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 	if rp.chance(faults.StallRate) {
 		rp.stalls.Add(1)
 		if err := sl.sleep(faults.Stall, stallRelease); err != nil {
-			rp.abandon(w, err, false)
+			rp.abandon(w, err, started)
 			return
 		}
 	}
 
-	g := &generation{rp: rp, api: api, req: req, seq: seq, created: time.Now().Unix()}
+	g := &generation{rp: rp, api: api, req: req, seq: seq, created: time.Now().Unix(), started: started}
 	if rp.cfg.KVCapacityTokens > 0 {
 		g.kvHeld = &kvHeld
 	}
@@ -580,6 +587,17 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 		}()
 	}
 	rp.generate(w, g, &sl, req)
+}
+
+// startStreamEarly sends a streamed answer's status and headers now when
+// the replica starts streams at once (Config.StreamHeaders immediate),
+// and reports whether it did.
+func (rp *Replica) startStreamEarly(w http.ResponseWriter, req inferenceRequest) bool {
+	if !req.Stream || rp.cfg.StreamHeaders != StreamHeadersImmediate {
+		return false
+	}
+	startStream(w)
+	return true
 }
 
 // generate answers req with g (streamed or whole) and counts it served,
