@@ -69,6 +69,10 @@ type InferenceSim struct {
 	MaxTokens int `json:"max_tokens,omitempty"`
 	// StreamChunkTokens is the number of tokens per streamed chunk. Default 1.
 	StreamChunkTokens int `json:"stream_chunk_tokens,omitempty"`
+	// StreamHeaders is when a stream's status and headers are sent:
+	// first_token (default: with the first token) or immediate (as soon as
+	// the request is accepted, as vLLM's and SGLang's servers do).
+	StreamHeaders string `json:"stream_headers,omitempty"`
 	// MaxBodyBytes caps request bodies (413 above). Default 8 MiB.
 	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
 	// ErrorRate is the probability (0..1) of answering with ErrorStatus
@@ -157,6 +161,16 @@ func (s *InferenceSim) simConfig() sim.Config {
 	return cfg
 }
 
+// validStreamHeaders checks stream_headers ("" is the default).
+func validStreamHeaders(v string) error {
+	switch v {
+	case "", sim.StreamHeadersFirstToken, sim.StreamHeadersImmediate:
+		return nil
+	}
+	return fmt.Errorf("inference_sim: stream_headers %q: want %s (the default: with the first token) or %s (at once, as vLLM and SGLang)",
+		v, sim.StreamHeadersFirstToken, sim.StreamHeadersImmediate)
+}
+
 // ownConfig converts the module's own fields to a sim.Config.
 func (s *InferenceSim) ownConfig() sim.Config {
 	cfg := sim.Config{
@@ -165,6 +179,7 @@ func (s *InferenceSim) ownConfig() sim.Config {
 		Concurrency:         s.Concurrency,
 		MaxTokens:           s.MaxTokens,
 		StreamChunkTokens:   s.StreamChunkTokens,
+		StreamHeaders:       s.StreamHeaders,
 		MaxBodyBytes:        s.MaxBodyBytes,
 		PrefillBlocksDecode: s.PrefillBlocksDecode,
 		KVCapacityTokens:    s.KVCapacityTokens,
@@ -228,6 +243,9 @@ func (s *InferenceSim) Provision(caddy.Context) error {
 // Validate checks the configuration.
 func (s *InferenceSim) Validate() error {
 	if err := s.validatePreset(); err != nil {
+		return err
+	}
+	if err := validStreamHeaders(s.StreamHeaders); err != nil {
 		return err
 	}
 	if err := s.simConfig().Validate(); err != nil {
@@ -420,6 +438,13 @@ func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			s.MaxTokens = n
+		case "stream_headers":
+			if !d.AllArgs(&s.StreamHeaders) {
+				return d.Errf("inference_sim: stream_headers takes exactly one value: %s or %s", sim.StreamHeadersFirstToken, sim.StreamHeadersImmediate)
+			}
+			if err := validStreamHeaders(s.StreamHeaders); err != nil {
+				return d.Err(err.Error())
+			}
 		case "stream_chunk":
 			n, err := inferenceSimInt(d, sub, 1, sim.MaxOutputTokens)
 			if err != nil {

@@ -63,6 +63,7 @@ func TestInferenceSimCaddyfileToJSON(t *testing.T) {
 		latency      per_token 1ms 20ms batch_slowdown 0.05
 		max_tokens   32
 		stream_chunk 4
+		stream_headers immediate
 		max_body     1048576
 		error_rate   0.25
 		error_status 503
@@ -96,6 +97,7 @@ func TestInferenceSimCaddyfileToJSON(t *testing.T) {
 		"latency":             map[string]any{"kind": "per_token", "prefill": float64(time.Millisecond), "decode": float64(20 * time.Millisecond), "batch_slowdown": 0.05},
 		"max_tokens":          float64(32),
 		"stream_chunk_tokens": float64(4),
+		"stream_headers":      "immediate",
 		"max_body_bytes":      float64(1 << 20),
 		"error_rate":          0.25,
 		"error_status":        float64(503),
@@ -136,7 +138,7 @@ func TestInferenceSimCaddyfileToJSON(t *testing.T) {
 	wantCfg := sim.Config{
 		Name: "replica-1", Model: "llama-3", Concurrency: 2,
 		Latency:   sim.Latency{Kind: sim.LatencyPerToken, Prefill: time.Millisecond, Decode: 20 * time.Millisecond, BatchSlowdown: 0.05},
-		MaxTokens: 32, StreamChunkTokens: 4, MaxBodyBytes: 1 << 20,
+		MaxTokens: 32, StreamChunkTokens: 4, StreamHeaders: sim.StreamHeadersImmediate, MaxBodyBytes: 1 << 20,
 		Faults: sim.Faults{ErrorRate: 0.25, ErrorStatus: 503, StallRate: 0.01, Stall: 30 * time.Second},
 		Seed:   42,
 	}
@@ -181,6 +183,8 @@ func TestInferenceSimCaddyfileErrors(t *testing.T) {
 		{"latency per_token 1ms 20ms batch_slowdown x", "batch_slowdown"},
 		{"max_tokens 0", "max_tokens"},
 		{"stream_chunk -1", "stream_chunk"},
+		{"stream_headers soon", "stream_headers"},
+		{"stream_headers", "stream_headers"},
 		{"max_body lots", "max_body"},
 		{"error_rate 1.5", "error_rate"},
 		{"error_rate", "wrong argument count"},
@@ -550,5 +554,16 @@ func TestInferenceSimEngineOptions(t *testing.T) {
 	}
 	if st := mod.replica.Stats(); st.Steps != 4 {
 		t.Errorf("%d engine steps, want 4 (a prefill and 3 decodes)", st.Steps)
+	}
+}
+
+// JSON config: a bad stream_headers is refused naming the option.
+func TestInferenceSimStreamHeadersValidated(t *testing.T) {
+	err := (&InferenceSim{StreamHeaders: "soon"}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "stream_headers") {
+		t.Fatalf("stream_headers soon: %v, want an error naming stream_headers", err)
+	}
+	if err := (&InferenceSim{StreamHeaders: sim.StreamHeadersImmediate}).Validate(); err != nil {
+		t.Fatal(err)
 	}
 }
