@@ -172,8 +172,9 @@ func (a *attempt) retry() {
 	o := lb.Outcome{Kind: lb.Failure}
 	if prev != nil {
 		if first, _, _, _ := pt.facts(); first > 0 {
-			o, _ = a.classify(prev.Replica(), pt, a.kept)
-			a.learnFirstByte(pt, prev.Replica(), a.kept, o)
+			var kind answerKind
+			o, _, kind = a.classify(prev.Replica(), pt, a.kept)
+			a.learnFirstByte(pt, o, kind)
 		}
 		if o.Kind == lb.Failure {
 			a.failed = append(a.failed, prev.Replica())
@@ -264,7 +265,7 @@ func (a *attempt) bodyRead(t *attemptTrace) {
 		a.mu.Unlock()
 		return
 	}
-	o, statusKnown := a.classify(l.Replica(), t, a.kept)
+	o, statusKnown, kind := a.classify(l.Replica(), t, a.kept)
 	if !statusKnown {
 		// A response with no body (HEAD, 204, 304, Content-Length: 0)
 		// is read to its end before the transport hands it to
@@ -275,7 +276,7 @@ func (a *attempt) bodyRead(t *attemptTrace) {
 		return
 	}
 	a.lease = nil
-	a.learnFirstByte(t, l.Replica(), a.kept, o)
+	a.learnFirstByte(t, o, kind)
 	if o.Kind == lb.Failure { // a 5xx: a retry must avoid it too
 		a.failed = append(a.failed, l.Replica())
 	}
@@ -311,20 +312,29 @@ func (a *attempt) finish() {
 	a.mu.Unlock()
 	t.close()
 	if l != nil {
-		o, _ := a.classify(l.Replica(), t, kept)
-		a.learnFirstByte(t, l.Replica(), kept, o)
+		o, _, kind := a.classify(l.Replica(), t, kept)
+		a.learnFirstByte(t, o, kind)
 		l.Release(o)
 	}
 }
 
+// answerKind is what an attempt's answer was, by its Content-Type
+// (classify reads it while the placeholders name the attempt's replica).
+type answerKind uint8
+
+const (
+	answerUnread   answerKind = iota // no Content-Type of this attempt's
+	answerStreamed                   // text/event-stream
+	answerWhole
+)
+
 // learnFirstByte teaches the replica of the attempt traced by t (which
-// had outcome o) its answer's first byte, once per attempt (as it is
-// released), by the answer's kind: its Content-Type, read while the
-// placeholders name this attempt's replica, else what the request said.
-// A refusal or an error (4xx, 5xx) teaches nothing: a replica's fast
-// 429s or 503s made its usual time short, and its next healthy answers
-// were cut at the floor.
-func (a *attempt) learnFirstByte(t *attemptTrace, dial string, kept map[string]any, o lb.Outcome) {
+// had outcome o and answer kind) its answer's first byte, once per
+// attempt (as it is released), by the answer's kind, else what the
+// request said. A refusal or an error (4xx, 5xx) teaches nothing: a
+// replica's fast 429s or 503s made its usual time short, and its next
+// healthy answers were cut at the floor.
+func (a *attempt) learnFirstByte(t *attemptTrace, o lb.Outcome, kind answerKind) {
 	if t == nil || t.usual == nil {
 		return
 	}
@@ -334,10 +344,8 @@ func (a *attempt) learnFirstByte(t *attemptTrace, dial string, kept map[string]a
 		return
 	}
 	streamed, known := t.streamed, !t.kindUnknown
-	if hp, _ := a.placeholder(kept, keyHostport); caddy.ToString(hp) == dial {
-		if ct, ok := a.placeholder(kept, keyContentType); ok {
-			streamed, known = strings.HasPrefix(caddy.ToString(ct), "text/event-stream"), true
-		}
+	if kind != answerUnread {
+		streamed, known = kind == answerStreamed, true
 	}
 	if known {
 		t.usual.learn(first, streamed)
@@ -383,17 +391,18 @@ func (a *attempt) placeholder(kept map[string]any, key string) (any, bool) {
 //     that never completed says nothing (Cancelled).
 //
 // statusKnown is false when the replica answered but reverse_proxy has
-// not yet set the status placeholder for it.
-func (a *attempt) classify(dial string, t *attemptTrace, kept map[string]any) (o lb.Outcome, statusKnown bool) {
+// not yet set the status placeholder for it; kind is the answer's, by its
+// Content-Type (for the replica's usual first byte, learnFirstByte).
+func (a *attempt) classify(dial string, t *attemptTrace, kept map[string]any) (o lb.Outcome, statusKnown bool, kind answerKind) {
 	first, last, transportErr, clientErr := t.facts()
 	if first == 0 {
 		if clientErr {
-			return lb.Outcome{Kind: lb.Cancelled}, true // the client's upload broke, not the replica
+			return lb.Outcome{Kind: lb.Cancelled}, true, answerUnread // the client's upload broke, not the replica
 		}
 		if _, failed := a.placeholder(kept, keyError); failed || transportErr {
-			return lb.Outcome{Kind: lb.Failure}, true
+			return lb.Outcome{Kind: lb.Failure}, true, answerUnread
 		}
-		return lb.Outcome{Kind: lb.Cancelled}, true
+		return lb.Outcome{Kind: lb.Cancelled}, true, answerUnread
 	}
 	hp, _ := a.placeholder(kept, keyHostport)
 	ours := caddy.ToString(hp) == dial
@@ -404,27 +413,30 @@ func (a *attempt) classify(dial string, t *attemptTrace, kept map[string]any) (o
 		code, _ = v.(int)
 	}
 	if code >= 500 {
-		return lb.Outcome{Kind: lb.Failure, Status: code}, true
+		return lb.Outcome{Kind: lb.Failure, Status: code}, true, answerUnread
 	}
-	useFirst := a.measure == measureFirstByte
-	if a.measure == measureAuto && ours {
-		ct, _ := a.placeholder(kept, keyContentType)
-		useFirst = strings.HasPrefix(caddy.ToString(ct), "text/event-stream")
+	if ours {
+		if ct, ok := a.placeholder(kept, keyContentType); ok {
+			kind = answerWhole
+			if strings.HasPrefix(caddy.ToString(ct), "text/event-stream") {
+				kind = answerStreamed
+			}
+		}
 	}
-	if useFirst {
-		return lb.Outcome{Kind: lb.Success, Latency: first, Status: code, Streamed: true, Total: last}, statusKnown
+	if a.measure == measureFirstByte || (a.measure == measureAuto && kind == answerStreamed) {
+		return lb.Outcome{Kind: lb.Success, Latency: first, Status: code, Streamed: true, Total: last}, statusKnown, kind
 	}
 	if last > 0 {
-		return lb.Outcome{Kind: lb.Success, Latency: last, Status: code, Total: last}, statusKnown
+		return lb.Outcome{Kind: lb.Success, Latency: last, Status: code, Total: last}, statusKnown, kind
 	}
 	if ours { // HTTP/2 upstreams report no body end to the trace
 		if v, ok := a.placeholder(kept, keyLastByte); ok {
 			if d, ok := v.(time.Duration); ok {
-				return lb.Outcome{Kind: lb.Success, Latency: d, Status: code, Total: d}, statusKnown
+				return lb.Outcome{Kind: lb.Success, Latency: d, Status: code, Total: d}, statusKnown, kind
 			}
 		}
 	}
-	return lb.Outcome{Kind: lb.Cancelled, Status: code}, statusKnown
+	return lb.Outcome{Kind: lb.Cancelled, Status: code}, statusKnown, kind
 }
 
 // attemptTrace is what the transport reports about one attempt.

@@ -516,7 +516,7 @@ func (a *attempt) outcome(dial string, t *attemptTrace) lb.Outcome {
 	a.mu.Lock()
 	kept := a.kept
 	a.mu.Unlock()
-	o, _ := a.classify(dial, t, kept)
+	o, _, _ := a.classify(dial, t, kept)
 	return o
 }
 

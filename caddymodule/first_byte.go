@@ -103,12 +103,6 @@ func (u *firstByteUsual) kind(streamed bool) *atomic.Int64 {
 	return &u.whole
 }
 
-// observe learns a first byte d after its attempt began, sent at at.
-func (u *firstByteUsual) observe(d time.Duration, streamed bool, at time.Time) {
-	u.answered(at)
-	u.learn(d, streamed)
-}
-
 // answered notes that the replica sent a first byte at at. lastAnswer
 // only moves forward: two attempts' hooks may store their readings of
 // the clock out of order, and the earlier one must not shorten the

@@ -188,3 +188,10 @@ func TestErrorAnswersAreNoSignOfLife(t *testing.T) {
 		t.Fatalf("the hung attempt was not abandoned while its replica answered only errors (ended: %v)", hungR.Context().Err())
 	}
 }
+
+// observe is a first byte d of an answer of the given kind, sent at at, as
+// an attempt's hook and release teach it.
+func (u *firstByteUsual) observe(d time.Duration, streamed bool, at time.Time) {
+	u.answered(at)
+	u.learn(d, streamed)
+}

@@ -41,6 +41,23 @@ func flowServer(t *testing.T, h *FlowControl, reached *atomic.Int64) *httptest.S
 	return srv
 }
 
+// fullFlowControl serves a flow_control of pool over one replica with one
+// slot (queued requests wait an hour), its slot taken by the returned
+// ticket; reached counts the requests that got through.
+func fullFlowControl(t *testing.T, pool string) (srv *httptest.Server, ctl *flow.Controller, held *flow.Ticket, reached *atomic.Int64) {
+	t.Helper()
+	h := &FlowControl{Pool: pool, MaxConcurrency: 1, Replicas: 1, DefaultTTL: caddy.Duration(time.Hour)}
+	provisionFlowControl(t, h)
+	reached = new(atomic.Int64)
+	srv = flowServer(t, h, reached)
+	ctl = h.state.ctl()
+	held, err := ctl.Enqueue(context.Background(), flow.Request{}) // the pool's one slot
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, ctl, held, reached
+}
+
 // waitFor polls cond; the deadline only keeps a broken build from hanging.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -60,15 +77,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // place until its TTL (an hour here), counted against the band's limits,
 // and was then sent to a replica for nobody.
 func TestFlowControlQueuedClientThatLeavesLeavesTheQueue(t *testing.T) {
-	h := &FlowControl{Pool: "fc-review-gone", MaxConcurrency: 1, Replicas: 1, DefaultTTL: caddy.Duration(time.Hour)}
-	provisionFlowControl(t, h)
-	var reached atomic.Int64
-	srv := flowServer(t, h, &reached)
-	ctl := h.state.ctl()
-	held, err := ctl.Enqueue(context.Background(), flow.Request{}) // the pool's one slot
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, ctl, held, reached := fullFlowControl(t, "fc-review-gone")
 	defer held.Release()
 
 	body := `{"model":"m","prompt":"hi"}`
@@ -179,15 +188,7 @@ func TestFlowControlInvalidValueNamesItsDirective(t *testing.T) {
 // not, filled the default band's 1G budget and every other client of the
 // band got 429 until it left.
 func TestFlowControlDeclaredLengthDoesNotFillTheBand(t *testing.T) {
-	h := &FlowControl{Pool: "fc-review-declared", MaxConcurrency: 1, Replicas: 1, DefaultTTL: caddy.Duration(time.Hour)}
-	provisionFlowControl(t, h)
-	var reached atomic.Int64
-	srv := flowServer(t, h, &reached)
-	ctl := h.state.ctl()
-	held, err := ctl.Enqueue(context.Background(), flow.Request{}) // the pool's one slot
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, ctl, held, _ := fullFlowControl(t, "fc-review-declared")
 	defer held.Release()
 
 	conn := postHTTP1(t, srv, 999999990, `{"prompt":`)
