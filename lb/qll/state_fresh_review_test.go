@@ -144,8 +144,15 @@ func TestEveryWaiterLeavesOnceWhileReloadsRaceItsWaysOut(t *testing.T) {
 		<-releaser
 		s.Close()
 		cnt := s.Snapshot().Counters
-		if got := cnt.Dispatched + cnt.Evicted + cnt.TimedOut + cnt.Cancelled + cnt.Refused; got != workers*each {
-			t.Errorf("counters %+v add up to %d ways out for %d requests", cnt, got, workers*each)
+		// Each request is counted once, by the first of its ways out, except
+		// one whose context ended before Acquire began (it never queued:
+		// Acquire returns ctx.Err() and counts nothing). The caller of a
+		// request resolved as its client left sees ctx.Err() too, so those
+		// uncounted ones are among the returned cancels the Cancelled
+		// counter does not hold (a CI run: 2 of 1,200).
+		got := int(cnt.Dispatched + cnt.Evicted + cnt.TimedOut + cnt.Cancelled + cnt.Refused)
+		if early := workers*each - got; early < 0 || early > sum.cancelled-int(cnt.Cancelled) {
+			t.Errorf("counters %+v add up to %d ways out for %d requests (%d returned cancelled)", cnt, got, workers*each, sum.cancelled)
 		}
 		if cnt.Dispatched != cnt.Released {
 			t.Errorf("dispatched %d, released %d", cnt.Dispatched, cnt.Released)
