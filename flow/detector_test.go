@@ -41,9 +41,10 @@ func TestUtilizationDetector(t *testing.T) {
 		{"stale and full", loads{"a": stale, "b": fresh(5, 0.8)}, true},
 		{"one has room", loads{"a": fresh(5, 0.8), "b": stale, "c": fresh(0, 0)}, false},
 		{"one just below both thresholds", loads{"a": fresh(5, 0), "b": fresh(4, 0.79)}, false},
-		// The seed's rule is the unweighted average of the scores: a replica
-		// far over its threshold can close the gate while another has room.
-		{"average: one far over", loads{"a": fresh(15, 0), "b": fresh(0, 0)}, true},
+		// The seed's unweighted average, with each score counted at most
+		// 1: a replica far over its threshold no longer closes the gate
+		// while another has room.
+		{"average: one far over", loads{"a": fresh(15, 0), "b": fresh(0, 0)}, false},
 		{"only waiting exported", loads{"a": {Waiting: 2, HaveWaiting: true, Fresh: true}}, false},
 		{"only KV exported, full", loads{"a": {KVCacheUsage: 0.9, HaveKVCache: true, Fresh: true}}, true},
 		{"fresh but exports nothing", loads{"a": {Fresh: true}}, true},

@@ -32,10 +32,14 @@ type LoadSource interface {
 // so a replica is saturated (score ≥ 1) when waiting ≥ queue_depth_threshold
 // or KV use ≥ kv_cache_threshold; a replica whose metrics are stale or
 // unknown scores 1 (it never looks idle). The pool's saturation is the
-// unweighted average of the scores, and 1 with no replica. The gate thus
-// closes when every replica is saturated, and also when a few are far
-// enough over their thresholds to pull the average to 1: as the seed
-// warns, a small overloaded replica weighs as much as a big one.
+// unweighted average of the scores, each counted at most 1, and 1 with no
+// replica: the gate closes only when every replica is saturated (or stale
+// or unknown). The seed averages uncapped scores, so one replica far over
+// its thresholds could close the gate while the others were idle (20
+// waiting at threshold 5 scores 4; with three idle replicas the average is
+// 1) and every request waited at the edge, though the load-balancing
+// policy behind flow control sends work to the replicas with room. Score
+// stays uncapped: it says how far over its thresholds a replica is.
 type UtilizationDetector struct {
 	queueDepth, kvCache float64
 	staleness           time.Duration
@@ -64,7 +68,9 @@ func (d *UtilizationDetector) Saturation(InFlight) Verdict {
 	return Verdict{Load: d.load()}
 }
 
-// load is the average of the replicas' scores, 1 with no replica.
+// load is the average of the replicas' scores, each capped at 1 (a full
+// replica counts as full, never more), and 1 with no replica. It reaches 1
+// only when every replica is saturated.
 func (d *UtilizationDetector) load() float64 {
 	addrs := d.src.Replicas()
 	if len(addrs) == 0 {
@@ -73,12 +79,13 @@ func (d *UtilizationDetector) load() float64 {
 	now := d.now()
 	sum := 0.0
 	for _, a := range addrs {
-		sum += d.Score(d.src.Load(a), now)
+		sum += min(d.Score(d.src.Load(a), now), 1)
 	}
 	return sum / float64(len(addrs))
 }
 
-// Score is one replica's saturation score at time now.
+// Score is one replica's saturation score at time now, not capped: above
+// 1, it says how far over its thresholds the replica is (load caps it).
 func (d *UtilizationDetector) Score(l ReplicaLoad, now time.Time) float64 {
 	if !l.Fresh || !(l.HaveWaiting || l.HaveKVCache) || (d.staleness > 0 && now.Sub(l.At) > d.staleness) {
 		return 1
