@@ -104,7 +104,21 @@ func (h *CustomRouter) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("custom_router: backends: %v", err)
 	}
+	for _, b := range seed {
+		if err := h.allowedBackend(b); err != nil {
+			return fmt.Errorf("custom_router: backends: %v", err)
+		}
+	}
 	restorePool(h.name, h.log)
+	if len(h.backends) > 0 {
+		// allowed_backends is a setting like any other: once this config
+		// starts, it applies to the set already live (posted under an
+		// earlier config, or restored from disk), not only to the next
+		// set-backends.
+		if err := onConfigStart(ctx, h.dropDisallowed); err != nil {
+			return fmt.Errorf("custom_router: allowed_backends: %v", err)
+		}
+	}
 	if len(seed) > 0 {
 		// The seed is a setting: it reaches the pool only if this config
 		// starts (a refused config must not give a running one its set).
@@ -188,6 +202,30 @@ func (h *CustomRouter) allowedBackend(b lb.Backend) error {
 		}
 	}
 	return fmt.Errorf("%q is outside allowed_backends", b.URL)
+}
+
+// dropDisallowed removes from the pool's live set every backend that
+// allowed_backends forbids, saying which and why.
+func (h *CustomRouter) dropDisallowed() {
+	setsMu.Lock()
+	defer setsMu.Unlock()
+	pool := lb.GetPool(h.name)
+	set, _ := pool.Backends()
+	kept := make([]lb.Backend, 0, len(set))
+	var dropped []string
+	for _, b := range set {
+		if err := h.allowedBackend(b); err != nil {
+			dropped = append(dropped, err.Error())
+			continue
+		}
+		kept = append(kept, b)
+	}
+	if len(dropped) == 0 {
+		return
+	}
+	h.log.Warn("backends outside allowed_backends removed from the live set", zap.String("pool", h.name),
+		zap.Strings("removed", dropped), zap.Int("kept", len(kept)))
+	applyBackendsLocked(h.name, kept, h.log)
 }
 
 // mayChange admits a call that changes the backend set: from an allowed

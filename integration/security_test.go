@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -243,5 +244,66 @@ func TestAllowedBackendsNarrowTheSet(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 400 {
 		t.Errorf("add_worker outside allowed_backends: %d, want 400", resp.StatusCode)
+	}
+}
+
+// A reload that narrows allowed_backends applies to the set already
+// live: a replica the new config forbids leaves the set (it used to keep
+// receiving traffic until the next set-backends). A refused config
+// changes nothing, and a seed the config's own allowed_backends forbids
+// refuses the config, naming the directive.
+func TestANarrowedAllowedBackendsAppliesToTheLiveSet(t *testing.T) {
+	config := func(allowed, seed, tail string) string {
+		return globals + fmt.Sprintf(`
+:9908 {
+	bind 127.0.0.1
+	route {
+		custom_router narrowed {
+			%s
+			backends %s
+		}
+		respond "proxied"
+		%s
+	}
+}
+`, allowed, seed, tail)
+	}
+	startCaddy(t, config("", "http://127.0.0.1:9909", ""))
+	url := "http://127.0.0.1:9908"
+	setBackends(t, url, "http://127.0.0.1:9909", "http://127.0.0.2:9910")
+	workers := func() []string {
+		t.Helper()
+		resp, err := client.Get(url + "/list_workers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v struct{ URLs []string }
+		if err := decodeJSON(resp, &v); err != nil {
+			t.Fatal(err)
+		}
+		return v.URLs
+	}
+	both := []string{"http://127.0.0.1:9909", "http://127.0.0.2:9910"}
+	if got := workers(); !slices.Equal(got, both) {
+		t.Fatalf("set before the reload: %v, want %v", got, both)
+	}
+
+	loadRefused(t, config("allowed_backends 127.0.0.1/32", "http://127.0.0.1:9909", failingModule), "", "")
+	if got := workers(); !slices.Equal(got, both) {
+		t.Fatalf("a refused config changed the live set: %v, want %v", got, both)
+	}
+
+	status, body := load(t, adapt(t, config("allowed_backends 127.0.0.1/32", "http://127.0.0.2:9910", "")))
+	if status == 200 || !strings.Contains(body, "allowed_backends") {
+		t.Fatalf("a seed outside allowed_backends: %d %s, want refused naming allowed_backends", status, body)
+	}
+	if got := workers(); !slices.Equal(got, both) {
+		t.Fatalf("a refused config changed the live set: %v, want %v", got, both)
+	}
+
+	reload(t, config("allowed_backends 127.0.0.1/32", "http://127.0.0.1:9909", ""))
+	if got, want := workers(), []string{"http://127.0.0.1:9909"}; !slices.Equal(got, want) {
+		t.Fatalf("after a reload that narrowed allowed_backends to 127.0.0.1/32 the set is %v, want %v", got, want)
 	}
 }
