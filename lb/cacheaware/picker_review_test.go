@@ -11,50 +11,6 @@ import (
 	"github.com/sluice-router/sluice/lb/tracker"
 )
 
-// While set-backends replaces the whole set, every pick finds a replica:
-// one of the old set (the call has not landed) or of the new one, never
-// "all down" or "no backends" because it read the tree's set of one and
-// the tracker's of the other.
-func TestPicksDuringAWholeSetSwapAlwaysFindAReplica(t *testing.T) {
-	p := NewPicker(Config{}, tracker.Config{})
-	sets := [][]string{{"a:1", "b:1"}, {"c:1", "d:1"}}
-	p.SetReplicas(sets[0])
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 1; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			p.SetReplicas(sets[i%2])
-		}
-	}()
-	refused := map[string]int{}
-	for i := range 20000 {
-		req := &lb.Request{} // routed by load alone
-		if i%2 == 0 {
-			req = prompt(fmt.Sprintf("a shared system prompt, then question %d", i%50))
-		}
-		l, err := p.Pick(context.Background(), req)
-		if err != nil {
-			refused[err.Error()]++
-			continue
-		}
-		l.Release(ok)
-	}
-	close(stop)
-	<-done
-	if len(refused) > 0 {
-		t.Fatalf("picks refused while the set was swapped (never empty): %v", refused)
-	}
-	if n := p.Tracker().InFlight(); n != 0 {
-		t.Fatalf("in flight %d after every release", n)
-	}
-}
-
 // probeHook is a capacity source that runs once, the first time the
 // router asks it for a size: Pick calls it between reading the replicas'
 // loads and acquiring its choice, where another request's pick can land.

@@ -6,8 +6,10 @@
 // counts exactly the leases not yet released (retries, cancellation,
 // removal, a reload and churn included); req.Unavailable is never picked,
 // nor req.Avoid for the retry that lists it;
-// concurrent SetReplicas calls leave a consistent picker; a changed
-// setting is applied in place; every pick says why (lb.Request.Reason).
+// concurrent SetReplicas calls leave a consistent picker; a pick while
+// the whole set is swapped finds a replica of one set or the other; a
+// changed setting is applied in place; every pick says why
+// (lb.Request.Reason).
 //
 // Every Pick runs under a context that ends after a few seconds, so a
 // picker that blocks forever fails instead of hanging the test; a
@@ -82,6 +84,7 @@ func Run(t *testing.T, s Subject) {
 		{"UnavailableReplicasAreNeverPicked", testUnavailable},
 		{"RetryAvoidsTheReplicasThatFailedIt", testAvoid},
 		{"ConcurrentSetReplicasLeaveOneSet", testConcurrentSet},
+		{"PicksDuringASetSwapFindAReplica", testSetSwap},
 		{"ReloadKeepsLeasesAndAppliesTheSetting", testReload},
 		{"ChurnEndsAtZero", testChurn},
 	}
@@ -610,6 +613,67 @@ func testConcurrentSet(t *testing.T, s Subject) {
 		releaseAll(t, held)
 		zero(t, p)
 	}
+}
+
+// testSetSwap: while another goroutine replaces the whole set back and
+// forth (never empty), every pick finds a replica, one of the old set
+// (the call has not landed) or of the new one: never a refusal because
+// it read one part of the picker under one set and another part under
+// the other (a 503 during a rolling update).
+func testSetSwap(t *testing.T, s Subject) {
+	p := s.New(t)
+	sets := [][]string{addrs(0, 2), addrs(1, 2)}
+	either := append(slices.Clone(sets[0]), sets[1]...)
+	p.SetReplicas(sets[0])
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p.SetReplicas(sets[i%2])
+		}
+	}()
+	const picks = 5000
+	refused := map[string]int{}
+	var strays []string
+	for i := 0; i < picks; i++ {
+		req := request(i % 50)
+		if i%2 == 1 {
+			req = &lb.Request{} // a body that was not read: routed by load alone
+		}
+		l, err := pick(p, req)
+		if err != nil {
+			refused[err.Error()]++
+			if errors.Is(err, context.DeadlineExceeded) {
+				break // a pick blocked for the guard: one is enough
+			}
+			continue
+		}
+		if !slices.Contains(either, l.Replica()) && len(strays) < 5 {
+			strays = append(strays, l.Replica())
+		}
+		if !l.Release(success()) {
+			t.Errorf("first Release of a lease on %s returned false", l.Replica())
+		}
+	}
+	close(stop)
+	<-done
+	if len(refused) > 0 {
+		n := 0
+		for _, c := range refused {
+			n += c
+		}
+		t.Errorf("%d of %d picks refused while the whole set was swapped (never empty), by error: %v", n, picks, refused)
+	}
+	if len(strays) > 0 {
+		t.Errorf("picks chose %v, in neither %v nor %v", strays, sets[0], sets[1])
+	}
+	zero(t, p)
 }
 
 func isSubset(a, b []string) bool {

@@ -17,6 +17,7 @@ import (
 type memberSet struct {
 	mu     sync.Mutex
 	last   []string
+	gen    uint64 // bumped by every setMembers (see Store.Pick)
 	counts map[string]int64
 
 	syncMu   sync.Mutex            // serializes sync, resync and replay
@@ -27,13 +28,26 @@ type memberSet struct {
 func (r *memberSet) setMembers(m []string) {
 	r.mu.Lock()
 	r.last = m
+	r.gen++
 	r.mu.Unlock()
 }
 
 func (r *memberSet) members() []string {
+	m, _ := r.current()
+	return m
+}
+
+// current is the members and their generation, read together.
+func (r *memberSet) current() ([]string, uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.last
+	return r.last, r.gen
+}
+
+// changedSince reports whether a set was given after generation gen.
+func (r *memberSet) changedSince(gen uint64) bool {
+	_, g := r.current()
+	return g != gen
 }
 
 func (r *memberSet) setCounts(c map[string]int64) {
@@ -53,7 +67,12 @@ func (m *member) syncSet(ctx context.Context, replicas []string) error {
 	m.set.syncMu.Lock()
 	defer m.set.syncMu.Unlock()
 	replicas = slices.Clone(replicas)
-	m.set.setMembers(replicas)
+	// Picks take their candidates from the list, and Redis picks among
+	// its own members: the list changes only after Redis has the set (or
+	// could not take it), never before, so that a pick whose candidates
+	// Redis no longer has finds the list changed once this call is over
+	// (its resync waits for syncMu) and picks again from it (Store.Pick).
+	defer m.set.setMembers(replicas)
 	m.local.retain(replicas)
 	m.health.SetReplicas(replicas)
 	if m.br.isOpen() {

@@ -2,6 +2,7 @@ package redisleast
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/sluice-router/sluice/lb"
@@ -41,7 +42,26 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if s.closed.Load() {
 		return nil, lb.ErrShutdown
 	}
-	replicas := s.set.members()
+	for changes := 0; ; changes++ {
+		replicas, gen := s.set.current()
+		l, err := s.pickAmong(ctx, req, replicas)
+		// A set-backends that reached Redis between reading the list and
+		// the select script leaves none of these candidates a member
+		// (Redis picked nothing, no lease made): pick again from the set
+		// now in force (see syncSet), bounded for sets posted back to back.
+		if errors.Is(err, ErrNoCandidates) && changes < maxSetChanges && s.set.changedSince(gen) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		req.Reason = l.reason()
+		return l, nil
+	}
+}
+
+// pickAmong is one pick among replicas, the set read once.
+func (s *Store) pickAmong(ctx context.Context, req *lb.Request, replicas []string) (*Lease, error) {
 	if len(replicas) == 0 {
 		return nil, lb.ErrNoBackends
 	}
@@ -57,13 +77,12 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 			return nil, lb.ErrAllDown
 		}
 	}
-	l, err := s.selectWaiting(ctx, cands, req.Waiter)
-	if err != nil {
-		return nil, err
-	}
-	req.Reason = l.reason()
-	return l, nil
+	return s.selectWaiting(ctx, cands, req.Waiter)
 }
+
+// maxSetChanges bounds the picks of one request that a set-backends
+// overtook (see Pick).
+const maxSetChanges = 64
 
 // reason is why the lease's replica was picked (lb.Request.Reason).
 func (l *Lease) reason() string {
