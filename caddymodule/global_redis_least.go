@@ -102,7 +102,7 @@ func (p *GlobalRedisLeast) Provision(ctx caddy.Context) error {
 	}
 	name := poolName(p.Pool)
 	cfg := p.storeConfig().WithDefaults()
-	log := ctx.Logger()
+	log, slogger := ctx.Logger(), ctx.Slogger()
 	return p.provision(ctx, selectorSpec{
 		attempt: p.attemptOptions,
 		module:  "global_redis_least", pool: name, variant: cfg.ConnectionKey(), measure: measureAuto,
@@ -124,7 +124,9 @@ func (p *GlobalRedisLeast) Provision(ctx caddy.Context) error {
 				closer: st.Close}), nil
 		},
 		apply: func(ps *policyState) {
-			if err := ps.picker.(*redisleast.Store).Configure(cfg); err != nil {
+			st := ps.picker.(*redisleast.Store)
+			st.SetLogger(slogger) // the latest config's log, as every setting
+			if err := st.Configure(cfg); err != nil {
 				log.Error("cannot apply global_redis_least settings", zap.String("pool", name), zap.Error(err))
 			}
 		},

@@ -35,7 +35,9 @@ const (
 	// ReasonViewPick: picked from this instance's recent view of Redis's
 	// counts, beyond call_rate (global_redis_least).
 	ReasonViewPick = "view_pick"
-	// ReasonLocalFallback: Redis did not answer, so this instance's own
-	// counts chose (global_redis_least).
+	// ReasonLocalFallback: this instance's own counts chose
+	// (global_redis_least): Redis did not answer, or none of the
+	// candidates is a member of the pool in Redis (another instance
+	// synced a different backend set).
 	ReasonLocalFallback = "local_fallback"
 )

@@ -54,6 +54,8 @@ type member struct {
 
 	unreachable atomic.Pointer[error] // why Redis was not usable at New
 
+	mismatchLog // the logger, and when it last warned of differing sets (setmismatch.go)
+
 	lifecycle // its goroutines, and closing (lifecycle.go)
 }
 
@@ -254,7 +256,7 @@ func (m *member) stats() Stats {
 	cum, count, sum := m.c.histogram()
 	return Stats{
 		Selections: m.c.selections.Load(), Releases: m.c.releases.Load(),
-		Fallbacks: m.c.fallbacks.Load(), ViewPicks: m.c.viewPicks.Load(), Shed: m.c.shed.Load(), Errors: m.c.errors.Load(),
+		Fallbacks: m.c.fallbacks.Load(), Mismatches: m.c.mismatches.Load(), ViewPicks: m.c.viewPicks.Load(), Shed: m.c.shed.Load(), Errors: m.c.errors.Load(),
 		Reclaimed: m.c.reclaimed.Load(), Pending: m.pend.len(), Breaker: m.br.state(),
 		Buckets: scriptBuckets, BucketCounts: cum, ScriptCount: count, ScriptSum: sum,
 		InFlight: m.set.lastCounts(),

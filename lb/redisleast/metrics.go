@@ -9,8 +9,8 @@ import "github.com/prometheus/client_golang/prometheus"
 type Collector struct {
 	stores func() map[string]*Store
 
-	selections, releases, fallbacks, viewPicks, shed, errs, reclaimed *prometheus.Desc
-	pending, breakerOpen, inflight, script                            *prometheus.Desc
+	selections, releases, fallbacks, mismatches, viewPicks, shed, errs, reclaimed *prometheus.Desc
+	pending, breakerOpen, inflight, script                                        *prometheus.Desc
 	// queueing mode only
 	queued, waiting, queueTimeouts, queueCancels, handovers, queueWait *prometheus.Desc
 }
@@ -23,6 +23,7 @@ func NewCollector(stores func() map[string]*Store) *Collector {
 		selections:  prometheus.NewDesc("sluice_redis_selections_total", "Leases handed out by global_redis_least, Redis or fallback.", pool, nil),
 		releases:    prometheus.NewDesc("sluice_redis_releases_total", "Leases released.", pool, nil),
 		fallbacks:   prometheus.NewDesc("sluice_redis_fallbacks_total", "Selections made from local counts because Redis was unavailable.", pool, nil),
+		mismatches:  prometheus.NewDesc("sluice_redis_set_mismatch_picks_total", "Selections made from local counts because none of the candidates was a member of the pool in Redis: another instance synced a backend set that shares no replica with this instance's.", pool, nil),
 		viewPicks:   prometheus.NewDesc("sluice_redis_view_picks_total", "Selections made from this instance's view of the global counts because its Redis calls were at call_rate (sent to Redis with the next batch).", pool, nil),
 		shed:        prometheus.NewDesc("sluice_redis_shed_total", "Requests refused because every candidate was at max_inflight.", pool, nil),
 		errs:        prometheus.NewDesc("sluice_redis_errors_total", "Failed Redis calls (transport errors and timeouts).", pool, nil),
@@ -43,7 +44,7 @@ func NewCollector(stores func() map[string]*Store) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.selections, c.releases, c.fallbacks, c.viewPicks, c.shed, c.errs,
+	for _, d := range []*prometheus.Desc{c.selections, c.releases, c.fallbacks, c.mismatches, c.viewPicks, c.shed, c.errs,
 		c.reclaimed, c.pending, c.breakerOpen, c.inflight, c.script,
 		c.queued, c.waiting, c.queueTimeouts, c.queueCancels, c.handovers, c.queueWait} {
 		ch <- d
@@ -60,6 +61,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.selections, st.Selections)
 		counter(c.releases, st.Releases)
 		counter(c.fallbacks, st.Fallbacks)
+		counter(c.mismatches, st.Mismatches)
 		counter(c.viewPicks, st.ViewPicks)
 		counter(c.shed, st.Shed)
 		counter(c.errs, st.Errors)

@@ -44,7 +44,8 @@ func TestCollectorExportsStoreStats(t *testing.T) {
 	}
 	want := map[string]float64{
 		"sluice_redis_selections_total": 1, "sluice_redis_releases_total": 0, "sluice_redis_fallbacks_total": 0,
-		"sluice_redis_shed_total": 0, "sluice_redis_errors_total": 0, "sluice_redis_breaker_open": 0,
+		"sluice_redis_set_mismatch_picks_total": 0,
+		"sluice_redis_shed_total":               0, "sluice_redis_errors_total": 0, "sluice_redis_breaker_open": 0,
 		"sluice_redis_inflight/" + l.Addr: 1,
 	}
 	for k, v := range want {

@@ -38,6 +38,11 @@ func (s *Store) SyncErr() error {
 // lb.ErrNoBackends; none left after those: lb.ErrAllDown; a closed
 // store: lb.ErrShutdown. req.Reason: global_least, view_pick, queued or
 // local_fallback.
+//
+// A pick none of whose candidates is a member in Redis while this
+// instance's list stands (another instance synced a set sharing no
+// replica with this one's) is served from this instance's own counts,
+// not refused: see mismatchPick.
 func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if s.closed.Load() {
 		return nil, lb.ErrShutdown
@@ -45,12 +50,21 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	for changes := 0; ; changes++ {
 		replicas, gen := s.set.current()
 		l, err := s.pickAmong(ctx, req, replicas)
-		// A set-backends that reached Redis between reading the list and
-		// the select script leaves none of these candidates a member
-		// (Redis picked nothing, no lease made): pick again from the set
-		// now in force (see syncSet), bounded for sets posted back to back.
-		if errors.Is(err, ErrNoCandidates) && changes < maxSetChanges && s.set.changedSince(gen) {
-			continue
+		if errors.Is(err, ErrNoCandidates) { // Redis picked nothing, no lease made
+			if s.set.changedSince(gen) {
+				// A set-backends that reached Redis between reading the
+				// list and the select script left none of these candidates
+				// a member: pick again from the set now in force (see
+				// syncSet), bounded for sets posted back to back.
+				if changes < maxSetChanges {
+					continue
+				}
+			} else {
+				// The list stands, so this instance's own Sync did not take
+				// them out: another instance synced a different set (see
+				// mismatchPick).
+				l, err = s.mismatchPick(ctx, req, replicas)
+			}
 		}
 		if err != nil {
 			return nil, err
@@ -62,6 +76,15 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 
 // pickAmong is one pick among replicas, the set read once.
 func (s *Store) pickAmong(ctx context.Context, req *lb.Request, replicas []string) (*Lease, error) {
+	cands, err := candidatesOf(req, replicas)
+	if err != nil {
+		return nil, err
+	}
+	return s.selectWaiting(ctx, cands, req.Waiter)
+}
+
+// candidatesOf is replicas less those req excludes.
+func candidatesOf(req *lb.Request, replicas []string) ([]string, error) {
 	if len(replicas) == 0 {
 		return nil, lb.ErrNoBackends
 	}
@@ -77,7 +100,7 @@ func (s *Store) pickAmong(ctx context.Context, req *lb.Request, replicas []strin
 			return nil, lb.ErrAllDown
 		}
 	}
-	return s.selectWaiting(ctx, cands, req.Waiter)
+	return cands, nil
 }
 
 // maxSetChanges bounds the picks of one request that a set-backends

@@ -18,10 +18,12 @@ import (
 // Lease is one request counted in flight on Addr. Release it exactly once.
 type Lease struct {
 	Addr string
-	// Fallback is true when Redis was unavailable and the replica was
-	// picked from this instance's own counts; such a lease is not in Redis
-	// (in the least-request mode: it reaches Redis when Redis answers
-	// again, see batcher).
+	// Fallback is true when the replica was picked from this instance's
+	// own counts: Redis was unavailable (in the least-request mode's
+	// batches such a lease reaches Redis when Redis answers again, see
+	// batcher; otherwise it is not in Redis), or none of the candidates
+	// was a member in Redis (another instance synced a different set, see
+	// Store.Pick: not in Redis).
 	Fallback bool
 
 	m        *member
@@ -181,9 +183,16 @@ func (m *member) handOut(l *Lease) *Lease {
 	return l
 }
 
-// fallback picks from this instance's own counts; MaxInflight applies to
-// them, the only view there is.
+// fallback picks from this instance's own counts (Redis unavailable).
 func (m *member) fallback(candidates []string) (*Lease, error) {
+	return m.pickLocal(candidates, &m.c.fallbacks)
+}
+
+// pickLocal picks from this instance's own counts and counts the pick on
+// why (fallbacks, or mismatches: see Store.Pick); MaxInflight applies to
+// them, the only view there is. The lease is not in Redis: its release
+// only takes it off the local count.
+func (m *member) pickLocal(candidates []string, why *atomic.Uint64) (*Lease, error) {
 	addr, n := m.local.least(candidates, rand.IntN(len(candidates)))
 	if m.conf().MaxInflight > 0 && n >= int64(m.conf().MaxInflight) {
 		m.c.shed.Add(1)
@@ -191,7 +200,7 @@ func (m *member) fallback(candidates []string) (*Lease, error) {
 	}
 	m.local.get(addr).Add(1)
 	m.c.selections.Add(1)
-	m.c.fallbacks.Add(1)
+	why.Add(1)
 	return &Lease{Addr: addr, Fallback: true, m: m, start: time.Now(), hl: m.health.Acquire(addr)}, nil
 }
 

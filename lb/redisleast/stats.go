@@ -16,6 +16,10 @@ type Stats struct {
 	Selections uint64 // leases handed out, Redis or fallback
 	Releases   uint64 // leases released (first Release only)
 	Fallbacks  uint64 // selections made locally because Redis was unavailable
+	// Mismatches: selections made locally because none of the candidates
+	// was a member in Redis, Redis reachable: another instance synced a
+	// backend set that shares no replica with this one's (see Store.Pick).
+	Mismatches uint64
 	ViewPicks  uint64 // selections made from the view beyond call_rate (Redis reachable; see batcher)
 	Shed       uint64 // ErrSaturated answers
 	Errors     uint64 // failed Redis calls (transport errors and timeouts)
@@ -80,9 +84,9 @@ func (h *histo) snapshot() (cum []uint64, count uint64, sum float64) {
 }
 
 type counters struct {
-	selections, releases, fallbacks, shed, errors, reclaimed, viewPicks atomic.Uint64
-	hist                                                                [14]atomic.Uint64 // len(scriptBuckets)+1: the last is +Inf
-	histCount, histSumNanos                                             atomic.Uint64
+	selections, releases, fallbacks, shed, errors, reclaimed, viewPicks, mismatches atomic.Uint64
+	hist                                                                            [14]atomic.Uint64 // len(scriptBuckets)+1: the last is +Inf
+	histCount, histSumNanos                                                         atomic.Uint64
 }
 
 func (c *counters) observe(d time.Duration) {
