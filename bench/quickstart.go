@@ -17,9 +17,10 @@ import (
 // ~200 ms, one of ~400 ms). The ideal burst takes about 2.4 s (12/12/12/4:
 // every replica busy until the queue is empty, the slow one taking what
 // it can finish in time). OpenAI-style clients mix streamed and plain
-// requests on one pool: a stream's first byte (~40 ms) fed into the same
-// estimate as completions' last byte (~200 ms) made one replica look 5×
-// faster, and it got half of the burst.
+// requests on one pool: a stream's first byte (~40 ms when it came with
+// the first token; now at once, as vLLM sends a stream's headers) fed
+// into the same estimate as completions' last byte (~200 ms) made one
+// replica look 5× faster, and it got half of the burst.
 func quickstartMixed(r *runner) {
 	const burstN = 40 // the quick start
 	fleet := make([]sim.Config, 4)

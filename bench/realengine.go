@@ -65,8 +65,9 @@ type EngineOptions struct {
 	// rest is each engine's own CPU time). 0: a GPU each.
 	SharedGPU float64
 	// StreamHeaders, with the sim, is when its engines send a stream's
-	// status and headers (sim.Config.StreamHeaders): "first_token" (the
-	// default) or "immediate", as vLLM's and SGLang's servers do.
+	// status and headers (sim.Config.StreamHeaders): "immediate" (the
+	// default: at once, before the queue and the prefill, as vLLM's and
+	// SGLang's servers do) or "first_token" (with the first token).
 	StreamHeaders string
 	// Prompts (P), PromptWords (W) and UniqueWords (U): P shared system
 	// prompts of W words; each request is one of them + U words of its
@@ -370,11 +371,15 @@ func realEngine(r *runner, calibrate bool) {
 				"(%g of the fixed step cost and all the per-token cost) takes turns on it, the rest of each step runs in parallel.",
 				e.Replicas, e.SharedGPU, e.SharedGPU)
 		}
-		if e.StreamHeaders == sim.StreamHeadersImmediate {
-			r.res.suffix += "-headers-at-once"
-			r.res.About += " The simulated engines send a stream's status and headers as soon as the request is accepted " +
-				"(-stream-headers immediate), before it queues or prefills, as vLLM's and SGLang's servers do: a proxy's " +
-				"first byte is then no load signal."
+		if e.Engine == "sim" && e.StreamHeaders == sim.StreamHeadersFirstToken {
+			r.res.suffix += "-headers-first-token"
+			r.res.About += " The simulated engines send a stream's status and headers with its first token " +
+				"(-stream-headers first_token), not as soon as the request is accepted as vLLM's and SGLang's servers do: " +
+				"a proxy's first byte then carries the engine's queue and prefill."
+		} else if e.Engine == "sim" {
+			r.res.About += " The simulated engines send a stream's status and headers as soon as the request is accepted, " +
+				"before it queues or prefills, as vLLM's and SGLang's servers do (-stream-headers immediate, the default): " +
+				"a proxy's first byte is then no load signal."
 		}
 		if e.Engine == "llmd" {
 			r.res.About += fmt.Sprintf(" Each replica: llm-d-inference-sim v0.10.2 (fresh for every system) with %s "+

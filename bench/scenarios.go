@@ -147,8 +147,8 @@ var scenarios = []scenario{
 		about: "4 replicas running 8 sequences each: two decode at 4 ms per output token (100 µs per prompt token), two " +
 			"at 8 ms (200 µs), decode 5% slower per extra running sequence. Poisson 30 req/s for 20 s of streamed chat " +
 			"completions (SSE, one event per token): 100–400-word prompts, 50–150 output tokens. Round robin gives the " +
-			"slow pair half the traffic, more than it can serve. ttft = time to the first streamed byte (the sim sends " +
-			"headers with the first token); slow share = fraction of requests served by the slow pair (≈ 1/3 of " +
+			"slow pair half the traffic, more than it can serve. ttft = time to the first streamed token (the " +
+			"sim sends a stream's headers at once, as vLLM does, so a proxy's first byte carries no load); slow share = fraction of requests served by the slow pair (≈ 1/3 of " +
 			"the pool's capacity).",
 		extras: []extraCol{{"ttft_p50_s", "ttft p50", "%.3f s"}, {"ttft_p99_s", "ttft p99", "%.3f s"}, {"slow_share", "slow share", "%.2f"}},
 		run:    mixedFleetStream,

@@ -70,8 +70,10 @@ type InferenceSim struct {
 	// StreamChunkTokens is the number of tokens per streamed chunk. Default 1.
 	StreamChunkTokens int `json:"stream_chunk_tokens,omitempty"`
 	// StreamHeaders is when a stream's status and headers are sent:
-	// first_token (default: with the first token) or immediate (as soon as
-	// the request is accepted, as vLLM's and SGLang's servers do).
+	// immediate (the default: as soon as the request is accepted, before it
+	// queues or prefills, as vLLM's and SGLang's servers do; X-Sim-Seq and
+	// X-Sim-Cached-Tokens then come as HTTP trailers) or first_token (with
+	// the first token).
 	StreamHeaders string `json:"stream_headers,omitempty"`
 	// MaxBodyBytes caps request bodies (413 above). Default 8 MiB.
 	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
@@ -167,8 +169,8 @@ func validStreamHeaders(v string) error {
 	case "", sim.StreamHeadersFirstToken, sim.StreamHeadersImmediate:
 		return nil
 	}
-	return fmt.Errorf("inference_sim: stream_headers %q: want %s (the default: with the first token) or %s (at once, as vLLM and SGLang)",
-		v, sim.StreamHeadersFirstToken, sim.StreamHeadersImmediate)
+	return fmt.Errorf("inference_sim: stream_headers %q: want %s (the default: at once, as vLLM and SGLang) or %s (with the first token)",
+		v, sim.StreamHeadersImmediate, sim.StreamHeadersFirstToken)
 }
 
 // ownConfig converts the module's own fields to a sim.Config.
@@ -440,7 +442,7 @@ func (s *InferenceSim) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			s.MaxTokens = n
 		case "stream_headers":
 			if !d.AllArgs(&s.StreamHeaders) {
-				return d.Errf("inference_sim: stream_headers takes exactly one value: %s or %s", sim.StreamHeadersFirstToken, sim.StreamHeadersImmediate)
+				return d.Errf("inference_sim: stream_headers takes exactly one value: %s or %s", sim.StreamHeadersImmediate, sim.StreamHeadersFirstToken)
 			}
 			if err := validStreamHeaders(s.StreamHeaders); err != nil {
 				return d.Err(err.Error())

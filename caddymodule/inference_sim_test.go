@@ -63,7 +63,7 @@ func TestInferenceSimCaddyfileToJSON(t *testing.T) {
 		latency      per_token 1ms 20ms batch_slowdown 0.05
 		max_tokens   32
 		stream_chunk 4
-		stream_headers immediate
+		stream_headers first_token
 		max_body     1048576
 		error_rate   0.25
 		error_status 503
@@ -97,7 +97,7 @@ func TestInferenceSimCaddyfileToJSON(t *testing.T) {
 		"latency":             map[string]any{"kind": "per_token", "prefill": float64(time.Millisecond), "decode": float64(20 * time.Millisecond), "batch_slowdown": 0.05},
 		"max_tokens":          float64(32),
 		"stream_chunk_tokens": float64(4),
-		"stream_headers":      "immediate",
+		"stream_headers":      "first_token",
 		"max_body_bytes":      float64(1 << 20),
 		"error_rate":          0.25,
 		"error_status":        float64(503),
@@ -138,7 +138,7 @@ func TestInferenceSimCaddyfileToJSON(t *testing.T) {
 	wantCfg := sim.Config{
 		Name: "replica-1", Model: "llama-3", Concurrency: 2,
 		Latency:   sim.Latency{Kind: sim.LatencyPerToken, Prefill: time.Millisecond, Decode: 20 * time.Millisecond, BatchSlowdown: 0.05},
-		MaxTokens: 32, StreamChunkTokens: 4, StreamHeaders: sim.StreamHeadersImmediate, MaxBodyBytes: 1 << 20,
+		MaxTokens: 32, StreamChunkTokens: 4, StreamHeaders: sim.StreamHeadersFirstToken, MaxBodyBytes: 1 << 20,
 		Faults: sim.Faults{ErrorRate: 0.25, ErrorStatus: 503, StallRate: 0.01, Stall: 30 * time.Second},
 		Seed:   42,
 	}
@@ -563,7 +563,37 @@ func TestInferenceSimStreamHeadersValidated(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "stream_headers") {
 		t.Fatalf("stream_headers soon: %v, want an error naming stream_headers", err)
 	}
-	if err := (&InferenceSim{StreamHeaders: sim.StreamHeadersImmediate}).Validate(); err != nil {
-		t.Fatal(err)
+	for _, ok := range []string{"", sim.StreamHeadersImmediate, sim.StreamHeadersFirstToken} {
+		if err := (&InferenceSim{StreamHeaders: ok}).Validate(); err != nil {
+			t.Fatalf("stream_headers %q: %v", ok, err)
+		}
+	}
+}
+
+// By default the handler sends a stream's headers at once: X-Sim-Seq and
+// X-Sim-Cached-Tokens come as trailers (Caddy's ResponseWriter, as the
+// recorder, sends the headers named with http.TrailerPrefix after the
+// body); with first_token they stay headers.
+func TestInferenceSimStreamTrailers(t *testing.T) {
+	for _, mode := range []string{"", sim.StreamHeadersFirstToken} {
+		mod := &InferenceSim{Name: "tr", PrefixCache: &InferenceSimPrefixCache{Blocks: 8}, StreamHeaders: mode}
+		if err := mod.Provision(caddy.Context{}); err != nil {
+			t.Fatalf("Provision: %v", err)
+		}
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":2,"stream":true}`))
+		if err := mod.ServeHTTP(rec, req, nil); err != nil {
+			t.Fatal(err)
+		}
+		_ = mod.Cleanup()
+		res := rec.Result()
+		meta, other := res.Header, res.Trailer
+		if mode == "" {
+			meta, other = res.Trailer, res.Header
+		}
+		if res.StatusCode != http.StatusOK || meta.Get(sim.HeaderSeq) != "1" || meta.Get(sim.HeaderCachedTokens) != "0" ||
+			other.Get(sim.HeaderSeq) != "" || other.Get(sim.HeaderCachedTokens) != "" {
+			t.Errorf("stream_headers %q: status %d, header %v, trailer %v", mode, res.StatusCode, res.Header, res.Trailer)
+		}
 	}
 }

@@ -254,8 +254,9 @@ type generation struct {
 	er      *engineReq
 	onAdmit func()
 
-	// started: the stream's status and headers were sent already
-	// (Config.StreamHeaders immediate).
+	// started: the stream's status and headers were sent: at once
+	// (Config.StreamHeaders immediate, the default; seq and cached then
+	// go out as trailers), or with the first token (set by stream).
 	started bool
 }
 
@@ -488,18 +489,18 @@ func startStream(w http.ResponseWriter) {
 	}
 }
 
-// stream serves a streaming request as server-sent events: headers and the
-// first chunk at the first token (or before, see startStreamEarly), one
-// event per chunk, then "data: [DONE]".
+// stream serves a streaming request as server-sent events: the headers
+// went out already (startStreamEarly, the default) or go out with the
+// first chunk at the first token (first_token), one event per chunk, then
+// "data: [DONE]".
 func (g *generation) stream(w http.ResponseWriter, sl *sleeper) error {
 	rc := http.NewResponseController(w)
-	started := g.started
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	send := func(v any) error {
-		if !started {
+		if !g.started {
 			startStream(w)
-			started = true
+			g.started = true
 		}
 		buf.Reset()
 		buf.WriteString("data: ")
@@ -540,7 +541,7 @@ func (g *generation) stream(w http.ResponseWriter, sl *sleeper) error {
 		}
 	})
 	if err != nil {
-		if started && !errors.Is(err, errClosed) && sl.ctx.Err() == nil {
+		if g.started && !errors.Is(err, errClosed) && sl.ctx.Err() == nil {
 			// A write failed: the client is gone even if the context has not
 			// noticed yet.
 			return errClientGone

@@ -298,10 +298,12 @@ type Config struct {
 	// Default 1 (one SSE event per token).
 	StreamChunkTokens int `json:"stream_chunk_tokens,omitempty"`
 	// StreamHeaders is when a streamed answer's status and headers are
-	// sent: StreamHeadersFirstToken (the default: with the first token)
-	// or StreamHeadersImmediate (as soon as the request is accepted,
-	// before it queues or prefills, as vLLM's, SGLang's and TGI's HTTP
-	// servers do; X-Sim-Seq and X-Sim-Cached-Tokens are then not sent).
+	// sent: StreamHeadersImmediate (the default: as soon as the request is
+	// accepted, before it queues or prefills, as vLLM's, SGLang's and
+	// TGI's HTTP servers do; X-Sim-Seq and X-Sim-Cached-Tokens, known only
+	// once it is admitted, then come as HTTP trailers) or
+	// StreamHeadersFirstToken (with the first token, all of them headers;
+	// a proxy's first byte then carries the queue and the prefill).
 	StreamHeaders string `json:"stream_headers,omitempty"`
 	// MaxBodyBytes caps request bodies; larger ones get 413. Default 8 MiB.
 	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`

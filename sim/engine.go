@@ -559,8 +559,8 @@ func (rp *Replica) serveEngine(w http.ResponseWriter, r *http.Request, req infer
 
 	g := &generation{rp: rp, api: api, req: req, created: time.Now().Unix(), er: er, started: started}
 	g.onAdmit = func() {
-		w.Header().Set(HeaderSeq, strconv.FormatUint(g.seq, 10))
-		w.Header().Set(HeaderCachedTokens, strconv.Itoa(g.cached))
+		setMeta(w, started, HeaderSeq, strconv.FormatUint(g.seq, 10))
+		setMeta(w, started, HeaderCachedTokens, strconv.Itoa(g.cached))
 	}
 	rp.generate(w, g, &sl, req)
 }

@@ -20,14 +20,19 @@ const (
 	// HeaderSeq carries, on responses that got a serving slot, the 1-based
 	// order in which the replica granted slots. With a strict FIFO queue it
 	// follows the arrival order (a waiter that gave up may leave a gap).
+	// On a stream whose headers went out before it got the slot
+	// (Config.StreamHeaders immediate, the default) it is an HTTP trailer,
+	// declared in the Trailer header: read it from http.Response.Trailer
+	// once the body has been read to EOF. See setMeta.
 	HeaderSeq = "X-Sim-Seq"
-	// HeaderCachedTokens carries, when the prefix cache is on, the number of
-	// the request's prompt tokens found in the cache (on responses that got
-	// a serving slot).
+	// HeaderCachedTokens carries, when the prefix cache is on (always with
+	// the engine), the number of the request's prompt tokens found in the
+	// cache (on responses that got a serving slot). A trailer on streams
+	// whose headers went out early, as HeaderSeq.
 	HeaderCachedTokens = "X-Sim-Cached-Tokens"
 )
 
-// The values of Config.StreamHeaders.
+// The values of Config.StreamHeaders ("" is StreamHeadersImmediate).
 const (
 	StreamHeadersFirstToken = "first_token"
 	StreamHeadersImmediate  = "immediate"
@@ -556,7 +561,7 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 		return
 	}
 	defer func() { rp.q.releaseTokens(kvHeld) }()
-	w.Header().Set(HeaderSeq, strconv.FormatUint(seq, 10))
+	setMeta(w, started, HeaderSeq, strconv.FormatUint(seq, 10))
 
 	sl := sleeper{ctx: ctx, done: rp.done}
 	defer sl.stop()
@@ -577,7 +582,7 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 	}
 	if rp.cache != nil {
 		_, g.cached = rp.cache.lookup(req.Prefix, req.PromptTokens)
-		w.Header().Set(HeaderCachedTokens, strconv.Itoa(g.cached))
+		setMeta(w, started, HeaderCachedTokens, strconv.Itoa(g.cached))
 		// The blocks are stored once the prefill is done (in run), and
 		// touched again when the request ends, served or not.
 		defer func() {
@@ -590,14 +595,34 @@ func (rp *Replica) serveInference(w http.ResponseWriter, r *http.Request, api ap
 }
 
 // startStreamEarly sends a streamed answer's status and headers now when
-// the replica starts streams at once (Config.StreamHeaders immediate),
-// and reports whether it did.
+// the replica starts streams at once (Config.StreamHeaders immediate, the
+// default), and reports whether it did. The headers declare HeaderSeq and
+// HeaderCachedTokens as trailers: they are known only once the request is
+// admitted (see setMeta).
 func (rp *Replica) startStreamEarly(w http.ResponseWriter, req inferenceRequest) bool {
-	if !req.Stream || rp.cfg.StreamHeaders != StreamHeadersImmediate {
+	if !req.Stream || rp.cfg.StreamHeaders == StreamHeadersFirstToken {
 		return false
 	}
+	trailers := HeaderSeq
+	if rp.cachesPrefixes() {
+		trailers += ", " + HeaderCachedTokens
+	}
+	w.Header().Set("Trailer", trailers)
 	startStream(w)
 	return true
+}
+
+// setMeta sets the response header name to v, or, when the response has
+// started (its headers went out early), the trailer name: net/http sends
+// the headers named with http.TrailerPrefix as trailers after the last
+// chunk of a chunked (HTTP/1.1) or HTTP/2 body, whatever the Trailer header
+// declared. A client sees them in http.Response.Trailer after reading the
+// body to EOF; an HTTP/1.0 client (no chunked encoding) does not get them.
+func setMeta(w http.ResponseWriter, started bool, name, v string) {
+	if started {
+		name = http.TrailerPrefix + name
+	}
+	w.Header().Set(name, v)
 }
 
 // generate answers req with g (streamed or whole) and counts it served,
@@ -610,7 +635,7 @@ func (rp *Replica) generate(w http.ResponseWriter, g *generation, sl *sleeper, r
 		err = g.complete(w, sl)
 	}
 	if err != nil {
-		rp.abandon(w, err, req.Stream)
+		rp.abandon(w, err, g.started)
 		return
 	}
 	rp.served.Add(1)
@@ -620,13 +645,20 @@ func (rp *Replica) generate(w http.ResponseWriter, g *generation, sl *sleeper, r
 }
 
 // abandon accounts for a request that could not complete: the replica was
-// closed (503, unless the response has started) or the client went away.
+// closed or the client went away. A closed replica answers 503 if the
+// response has not started; a started stream is cut instead (the handler
+// panics with http.ErrAbortHandler, which net/http and Caddy take as
+// "close the connection / reset the stream" without logging), so that
+// the client sees a broken stream, not a clean end of a short or empty
+// 200 (with the headers sent at once, a request still queued at Close
+// has a 200 on the wire already).
 func (rp *Replica) abandon(w http.ResponseWriter, err error, started bool) {
 	if errors.Is(err, errClosed) {
 		rp.record(http.StatusServiceUnavailable)
-		if !started {
-			writeError(w, http.StatusServiceUnavailable, "unavailable", "replica is shutting down")
+		if started {
+			panic(http.ErrAbortHandler)
 		}
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "replica is shutting down")
 		return
 	}
 	rp.cancelled.Add(1)

@@ -50,10 +50,11 @@ func startSim(t *testing.T, cfg Config) *simHarness {
 }
 
 type simResult struct {
-	status int
-	header http.Header
-	body   string
-	err    error
+	status  int
+	header  http.Header
+	trailer http.Header // after the body was read to EOF
+	body    string
+	err     error
 }
 
 func (h *simHarness) do(ctx context.Context, method, path, body string) simResult {
@@ -70,7 +71,7 @@ func (h *simHarness) do(ctx context.Context, method, path, body string) simResul
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return simResult{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
+	return simResult{status: resp.StatusCode, header: resp.Header, trailer: resp.Trailer, body: string(b), err: err}
 }
 
 // goDo sends a request in the background.
@@ -295,6 +296,10 @@ func TestSimStreaming(t *testing.T) {
 			}
 			if r.header.Get(HeaderReplica) != "streamer" {
 				t.Errorf("missing %s header", HeaderReplica)
+			}
+			// The headers went out before the slot: the seq is a trailer.
+			if r.header.Get(HeaderSeq) != "" || r.trailer.Get(HeaderSeq) == "" {
+				t.Errorf("%s: header %q, trailer %q; want it as a trailer only", HeaderSeq, r.header.Get(HeaderSeq), r.trailer.Get(HeaderSeq))
 			}
 			events := readSSE(t, r.body)
 			chunks := events[:len(events)-1]

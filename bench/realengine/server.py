@@ -13,6 +13,12 @@ engine's prefix cache sees it), and serves:
   GET  /metrics          vLLM metric names (requests running/waiting, KV-cache use,
                          prefix-cache queries/hits, prompt/generation tokens, requests served)
 
+A streamed answer's status line and headers go out as soon as the request is
+validated and added to the engine, before it queues or prefills, as vLLM's and
+SGLang's servers (Starlette under uvicorn) and TGI's do: a proxy's first byte
+is then no load signal. `--stream-headers first_token` sends them with the
+first token instead (this server's behaviour before; for comparing).
+
 Every request generates exactly max_tokens tokens (no EOS). Only the standard
 library, torch and transformers are used. `--backend fake` replaces the model
 by a timer (no torch needed): it exercises the HTTP side anywhere.
@@ -372,6 +378,10 @@ class ClientGone(ConnectionResetError):
 # How often a request waiting for its next token looks whether its client is still there.
 CLIENT_POLL_S = 0.25
 
+# --stream-headers: when a streamed answer's status line and headers are sent.
+STREAM_HEADERS_IMMEDIATE = "immediate"  # once the request is added to the engine (vLLM, SGLang, TGI)
+STREAM_HEADERS_FIRST_TOKEN = "first_token"  # with the first token
+
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -463,17 +473,31 @@ class Handler(BaseHTTPRequestHandler):
             raise item
         return item
 
+    def _start_stream(self):
+        """Send a stream's status line and headers now (end_headers writes them: wfile is unbuffered)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
     def _stream(self, app, st, rid, created, max_tokens):
+        """Stream the request's tokens as SSE. With --stream-headers immediate (the default) the 200 and its
+        headers go out before the first token, as vLLM's server sends them: an error after that (a failed
+        generation, no token within --request-timeout) cannot become a status any more, so it cuts the stream
+        (the connection is closed without the last chunk: the client sees an incomplete body), as it does
+        with first_token once the first token went out. A client that leaves before its first token is still
+        noticed by _next (_client_gone), headers sent or not."""
         sent, started = 0, False
         try:
+            if app.stream_headers == STREAM_HEADERS_IMMEDIATE:
+                self._start_stream()
+                started = True
             while True:
                 item = self._next(app, st)
                 if not started:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/event-stream")
-                    self.send_header("Cache-Control", "no-cache")
-                    self.send_header("Transfer-Encoding", "chunked")
-                    self.end_headers()
+                    self._start_stream()
                     started = True
                 if item is None:
                     break
@@ -535,6 +559,10 @@ def parse_args(argv=None):
     p.add_argument("--no-prefix-caching", action="store_true", help="allow_block_sharing off")
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens when a request names none")
     p.add_argument("--request-timeout", type=float, default=600.0, help="longest wait for a request's next token (s)")
+    p.add_argument("--stream-headers", choices=[STREAM_HEADERS_IMMEDIATE, STREAM_HEADERS_FIRST_TOKEN],
+                   default=STREAM_HEADERS_IMMEDIATE,
+                   help="when a stream's status and headers are sent: immediate (default: once the request is "
+                        "added to the engine, before it queues or prefills, as vLLM does) or first_token")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-warmup", action="store_true")
     a = p.parse_args(argv)
@@ -548,6 +576,7 @@ def main(argv=None):
     app = App()
     app.name, app.model, app.vocab = args.name, args.model_name, args.vocab
     app.default_max_tokens, app.max_positions, app.request_timeout = args.max_tokens, args.max_positions, args.request_timeout
+    app.stream_headers = args.stream_headers
     app.engine = FakeEngine(args) if args.backend == "fake" else TransformersEngine(args)
     if not args.no_warmup:
         t0 = time.time()
@@ -558,7 +587,8 @@ def main(argv=None):
     srv = ThreadingHTTPServer((args.host, args.port), Handler)
     srv.daemon_threads = True
     srv.app = app
-    log("%s serving %s on http://%s:%d (%s backend)" % (args.name, args.model_name, args.host, args.port, args.backend))
+    log("%s serving %s on http://%s:%d (%s backend, stream headers %s)"
+        % (args.name, args.model_name, args.host, args.port, args.backend, args.stream_headers))
     try:
         srv.serve_forever()
     except KeyboardInterrupt:

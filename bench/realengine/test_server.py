@@ -126,10 +126,12 @@ def stop_server(proc):
 class FakeBackendHTTP(unittest.TestCase):
     """The whole HTTP side, over the fake backend, in a child process stopped by its PID."""
 
+    server_args = ()  # extra flags for server.py
+
     @classmethod
     def setUpClass(cls):
         cls.port = free_port()
-        cls.proc = start_fake_server(cls.port, "--fake-step-ms", "2", "--name", "t0")
+        cls.proc = start_fake_server(cls.port, "--fake-step-ms", "2", "--name", "t0", *cls.server_args)
 
     @classmethod
     def tearDownClass(cls):
@@ -184,6 +186,69 @@ class FakeBackendHTTP(unittest.TestCase):
         self.assertEqual(status, 200)
         self.assertIn("vllm:num_requests_running{", body.decode())
         self.assertIn("vllm:request_success_total{", body.decode())
+
+
+class FakeBackendHTTPFirstToken(FakeBackendHTTP):
+    """The same, with the stream headers sent with the first token (the old behaviour)."""
+
+    server_args = ("--stream-headers", "first_token")
+
+
+def running_and_tokens(port):
+    """vllm:num_requests_running and vllm:generation_tokens_total from the server's /metrics."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    body = c.getresponse().read().decode()
+    c.close()
+    values = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.split(" ")
+            values[name.split("{")[0]] = float(value)
+    return values["vllm:num_requests_running"], values["vllm:generation_tokens_total"]
+
+
+class StreamHeadersBeforeTheFirstToken(unittest.TestCase):
+    """By default a stream's status line and headers come as soon as the request is in the engine, before its
+    first token, as vLLM's server sends them; with --stream-headers first_token they come with that token.
+    The fake backend's step is 60 s here (no warm-up): no token can come during the test."""
+
+    def start(self, *args):
+        self.port = free_port()
+        self.proc = start_fake_server(self.port, "--fake-step-ms", "60000", "--name", "t2", "--no-warmup", *args)
+        self.addCleanup(stop_server, self.proc)
+
+    def send(self, timeout):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        self.addCleanup(c.close)
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "bad cop", "max_tokens": 4, "stream": True}),
+                  headers={"Content-Type": "application/json"})
+        return c
+
+    def test_default_headers_come_before_the_first_token(self):
+        self.start()
+        c = self.send(timeout=10)
+        r = c.getresponse()  # within the 10 s timeout, while the first token is 60 s away
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.getheader("Content-Type"), "text/event-stream")
+        self.assertEqual(r.getheader("Transfer-Encoding"), "chunked")
+        self.assertEqual(running_and_tokens(self.port), (1, 0))  # in the engine, no token yet
+        # A client that leaves after the headers, before its first token, is still noticed.
+        c.close()
+        deadline = time.time() + 30
+        while running_and_tokens(self.port)[0] != 0:
+            self.assertLess(time.time(), deadline, "the request of a client that left still runs")
+            time.sleep(0.05)
+
+    def test_first_token_headers_wait_for_the_first_token(self):
+        self.start("--stream-headers", "first_token")
+        c = self.send(timeout=1)
+        deadline = time.time() + 20
+        while running_and_tokens(self.port)[0] != 1:
+            self.assertLess(time.time(), deadline, "the request never started")
+            time.sleep(0.05)
+        with self.assertRaises(socket.timeout):  # TimeoutError from Python 3.10
+            c.getresponse()
 
 
 class ClientGoneBeforeItsFirstToken(unittest.TestCase):

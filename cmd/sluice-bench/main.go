@@ -42,7 +42,7 @@ func main() {
 	rates := fs.String("rates", "", "real-engine: several arrival rates, comma-separated (e.g. 4,8,12)")
 	fs.Float64Var(&eng.Scale, "scale", 0, "real-engine: time scale, 1 s of engine time runs in SCALE s (default 0.25 with the sim, else 1)")
 	fs.Float64Var(&eng.SharedGPU, "shared-gpu", 0, "real-engine -engine sim: the R engines share one simulated GPU, as R replicas on one GPU do; the value is the share of a step's fixed cost that is GPU work (0 < F <= 1; default 0: a GPU each)")
-	fs.StringVar(&eng.StreamHeaders, "stream-headers", "", "real-engine -engine sim: when the engines send a stream's headers: first_token (default) or immediate (at once, as vLLM and SGLang do)")
+	fs.StringVar(&eng.StreamHeaders, "stream-headers", "", "real-engine -engine sim: when the engines send a stream's headers: immediate (default: at once, before the queue and the prefill, as vLLM and SGLang do) or first_token (with the first token, to compare)")
 	fs.IntVar(&eng.Prompts, "prompts", 0, "real-engine: P, shared system prompts (default 4)")
 	fs.IntVar(&eng.PromptWords, "prompt-words", 0, "real-engine: W, words (= tokens) per system prompt (default 1500)")
 	fs.IntVar(&eng.UniqueWords, "unique-words", 0, "real-engine: U, unique words per request (default 40)")
