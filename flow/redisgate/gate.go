@@ -294,6 +294,10 @@ func (g *Gate) run(ctx context.Context) {
 	}()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	// away: the last call to Redis failed. The timer then holds the
+	// retry; requests coming and going do not call Redis again (before,
+	// each did: a down Redis met a reconnect storm at the request rate).
+	away := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -301,6 +305,10 @@ func (g *Gate) run(ctx context.Context) {
 		case <-g.wake:
 		case <-timer.C:
 		case <-g.feed.Changed():
+			if away {
+				g.fallbackShare() // of the capacity now (replicas come and go)
+				continue
+			}
 			if !g.wantsClaim() {
 				continue // the timer stays set
 			}
@@ -309,14 +317,20 @@ func (g *Gate) run(ctx context.Context) {
 			var err error
 			if cl, err = g.dial(); err != nil {
 				g.failed(err)
+				away = true
 				resetTimer(timer, retryBackoff)
 				continue
 			}
 		}
 		next, err := g.sync(ctx, cl)
+		away = err != nil
 		if err != nil {
 			g.failed(err)
-			next = retryBackoff
+			// What this instance holds lapses a lease after its last
+			// renewal: retry within a third of it, as a renewal would, so
+			// that one failed claim does not cost a short lease (lease_ttl
+			// may be 3 × read_timeout, under the second of retryBackoff).
+			next = min(retryBackoff, g.Config().LeaseTTL/3)
 		}
 		resetTimer(timer, next)
 	}
@@ -397,6 +411,11 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 		g.signalRecheck()
 	}
 	switch {
+	case fallback && res.held > allowed:
+		// Back from the fallback share: this claim recorded all of it
+		// (it may have been in use); the next gives back at once what is
+		// not, instead of holding it from the others until the renewal.
+		return g.Config().Poll, nil
 	case want > allowed && res.held < res.entitled:
 		// Requests wait for units owed to this instance: ask again soon,
 		// for what others give back. (What this instance holds beyond its
@@ -424,21 +443,30 @@ func (g *Gate) failed(err error) {
 	g.stats.LastError = err.Error()
 	entering := !g.stats.Fallback
 	g.stats.Fallback = true
+	g.mu.Unlock()
+	g.fallbackShare()
+	if entering && g.Config().OnFallback != nil {
+		g.Config().OnFallback(err)
+	}
+}
+
+// fallbackShare sets allowed to the fallback share of the pool's
+// capacity now (the claimer calls it while Redis is away).
+func (g *Gate) fallbackShare() {
+	g.mu.Lock()
 	instances := g.stats.Instances
 	g.mu.Unlock()
 	share := g.Config().FallbackShare
 	if share == 0 {
 		share = 1 / float64(max(instances, 1))
 	}
-	units := int64(math.Floor(share * float64(g.limit())))
-	if g.limit() > 0 {
+	limit := g.limit()
+	units := int64(math.Floor(share * float64(limit)))
+	if limit > 0 {
 		units = max(units, 1)
 	}
 	if g.allowed.Swap(units) < units {
 		g.signalRecheck()
-	}
-	if entering && g.Config().OnFallback != nil {
-		g.Config().OnFallback(err)
 	}
 }
 
