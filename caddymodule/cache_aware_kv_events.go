@@ -139,12 +139,14 @@ func init() {
 	registerCollectors(kvEventsCollector)
 }
 
-// kvEventsCollector reports the listener of every pool that has one.
-var kvEventsCollector = kvevents.NewCollector(func() map[string]kvevents.Source {
-	out := map[string]kvevents.Source{}
+// kvEventsCollector reports the listeners of every pool that has one (a
+// pool served on several sites may have one on each: all of them, not
+// the last one the range met).
+var kvEventsCollector = kvevents.NewCollector(func() map[string][]kvevents.Source {
+	out := map[string][]kvevents.Source{}
 	kvListeners.Range(func(_, v any) bool {
 		k := v.(*kvListener)
-		out[k.pool] = kvevents.Source{Index: k.ix, Listener: k.l, Tokenize: k.tokenizeStats, Relay: k.relayStats}
+		out[k.pool] = append(out[k.pool], kvevents.Source{Index: k.ix, Listener: k.l, Tokenize: k.tokenizeStats, Relay: k.relayStats})
 		return true
 	})
 	return out

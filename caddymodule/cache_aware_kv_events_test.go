@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/sluice-router/sluice/lb"
@@ -251,5 +252,85 @@ func TestKVReplacedStateTakesOutOnlyItsReplicas(t *testing.T) {
 	s := stats()
 	if _, ok := s.Replicas[a]; ok || s.Replicas[b].Blocks != 1 {
 		t.Fatalf("after the new state's set {%s}: %v", b, s.Replicas)
+	}
+}
+
+// kvListenerAt is the kv_events listener bound at addr (host:port).
+func kvListenerAt(t *testing.T, addr string) *kvListener {
+	t.Helper()
+	var kl *kvListener
+	kvListeners.Range(func(_, v any) bool {
+		if k := v.(*kvListener); k.l.Addr().String() == addr {
+			kl = k
+		}
+		return true
+	})
+	if kl == nil {
+		t.Fatalf("no kv_events listener at %s", addr)
+	}
+	return kl
+}
+
+// A pool served on two sites may have two kv_events listeners (health
+// shows both): its metrics are both listeners', not one of them picked
+// at random at each scrape (counters jumping between the two), and a
+// replica both indexes know (a speculative entry in each) must not make
+// the scrape fail on a duplicate series.
+func TestKVMetricsOfAPoolWithTwoListeners(t *testing.T) {
+	const pool = "kvtwosites"
+	a, b := "127.0.0.1:9", "127.0.0.1:10"
+	var kls []*kvListener
+	for _, set := range [][]string{{a, b}, {a, b}} {
+		pk := cacheaware.NewPicker(cacheaware.Config{}, tracker.Config{})
+		pk.SetReplicas(set)
+		addr := freeKVAddr(t)
+		release, _, err := attachKVEvents(pool, kvEventsOptions{KVEvents: "tcp://" + addr, KVEventsTokenizer: kvTokenizerLLMDSim},
+			pk, newKVCapacity(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer release()
+		kls = append(kls, kvListenerAt(t, addr))
+	}
+	storeKVBlock(t, kls[0], a, 1, kvPromptA)
+	storeKVBlock(t, kls[1], b, 1, kvPromptB)
+	storeKVBlock(t, kls[1], a, 1, kvPromptB)
+
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(kvEventsCollector)
+	for i := 0; i < 10; i++ {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatalf("scrape: %v", err)
+		}
+		got := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				key, mine := mf.GetName(), false
+				for _, l := range m.GetLabel() {
+					switch l.GetName() {
+					case "pool":
+						mine = l.GetValue() == pool
+					case "replica":
+						key += "/" + l.GetValue()
+					}
+				}
+				if mine && m.GetCounter() != nil {
+					got[key] = m.GetCounter().GetValue()
+				} else if mine {
+					got[key] = m.GetGauge().GetValue()
+				}
+			}
+		}
+		want := map[string]float64{
+			"sluice_kv_events_batches_total": 3,
+			"sluice_kv_events_blocks/" + a:   2,
+			"sluice_kv_events_blocks/" + b:   1,
+		}
+		for k, v := range want {
+			if got[k] != v {
+				t.Fatalf("scrape %d: %s = %v, want %v (the pool's: %v)", i, k, got[k], v, got)
+			}
+		}
 	}
 }

@@ -23,7 +23,7 @@ type Source struct {
 // reads Stats at scrape time. Replica labels are the pool's replicas only
 // (the listener drops events of other pods).
 type Collector struct {
-	sources                         func() map[string]Source
+	sources                         func() map[string][]Source
 	batches, events, gaps, restarts *prometheus.Desc
 	drops, guard, blocks, evicted   *prometheus.Desc
 	last                            *prometheus.Desc
@@ -35,8 +35,11 @@ type Collector struct {
 	replays                         *prometheus.Desc
 }
 
-// NewCollector reports the sources returned by sources (pool name → source).
-func NewCollector(sources func() map[string]Source) *Collector {
+// NewCollector reports the sources returned by sources (pool name → its
+// sources: a pool served on several sites has a listener on each). A
+// pool's series add up its sources: one series per pool and replica,
+// whichever sources know it.
+func NewCollector(sources func() map[string][]Source) *Collector {
 	pool := []string{"pool"}
 	return &Collector{
 		sources:  sources,
@@ -85,8 +88,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	for pool, src := range c.sources() {
-		s := src.Index.Stats()
+	for pool, srcs := range c.sources() {
+		p := sumSources(srcs)
+		s := p.stats
 		counter(c.batches, s.Batches, pool)
 		counter(c.events, s.Events, pool)
 		counter(c.gaps, s.Gaps, pool)
@@ -103,37 +107,33 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, r := range reasons {
 			counter(c.drops, s.Drops[Reason(r)], pool, r)
 		}
-		if src.Listener != nil {
-			g := src.Listener.GuardStats()
+		if p.guard != nil {
+			g := *p.guard
 			counter(c.guard, g.RefusedConns, pool, "refused")
 			counter(c.guard, g.OversizeFrames, pool, "oversize")
 			counter(c.guard, g.HandshakeTimeouts, pool, "handshake_timeout")
 		}
-		if src.Tokenize != nil {
-			if ts := src.Tokenize(); ts != nil {
-				counter(c.tokLookups, ts.Hits, pool, "hit")
-				counter(c.tokLookups, ts.PrefixHits, pool, "prefix_hit")
-				counter(c.tokLookups, ts.Misses, pool, "miss")
-				counter(c.tokRequests, ts.Requests, pool)
-				for _, r := range []string{TokUnreachable, TokTimeout, TokStatus, TokTooLarge, TokTooMany, TokBadAnswer, TokBusy, TokNoReplica} {
-					counter(c.tokFailures, ts.Failures[r], pool, r)
-				}
-				ch <- prometheus.MustNewConstMetric(c.tokBytes, prometheus.GaugeValue, float64(ts.Bytes), pool)
+		if ts := p.tokenize; ts != nil {
+			counter(c.tokLookups, ts.Hits, pool, "hit")
+			counter(c.tokLookups, ts.PrefixHits, pool, "prefix_hit")
+			counter(c.tokLookups, ts.Misses, pool, "miss")
+			counter(c.tokRequests, ts.Requests, pool)
+			for _, r := range []string{TokUnreachable, TokTimeout, TokStatus, TokTooLarge, TokTooMany, TokBadAnswer, TokBusy, TokNoReplica} {
+				counter(c.tokFailures, ts.Failures[r], pool, r)
 			}
+			ch <- prometheus.MustNewConstMetric(c.tokBytes, prometheus.GaugeValue, float64(ts.Bytes), pool)
 		}
-		if src.Relay != nil {
-			if rs := src.Relay(); rs != nil {
-				counter(c.relayPub, rs.Published, pool)
-				counter(c.relayApplied, rs.Applied, pool)
-				counter(c.relayDropped, rs.Dropped, pool)
-				counter(c.relayResets, rs.Resets, pool)
-				counter(c.relayOversize, rs.Oversize, pool)
-				conn := 0.0
-				if rs.Connected {
-					conn = 1
-				}
-				ch <- prometheus.MustNewConstMetric(c.relayConnected, prometheus.GaugeValue, conn, pool)
+		if rs := p.relay; rs != nil {
+			counter(c.relayPub, rs.Published, pool)
+			counter(c.relayApplied, rs.Applied, pool)
+			counter(c.relayDropped, rs.Dropped, pool)
+			counter(c.relayResets, rs.Resets, pool)
+			counter(c.relayOversize, rs.Oversize, pool)
+			conn := 0.0
+			if rs.Connected {
+				conn = 1
 			}
+			ch <- prometheus.MustNewConstMetric(c.relayConnected, prometheus.GaugeValue, conn, pool)
 		}
 		for name, r := range s.Replicas {
 			ch <- prometheus.MustNewConstMetric(c.blocks, prometheus.GaugeValue, float64(r.Blocks), pool, name)
@@ -142,4 +142,74 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
+
+// poolSums is a pool's sources added up (nil: none had it).
+type poolSums struct {
+	stats    Stats
+	guard    *GuardStats
+	tokenize *EngineStats
+	relay    *streamrelay.Stats
+}
+
+// sumSources adds up a pool's sources: counters and blocks summed, the
+// latest last event, the relay connected only if every one is.
+func sumSources(srcs []Source) poolSums {
+	var p poolSums
+	p.stats.Drops = map[Reason]uint64{}
+	p.stats.Replicas = map[string]ReplicaStats{}
+	for _, src := range srcs {
+		s := src.Index.Stats()
+		t := &p.stats
+		t.Batches += s.Batches
+		t.Events += s.Events
+		t.Gaps += s.Gaps
+		t.Restarts += s.Restarts
+		t.Replays.Recovered += s.Replays.Recovered
+		t.Replays.TooOld += s.Replays.TooOld
+		t.Replays.Failed += s.Replays.Failed
+		t.CapacityEvicted += s.CapacityEvicted
+		for r, n := range s.Drops {
+			t.Drops[r] += n
+		}
+		for name, r := range s.Replicas {
+			o := t.Replicas[name]
+			o.Blocks += r.Blocks
+			if r.LastEvent.After(o.LastEvent) {
+				o.LastEvent = r.LastEvent
+			}
+			t.Replicas[name] = o
+		}
+		if src.Listener != nil {
+			g := src.Listener.GuardStats()
+			if p.guard == nil {
+				p.guard = &GuardStats{}
+			}
+			p.guard.RefusedConns += g.RefusedConns
+			p.guard.OversizeFrames += g.OversizeFrames
+			p.guard.HandshakeTimeouts += g.HandshakeTimeouts
+		}
+		if src.Tokenize != nil {
+			if ts := src.Tokenize(); ts != nil {
+				if p.tokenize == nil {
+					p.tokenize = &EngineStats{}
+				}
+				p.tokenize.Add(*ts)
+			}
+		}
+		if src.Relay != nil {
+			if rs := src.Relay(); rs != nil {
+				if p.relay == nil {
+					p.relay = &streamrelay.Stats{Connected: true}
+				}
+				p.relay.Published += rs.Published
+				p.relay.Applied += rs.Applied
+				p.relay.Dropped += rs.Dropped
+				p.relay.Resets += rs.Resets
+				p.relay.Oversize += rs.Oversize
+				p.relay.Connected = p.relay.Connected && rs.Connected
+			}
+		}
+	}
+	return p
 }

@@ -105,6 +105,10 @@ type Limits struct {
 	MaxPayloadBytes   int // default 16 MiB
 	MaxEventsPerBatch int // default 16384
 	MaxBlocksPerEvent int // default 16384
+	// MaxBlocksPerBatch bounds the block hashes of all events together
+	// (default 262144): a hash costs one byte on the wire and some 32
+	// decoded, so the payload bound alone let 16 MiB decode to 515 MiB.
+	MaxBlocksPerBatch int
 	MaxTokensPerEvent int // default 1<<20
 	MaxBlockSize      int // tokens per engine block; default 4096
 	MaxHashBytes      int // bytes hash length; default 64
@@ -116,6 +120,7 @@ func DefaultLimits() Limits {
 		MaxPayloadBytes:   16 << 20,
 		MaxEventsPerBatch: 16384,
 		MaxBlocksPerEvent: 16384,
+		MaxBlocksPerBatch: 1 << 18, // a 1M-token step at block size 16 stored and removed, twice over
 		MaxTokensPerEvent: 1 << 20,
 		MaxBlockSize:      4096,
 		MaxHashBytes:      64,
@@ -132,6 +137,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxBlocksPerEvent <= 0 {
 		l.MaxBlocksPerEvent = d.MaxBlocksPerEvent
+	}
+	if l.MaxBlocksPerBatch <= 0 {
+		l.MaxBlocksPerBatch = d.MaxBlocksPerBatch
 	}
 	if l.MaxTokensPerEvent <= 0 {
 		l.MaxTokensPerEvent = d.MaxTokensPerEvent
@@ -238,8 +246,9 @@ func DecodeBatch(payload []byte, lim Limits) (Batch, error) {
 }
 
 type reader struct {
-	d   *msgpack.Decoder
-	lim Limits
+	d      *msgpack.Decoder
+	lim    Limits
+	blocks int // block hashes decoded so far in the batch (MaxBlocksPerBatch)
 }
 
 func malformed(err error) error {
@@ -531,6 +540,9 @@ func (r *reader) hashes() ([]BlockHash, error) {
 	}
 	if n > r.lim.MaxBlocksPerEvent {
 		return nil, fail(ReasonTooMany, "%d blocks in an event, limit %d", n, r.lim.MaxBlocksPerEvent)
+	}
+	if r.blocks += n; r.blocks > r.lim.MaxBlocksPerBatch {
+		return nil, fail(ReasonTooMany, "over %d blocks in a batch", r.lim.MaxBlocksPerBatch)
 	}
 	out := make([]BlockHash, 0, min(n, 1024))
 	for i := 0; i < n; i++ {

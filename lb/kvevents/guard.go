@@ -116,7 +116,19 @@ func (l *guardListener) Accept() (net.Conn, error) {
 			continue
 		}
 		_ = c.SetReadDeadline(time.Now().Add(l.lim.handshake))
-		return &guardConn{Conn: c, g: l.g, onClose: func() { l.active.Add(-1) }, lim: l.lim, greeting: 64}, nil
+		gc := &guardConn{Conn: c, g: l.g, onClose: func() { l.active.Add(-1) }, lim: l.lim, greeting: 64}
+		// The library neither closes a connection whose handshake failed
+		// (a probe that connects and closes, a wrong greeting) nor hands
+		// it over: one still reading fails at the deadline (Read closes
+		// it); one left unread is closed here just after, or it would hold
+		// its slot (and its socket) for good, and 1,024 of them lock every
+		// engine out.
+		time.AfterFunc(l.lim.handshake+time.Second, func() {
+			if !gc.shaken.Load() {
+				_ = gc.Close()
+			}
+		})
+		return gc, nil
 	}
 }
 
@@ -129,12 +141,12 @@ type guardConn struct {
 	onClose  func()
 	lim      guardLimits
 	closed   atomic.Bool
-	greeting int    // greeting bytes still to come
-	hdr      []byte // header bytes of the current frame so far
-	body     int64  // body bytes of the current frame still to come
-	inMsg    int64  // bytes of the current message so far
-	frames   int    // frames of the current message so far
-	shaken   bool   // the first command (the handshake) went past
+	greeting int         // greeting bytes still to come
+	hdr      []byte      // header bytes of the current frame so far
+	body     int64       // body bytes of the current frame still to come
+	inMsg    int64       // bytes of the current message so far
+	frames   int         // frames of the current message so far
+	shaken   atomic.Bool // the first command (the handshake) went past
 	inCmd    bool
 	last     bool // the current frame is its message's last
 	// Bytes this connection holds of g.inFlight: held in all, done of
@@ -157,8 +169,13 @@ func (c *guardConn) Read(p []byte) (int, error) {
 		return 0, ferr
 	}
 	var ne net.Error
-	if err != nil && !c.shaken && c.g != nil && errors.As(err, &ne) && ne.Timeout() {
-		c.g.timeouts.Add(1)
+	if err != nil && !c.shaken.Load() {
+		if c.g != nil && errors.As(err, &ne) && ne.Timeout() {
+			c.g.timeouts.Add(1)
+		}
+		// The handshake fails on it and the library would leave the
+		// connection open (see Accept): its slot goes back now.
+		_ = c.Close()
 	}
 	return n, err
 }
@@ -288,8 +305,8 @@ func (c *guardConn) frameDone() {
 	if c.last {
 		c.messageDone()
 	}
-	if c.inCmd && !c.shaken {
-		c.shaken = true
+	if c.inCmd && !c.shaken.Load() {
+		c.shaken.Store(true)
 		_ = c.Conn.SetReadDeadline(time.Time{})
 	}
 }

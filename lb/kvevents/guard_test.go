@@ -31,7 +31,7 @@ func TestGuardScan(t *testing.T) {
 			t.Fatalf("byte %d: %v", i, err)
 		}
 	}
-	if !c.shaken {
+	if !c.shaken.Load() {
 		t.Fatal("the handshake command was not seen")
 	}
 	bad := map[string][]byte{

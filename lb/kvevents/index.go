@@ -13,6 +13,8 @@ type Config struct {
 	BlockSize int
 	// MaxBlocksPerReplica bounds the engine blocks remembered per replica
 	// (default 65536, about 1M tokens at block size 16); the oldest go first.
+	// An engine block counts as the key blocks it completes, at least one
+	// (see weight).
 	MaxBlocksPerReplica int
 	// MaxBlocksTotal bounds them over all replicas (default 524288); the
 	// oldest of the largest replica go first.
@@ -37,7 +39,7 @@ func (c Config) withDefaults() Config {
 // Bounds on what a publisher can make the index track besides blocks.
 const (
 	maxTopics            = 4096 // sequence trackers (topic, rank)
-	maxSourcesPerReplica = 64   // (data-parallel rank, medium) pairs
+	maxSourcesPerReplica = 64   // (data-parallel rank, medium) pairs; (topic, rank) trackers too
 )
 
 // Index is, per replica, the set of Sluice block keys its engine holds,
@@ -47,7 +49,8 @@ type Index struct {
 	cfg      Config
 	keyer    keyer
 	replicas map[string]*replica
-	total    int
+	total    int // engine blocks held, all replicas
+	totalW   int // their weight (see weight), what MaxBlocksTotal bounds
 	seqs     map[seqKey]seqState
 	// noIdleBefore: no topic can be idle for topicIdle before this time
 	// (the oldest was last seen topicIdle before it), so a full table of
@@ -57,7 +60,7 @@ type Index struct {
 	// tombs: engine blocks removed recently, oldest first, all replicas
 	// (see tomb).
 	tombHead, tombTail *tomb
-	tombs              int
+	tombs              int // their weight (see weight), what maxTombs bounds
 }
 
 // tomb remembers an engine block the engine removed: its hash, keys and
@@ -80,7 +83,7 @@ type tombKey struct {
 	hash BlockHash
 }
 
-// maxTombs bounds the removed blocks remembered, all replicas.
+// maxTombs bounds the removed blocks remembered, all replicas, by weight.
 func (ix *Index) maxTombs() int { return max(ix.cfg.MaxBlocksTotal/4, 1024) }
 
 type seqKey struct {
@@ -114,7 +117,9 @@ type replica struct {
 	sources    map[source]map[BlockHash]*entry
 	tombs      map[tombKey]*tomb
 	head, tail *entry // oldest first
-	n          int
+	topics     int    // sequence trackers naming it (at most maxSourcesPerReplica)
+	n          int    // engine blocks
+	w          int    // their weight (see weight), what MaxBlocksPerReplica bounds
 	lastEvent  time.Time
 	// Blocks stored and, of those, stored again after their removal,
 	// decayed with half-life pressureHalfLife from pressureAt: see Pressure.
@@ -166,6 +171,12 @@ type entry struct {
 	state      chain
 	prev, next *entry
 }
+
+// weight is what a block counts in the bounds: the keys it completes, at
+// least one. An engine block of 4096 tokens holds 256 keys (some 11 KiB);
+// counted as one, big blocks (an engine's, or a hostile publisher's) made
+// the index hold up to 256 times its bounds (about 6 GiB at the defaults).
+func weight(keys []uint64) int { return max(1, len(keys)) }
 
 // NewIndex returns an empty index.
 func NewIndex(cfg Config) *Index {
@@ -307,6 +318,7 @@ func (ix *Index) Retain(keep func(name string) bool) {
 			continue
 		}
 		ix.total -= r.n
+		ix.totalW -= r.w
 		for _, t := range r.tombs {
 			ix.unlinkTomb(t)
 		}
@@ -340,9 +352,16 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 	sk := seqKey{topic: m.Topic, rank: rank}
 	st, seen := ix.seqs[sk]
 	last := st.seq
-	if !seen && len(ix.seqs) >= maxTopics && !ix.evictIdleTopic(now) {
-		ix.c.drop(ReasonTooMany)
-		return false
+	if !seen {
+		// A replica's own topics are bounded: one publisher cycling
+		// through ranks filled the whole table, and every replica that
+		// came later was dropped. Its own oldest makes room.
+		if r := ix.replicas[name]; r != nil && r.topics >= maxSourcesPerReplica {
+			ix.evictOwnTopic(name, r)
+		} else if len(ix.seqs) >= maxTopics && !ix.evictIdleTopic(now) {
+			ix.c.drop(ReasonTooMany)
+			return false
+		}
 	}
 	if seen && m.Seq == last {
 		ix.c.drop(ReasonDuplicate)
@@ -362,6 +381,9 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 			ix.c.restarts++
 			ix.clearRank(r, rank)
 		}
+	}
+	if !seen {
+		r.topics++
 	}
 	ix.seqs[sk] = seqState{seq: m.Seq, name: name, at: now}
 	ix.c.batches++
@@ -417,6 +439,7 @@ func (ix *Index) evictIdleTopic(now time.Time) bool {
 	if r == nil {
 		return true
 	}
+	r.topics--
 	ix.clearRank(r, oldest.rank)
 	if r.n > 0 {
 		return true
@@ -431,6 +454,25 @@ func (ix *Index) evictIdleTopic(now time.Time) bool {
 	}
 	delete(ix.replicas, st.name)
 	return true
+}
+
+// evictOwnTopic drops the replica's topic (and rank) seen longest ago,
+// and that rank's entries, as evictIdleTopic does.
+func (ix *Index) evictOwnTopic(name string, r *replica) {
+	var oldest seqKey
+	var at time.Time
+	found := false
+	for k, v := range ix.seqs {
+		if v.name == name && (!found || v.at.Before(at)) {
+			oldest, at, found = k, v.at, true
+		}
+	}
+	if !found {
+		return
+	}
+	delete(ix.seqs, oldest)
+	r.topics--
+	ix.clearRank(r, oldest.rank)
 }
 
 func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) {
@@ -492,6 +534,8 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) {
 		r.tail = e
 		r.n++
 		ix.total++
+		r.w += weight(keys)
+		ix.totalW += weight(keys)
 		// Block by block, not after the batch: one batch may carry far
 		// more blocks than the bounds (up to the 16 MiB payload).
 		ix.enforce(r)
@@ -522,6 +566,8 @@ func (ix *Index) remove(r *replica, e *entry) {
 	e.prev, e.next = nil, nil
 	r.n--
 	ix.total--
+	r.w -= weight(e.keys)
+	ix.totalW -= weight(e.keys)
 }
 
 // bury remembers a block the engine removed (see tomb), dropping the
@@ -539,7 +585,7 @@ func (ix *Index) bury(r *replica, e *entry) {
 	}
 	ix.tombTail = t
 	r.tombs[k] = t
-	ix.tombs++
+	ix.tombs += weight(t.keys)
 	for ix.tombs > ix.maxTombs() {
 		ix.unlinkTomb(ix.tombHead)
 	}
@@ -558,7 +604,7 @@ func (ix *Index) unlinkTomb(t *tomb) {
 		ix.tombTail = t.prev
 	}
 	t.prev, t.next = nil, nil
-	ix.tombs--
+	ix.tombs -= weight(t.keys)
 }
 
 // clearRank drops every block of one data-parallel rank, all media.
@@ -576,14 +622,14 @@ func (ix *Index) clearRank(r *replica, rank int) {
 
 // enforce applies the size bounds, oldest first, counting what it drops.
 func (ix *Index) enforce(r *replica) {
-	for r.n > ix.cfg.MaxBlocksPerReplica {
+	for r.w > ix.cfg.MaxBlocksPerReplica {
 		ix.remove(r, r.head)
 		ix.c.capacityEvicted++
 	}
-	for ix.total > ix.cfg.MaxBlocksTotal {
+	for ix.totalW > ix.cfg.MaxBlocksTotal {
 		var largest *replica
 		for _, o := range ix.replicas {
-			if largest == nil || o.n > largest.n {
+			if largest == nil || o.w > largest.w {
 				largest = o
 			}
 		}

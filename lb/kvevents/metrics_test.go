@@ -12,7 +12,7 @@ func TestCollector(t *testing.T) {
 	storeChain(t, ix, "a", topicA, 3, 5, uint64(99), seqTokens(0, 16), 16) // a gap, then an unknown parent
 	ix.CountDrop(ReasonMalformed)
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(NewCollector(func() map[string]Source { return map[string]Source{"p1": {Index: ix}} }))
+	reg.MustRegister(NewCollector(func() map[string][]Source { return map[string][]Source{"p1": {{Index: ix}}} }))
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -212,6 +212,12 @@ func (l *Listener) release(r *replay) {
 	l.heldBytes -= r.bytes
 	r.held, r.bytes = nil, 0
 	for _, h := range held {
+		// Resolved again: its replica may have left the pool (and the
+		// index) while it was held; applied, it would come back.
+		if _, ok := l.resolve(h.m.Pod); !ok {
+			l.ix.CountDrop(ReasonUnknownPod)
+			continue
+		}
 		l.apply(h.name, h.m, h.frames, h.socket)
 	}
 }
