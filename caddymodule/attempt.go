@@ -201,6 +201,7 @@ func (a *attempt) begin(l lb.Lease, r *http.Request, fb firstByteRule) bool {
 	t := a.newTrace()
 	t.base, t.firstByteRule, t.att = a.base, fb, a
 	_, t.firstByter = l.(lb.FirstByter)
+	t.bodyWatched = a.rs.watched()
 	// The attempt's clock starts now, not at the transport's GetConn: a
 	// hook fewer per attempt, for the microseconds reverse_proxy takes to
 	// prepare the request.
@@ -288,6 +289,28 @@ func (a *attempt) bodyRead(t *attemptTrace) {
 	t.ctx.detach()
 	a.mu.Unlock()
 	l.Release(o)
+}
+
+// bodyBegan notes that the current attempt's response body began to
+// reach the client at now (bodyWatch): for a stream, its first token. A
+// lease that learns from first bytes learns from this one.
+func (a *attempt) bodyBegan(now time.Time) {
+	a.mu.Lock()
+	t := a.trace
+	a.mu.Unlock()
+	if t == nil || !t.bodyWatched {
+		return
+	}
+	t.mu.Lock()
+	set := t.firstByte > 0 && t.bodyByte == 0
+	if set {
+		t.bodyByte = max(now.Sub(t.start), t.firstByte)
+	}
+	d := t.bodyByte
+	t.mu.Unlock()
+	if set && t.firstByter {
+		a.firstByte(t, d)
+	}
 }
 
 // firstByte tells the lease of the attempt traced by t, if it learns
@@ -424,6 +447,9 @@ func (a *attempt) classify(dial string, t *attemptTrace, kept map[string]any) (o
 		}
 	}
 	if a.measure == measureFirstByte || (a.measure == measureAuto && kind == answerStreamed) {
+		if body := t.bodyBegan(); body > 0 {
+			first = body // the first token, where the headers came at once (bodyWatch)
+		}
 		return lb.Outcome{Kind: lb.Success, Latency: first, Status: code, Streamed: true, Total: last}, statusKnown, kind
 	}
 	if last > 0 {
@@ -449,6 +475,9 @@ type attemptTrace struct {
 	// firstByter: the attempt's lease learns from its first byte
 	// (lb.FirstByter); the others skip the record's lock for it.
 	firstByter bool
+	// bodyWatched: a Sluice handler watches the response body (bodyWatch):
+	// the lease learns from the body's first byte, not the headers'.
+	bodyWatched bool
 	// att is released early (attempt.bodyRead) once the response body was
 	// read to its end; nil in tests of the trace alone.
 	att *attempt
@@ -463,6 +492,7 @@ type attemptTrace struct {
 
 	mu           sync.Mutex
 	firstByte    time.Duration
+	bodyByte     time.Duration // the body's first byte to the client (bodyWatched only)
 	lastByte     time.Duration
 	transportErr bool
 	clientErr    bool // reading the client's body failed (e.g. a truncated upload)
@@ -528,7 +558,7 @@ func (t *attemptTrace) setHooks() {
 					t.usual.answered(now)
 				}
 			}
-			if first && t.att != nil && t.firstByter {
+			if first && t.att != nil && t.firstByter && !t.bodyWatched {
 				t.att.firstByte(t, d)
 			}
 		},
@@ -557,6 +587,17 @@ func (t *attemptTrace) failed(err error) {
 	t.mu.Lock()
 	t.transportErr = true
 	t.mu.Unlock()
+}
+
+// bodyBegan is when the attempt's response body began to reach the
+// client, 0 if unknown (see bodyWatch).
+func (t *attemptTrace) bodyBegan() time.Duration {
+	if t == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.bodyByte
 }
 
 func (t *attemptTrace) facts() (first, last time.Duration, transportErr, clientErr bool) {

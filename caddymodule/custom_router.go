@@ -177,7 +177,7 @@ func (h *CustomRouter) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 		}
 	}
 	keepClientBody(r)
-	err := next.ServeHTTP(w, r)
+	err := next.ServeHTTP(watchBody(w, r), r)
 	if err != nil && caddyhttp.GetVar(r.Context(), refusedVar) != nil {
 		// Sluice already answered (JSON + Retry-After) and counted it;
 		// reverse_proxy's "no upstreams" error would only be log noise.

@@ -295,5 +295,5 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		return nil // refused, or the client left while queued
 	}
 	defer ticket.Release()
-	return next.ServeHTTP(w, r)
+	return next.ServeHTTP(watchBody(w, r), r)
 }

@@ -36,6 +36,9 @@ type requestState struct {
 	// body is the client's body as custom_router passes it on (see
 	// keptBody); unused without that handler.
 	body keptBody
+	// out is the client's writer as a Sluice handler passes it on
+	// (bodyWatch); unused without such a handler.
+	out bodyWatch
 }
 
 type keyedAttempt struct {
