@@ -94,22 +94,12 @@ func mixedFleetStream(r *runner) {
 		caddy("sluice_load_aware_default", "Sluice load_aware, defaults (active_request + active_tokens)",
 			"lb_policy load_aware {\n\tpool mf-default\n}"),
 	)
-	// The same defaults behind custom_router (the HF contract's handler):
-	// a Sluice handler in front sees a stream's first token (its first
-	// body byte), which a selection policy alone cannot, now that the
-	// replicas send a stream's headers at once.
-	behind := caddy("sluice_qll_defaults_custom_router", "Sluice queued_least_latency, defaults, behind custom_router (learns from a stream's first token)", "")
-	behind.start = func(f []*sim.Server) ([]string, error) {
-		urls := make([]string, 0, len(f))
-		for _, u := range sys.ups(f) {
-			urls = append(urls, "http://"+u)
-		}
-		return r.caddyProxies("sluice_qll_defaults_custom_router", 1, func(int) string {
-			return fmt.Sprintf("custom_router mf-cr {\n\tbackends %s\n}\nreverse_proxy {\n\tdynamic custom_router mf-cr\n\tlb_policy queued_least_latency {\n\t\tpool mf-cr\n\t}\n}",
-				strings.Join(urls, " "))
-		})
-	}
-	systems = append(systems, behind)
+	// The same defaults behind custom_router: the replicas send a
+	// stream's headers at once, and only a Sluice handler in front sees
+	// its first token.
+	systems = append(systems, sys.behindCustomRouter("sluice_qll_defaults_custom_router",
+		"Sluice queued_least_latency, defaults, behind custom_router (learns from a stream's first token)",
+		"mf-cr", "lb_policy queued_least_latency {\n\tpool mf-cr\n}"))
 	for _, s := range systems {
 		r.system(s)
 	}

@@ -519,6 +519,12 @@ func realEngine(r *runner, calibrate bool) {
 				sys.caddy("oracle_header_hash"+at, "oracle: Caddy lb_policy header X-Prefix-Id (hashes the prefix id, which only it sees)",
 					"lb_policy header X-Prefix-Id"),
 				sys.caddy("sluice_queued_least_latency"+at, "Sluice queued_least_latency, defaults", "lb_policy queued_least_latency"),
+				// As the quick start runs it: behind custom_router, which
+				// sees a stream's first token where the engine sends the
+				// headers at once (vLLM, SGLang, the default sim).
+				sys.behindCustomRouter("sluice_queued_least_latency_custom_router"+at,
+					"Sluice queued_least_latency, defaults, behind custom_router (learns from a stream's first token)",
+					pool+"cr", fmt.Sprintf("lb_policy queued_least_latency {\n\tpool %scr\n}", pool)),
 				sys.caddy("sluice_load_aware"+at, "Sluice load_aware, defaults", "lb_policy load_aware"),
 				sys.caddy("sluice_cache_aware"+at, "Sluice cache_aware, defaults", "lb_policy cache_aware"),
 				sys.globalRedisLeast("sluice_global_redis_least"+at, "Sluice global_redis_least, defaults (one private Redis)",

@@ -275,6 +275,29 @@ func (o oneProxy) globalRedisLeast(name, desc, pool, keyPrefix string) sysSpec {
 	return s
 }
 
+// behindCustomRouter is one Sluice with lb_policy policy (its block names
+// pool) behind custom_router, the HF contract's handler, seeded with the
+// fleet: the way the quick start runs it. A Sluice handler in front sees
+// a stream's first token (its first body byte), which a selection policy
+// alone cannot where the replicas send a stream's headers at once.
+func (o oneProxy) behindCustomRouter(name, desc, pool, policy string) sysSpec {
+	s := o.caddy(name, desc, "")
+	s.start = func(f []*sim.Server) ([]string, error) {
+		var urls []string
+		for _, u := range o.ups(f) {
+			if !strings.Contains(u, "://") {
+				u = "http://" + u
+			}
+			urls = append(urls, u)
+		}
+		return o.r.caddyProxies(name, 1, func(int) string {
+			return fmt.Sprintf("custom_router %s {\n\tbackends %s\n}\nreverse_proxy {\n\tdynamic custom_router %s\n\t%s\n}",
+				pool, strings.Join(urls, " "), pool, strings.ReplaceAll(policy, "\n", "\n\t"))
+		})
+	}
+	return s
+}
+
 // references are the classic policies every such scenario compares with:
 // Caddy round_robin and least_conn, HAProxy leastconn.
 func (o oneProxy) references() []sysSpec {
