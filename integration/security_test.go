@@ -271,19 +271,7 @@ func TestANarrowedAllowedBackendsAppliesToTheLiveSet(t *testing.T) {
 	startCaddy(t, config("", "http://127.0.0.1:9909", ""))
 	url := "http://127.0.0.1:9908"
 	setBackends(t, url, "http://127.0.0.1:9909", "http://127.0.0.2:9910")
-	workers := func() []string {
-		t.Helper()
-		resp, err := client.Get(url + "/list_workers")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var v struct{ URLs []string }
-		if err := decodeJSON(resp, &v); err != nil {
-			t.Fatal(err)
-		}
-		return v.URLs
-	}
+	workers := func() []string { t.Helper(); return listWorkers(t, url) }
 	both := []string{"http://127.0.0.1:9909", "http://127.0.0.2:9910"}
 	if got := workers(); !slices.Equal(got, both) {
 		t.Fatalf("set before the reload: %v, want %v", got, both)
