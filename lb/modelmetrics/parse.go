@@ -80,9 +80,13 @@ func Parse(body []byte) (Sample, error) {
 		if end < 0 {
 			end = len(line) // a name alone: bad if it is one of ours
 		}
+		// Blanks may part the name from its label set (`name {l="v"} 1`
+		// is valid text: Prometheus reads it); read as a value, the label
+		// set failed every scrape of such a replica.
+		after := bytes.TrimLeft(line[end:], " \t")
 		switch string(line[:end]) {
 		case cacheConfigInfo:
-			if n, size, ok := kvBlocks(line[end:]); ok && !s.Have.KVBlocks {
+			if n, size, ok := kvBlocks(after); ok && !s.Have.KVBlocks {
 				s.KVBlocks, s.Have.KVBlocks = n, true
 				if t := int64(n) * int64(size); size > 0 && t < maxKVTokens && !s.Have.KVTokens {
 					s.KVTokens, s.Have.KVTokens = int(t), true
@@ -90,7 +94,7 @@ func Parse(body []byte) (Sample, error) {
 			}
 			continue
 		case sglangMaxTokens:
-			if n, ok := kvTokens(line[end:]); ok {
+			if n, ok := kvTokens(after); ok {
 				// One series per rank: tensor-parallel ranks share one
 				// pool and report it alike; the largest is the pool.
 				s.KVTokens, s.Have.KVTokens = max(s.KVTokens, n), true
@@ -102,7 +106,7 @@ func Parse(body []byte) (Sample, error) {
 			continue
 		}
 		name := line[:end]
-		labels, rest, err := splitLabels(line[end:])
+		labels, rest, err := splitLabels(after)
 		if err != nil {
 			return Sample{}, fmt.Errorf("modelmetrics: %s: %w", name, err)
 		}

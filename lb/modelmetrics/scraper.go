@@ -44,6 +44,10 @@ type target struct {
 	tried     atomic.Bool // a scrape was started at least once
 	last      atomic.Pointer[outcome]
 	buf       []byte // body buffer, reused; owned by the running scrape
+	// hookMu serializes the OnSample hooks of the target's scrapes: a
+	// scrape's hook may run after the next scrape has ended (the target
+	// is freed first), and must then not hand on the older sample last.
+	hookMu sync.Mutex
 }
 
 // New returns a scraper with no targets; call Run to start scraping.
@@ -224,7 +228,9 @@ func (s *Scraper) Run(ctx context.Context) {
 
 // OnSample makes fn receive every target's sample as soon as a scrape of
 // it ends (a failed one too: the sample then carries Err), on the
-// scrape's goroutine. fn must not block; nil removes it.
+// scrape's goroutine; one call at a time per target, in scrape order (a
+// sample already replaced by a newer scrape's is skipped). fn must not
+// block; nil removes it.
 func (s *Scraper) OnSample(fn func(addr string, smp Sample)) {
 	if fn == nil {
 		s.onSample.Store(nil)
@@ -256,29 +262,37 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup, want func(*targ
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			smp, ok := s.scrape(ctx, t, now)
+			stored := s.scrape(ctx, t, now)
 			// Free the target before the hook runs: a hook that asks for
 			// this target again (RefreshTargets) must find it free, or the
 			// round it asks for skips it and the ask is lost.
 			t.busy.Store(false)
-			if fn := s.onSample.Load(); ok && fn != nil {
-				(*fn)(t.addr, smp)
+			if fn := s.onSample.Load(); stored != nil && fn != nil {
+				// One hook at a time per target, and none for a sample a
+				// newer scrape has replaced (its own hook hands that on):
+				// a slow hook overtaken by the next scrape's left the
+				// consumer holding the older sample as the latest.
+				t.hookMu.Lock()
+				if t.last.Load() == stored {
+					(*fn)(t.addr, stored.smp)
+				}
+				t.hookMu.Unlock()
 			}
 		}()
 	}
 }
 
 // scrape reads one target, started at start, stores the outcome and
-// returns the sample for the OnSample hook (ok false: shutting down,
-// nothing stored). A failure keeps the last values but sets Err, so the
-// target reads Stale, never idle, and backs the target off.
-func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) (smp Sample, ok bool) {
+// returns it for the OnSample hook (nil: shutting down, nothing stored).
+// A failure keeps the last values but sets Err, so the target reads
+// Stale, never idle, and backs the target off.
+func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) *outcome {
 	cfg := s.Config()
 	ctx, cancel := context.WithTimeout(runCtx, cfg.Timeout)
 	defer cancel()
 	v, err := s.fetch(ctx, t)
 	if err != nil && runCtx.Err() != nil {
-		return Sample{}, false // shutting down: says nothing about the replica
+		return nil // shutting down: says nothing about the replica
 	}
 	var next outcome
 	if err != nil {
@@ -303,7 +317,7 @@ func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) (sm
 		s.ok.Add(1)
 	}
 	t.last.Store(&next)
-	return next.smp, true
+	return &next
 }
 
 func (s *Scraper) fetch(ctx context.Context, t *target) (Sample, error) {
