@@ -197,6 +197,7 @@ func (h *FlowControl) Provision(ctx caddy.Context) error {
 	if h.global() {
 		c := h.gateConfig()
 		c.OnFallback = fallbackLogger(h.log, h.name)
+		c.OnRepair = repairLogger(h.log, h.name)
 		gc, key.variant = &c, connectionKey(c.Conn.WithDefaults())
 	}
 	v, err := h.claims.take(key, func() (sharedState, error) { return newFlowState(h.name, cfg, mc, gc) })

@@ -142,6 +142,16 @@ func fallbackLogger(log *zap.Logger, pool string) func(error) {
 	}
 }
 
+// repairLogger says that a claim found the pool's records in Redis corrupt
+// or stray and repaired them (redisgate.Config.OnRepair): something other
+// than Sluice wrote there, or Redis evicted or lost part of them.
+func repairLogger(log *zap.Logger, pool string) func(int64, string) {
+	return func(n int64, what string) {
+		log.Warn("flow_control: repaired corrupt or stray records in the pool's Redis keys",
+			zap.String("pool", pool), zap.Int64("repairs", n), zap.String("what", what))
+	}
+}
+
 // flowGates maps each pool to the gate of its live shared flow control.
 func flowGates() map[string]*redisgate.Gate {
 	out := map[string]*redisgate.Gate{}

@@ -11,17 +11,19 @@ import (
 
 // accessScript runs, on two scratch keys of the pool, every command the
 // claim script uses, in forms that leave nothing behind (what HSET and
-// ZADD add, HDEL and ZREM take away); the first refusal comes back as
-// NOPERM naming the command (redisconn.PermScript).
+// ZADD add, HDEL and ZREM take away; DEL of keys already empty); the
+// first refusal comes back as NOPERM naming the command
+// (redisconn.PermScript).
 // TestAccessScriptCoversTheClaimScript keeps it in step with the claim
 // script.
 //
 // KEYS: {tag}:flow:permcheck (a hash), {tag}:flow:permcheck:z (a sorted set)
 var accessScript = redisconn.PermScript(`local h, z = KEYS[1], KEYS[2]`, `{
   {'TIME'},
-  {'HSET', h, 'f', 'v'}, {'HGET', h, 'f'}, {'HGETALL', h}, {'HVALS', h}, {'HINCRBY', h, 'n', 1},
+  {'HSET', h, 'f', 'v'}, {'HGET', h, 'f'}, {'HGETALL', h}, {'HVALS', h}, {'HLEN', h}, {'HINCRBY', h, 'n', 1},
   {'HDEL', h, 'f'}, {'HDEL', h, 'n'},
-  {'ZADD', z, 0, 'm'}, {'ZCARD', z}, {'ZRANGEBYSCORE', z, '-inf', '+inf'}, {'ZREM', z, 'm'},
+  {'ZADD', z, 0, 'm'}, {'ZCARD', z}, {'ZRANGEBYSCORE', z, '-inf', '+inf'}, {'ZRANGE', z, 0, -1, 'WITHSCORES'},
+  {'ZREM', z, 'm'}, {'DEL', h, z},
 }`, "on the pool's keys, which flow_control needs")
 
 // CheckAccess connects once with cfg and runs every command the gate

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/rueidis"
 
@@ -76,46 +78,172 @@ func (k Keys) list() []string { return []string{k.Held, k.Want, k.Since, k.Live,
 // written back what it may be using (its floor), and sharing resumes on a
 // true record.
 //
+// What Redis holds is hostile until checked: a record that broke the
+// script would fail every claim, and every instance would stay on its
+// fallback share until someone deleted the keys by hand; a stray one
+// would count capacity for good. So each claim first repairs the pool's
+// records, keeping every unit a live instance may use counted:
+//   - a key of another type (only corruption can put one at these names)
+//     is deleted; the held hash deleted means records lost;
+//   - a held value that is no count (text, negative, fractional, over 15
+//     digits) is dropped; unless it is the caller's, records are lost;
+//   - units held without a lease (the live set evicted by maxmemory, a
+//     crash) get a lease from now: a live holder renews it, a dead one's
+//     lapses within a lease, as a crashed instance's does; demand and
+//     grant times without a lease, and a lease with nothing held or
+//     wanted, are dropped (a live instance writes them again);
+//   - a lease or settling time beyond maxAhead leases is cut back to it;
+//     a grant time, epoch, claim count or settling time that is no
+//     number is replaced (a new epoch or count makes instances settle).
+//
+// Records lost settle the pool for a lease, as when Redis goes back.
+//
 // The call is idempotent: the same arguments again give the same holding.
 // Returns {held, pool total held, live instances, entitlement, contended,
 // the caller's share per flow ("<priority>\t<flow>\t<units>" lines), the
-// pool's claim count, settling (1 while no one is granted more), epoch}.
+// pool's claim count, settling (1 while no one is granted more), epoch,
+// records repaired, what (the first 3)}.
 var claimScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local inst = ARGV[1]
 local floor, want, cap, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+-- No time the pool keeps (a lease, the settling time) lies further ahead.
+local ahead = now + tonumber(ARGV[9]) * ttl
+
+-- What Redis holds is checked before it is used: a record that fails the
+-- script fails every claim, and every instance stays on its fallback
+-- share until someone deletes the keys by hand. What was repaired goes
+-- back in the answer.
+local repairs = {}
+local function repaired(key, what)
+  repairs[#repairs + 1] = key .. ': ' .. what
+end
+-- s quoted for the answer: 64 bytes at most, printable ASCII
+local function quote(s)
+  local q = string.gsub(string.sub(s, 1, 64), '[^%w%p ]', function(c) return string.format('\\x%02x', string.byte(c)) end)
+  return '"' .. q .. '"'
+end
+-- n when s spells a count: digits only, at most 15 (exact in a Lua
+-- number; "-5" would add capacity, "inf" or "1e400" break the answer).
+local function count(s)
+  if type(s) == 'string' and #s <= 15 and string.find(s, '^%d+$') then return tonumber(s) end
+  return nil
+end
+-- lost: records of what instances hold are gone; no one is granted more
+-- for a lease, as after Redis went back in time (below).
+local lost = false
+
+-- Every key is this pool's own ({sluice:...}:flow:*, in the namespace the
+-- ACL gives Sluice), so one of another type can only be corrupt: nothing
+-- in it means anything to the gate, and while it stays every claim fails
+-- (WRONGTYPE). It goes: held gone is records lost (settle), live gone
+-- leaves records without a lease (adopted below), meta gone is a new
+-- record identity (every instance settles), want and since each instance
+-- writes again.
+for i, c in ipairs({'HLEN', 'HLEN', 'HLEN', 'ZCARD', 'HLEN'}) do
+  local r = redis.pcall(c, KEYS[i])
+  if type(r) == 'table' and r.err then
+    if not string.find(r.err, 'WRONGTYPE', 1, true) then return r end
+    redis.call('DEL', KEYS[i])
+    repaired(KEYS[i], 'deleted, of the wrong type')
+    if i == 1 then lost = true end
+  end
+end
 
 local seenGen, seenEpoch = tonumber(ARGV[7]), ARGV[8]
 local epoch = redis.call('HGET', KEYS[5], 'epoch')
+if epoch and not (#epoch <= 20 and string.find(epoch, '^%d+$')) then
+  -- a new identity: every instance that saw the old one settles
+  repaired(KEYS[5], 'epoch ' .. quote(epoch) .. ' replaced')
+  epoch = false
+end
 if not epoch then
   epoch = tostring(now)
   redis.call('HSET', KEYS[5], 'epoch', epoch)
 end
-local gen = tonumber(redis.call('HGET', KEYS[5], 'gen') or '0')
-local settle = tonumber(redis.call('HGET', KEYS[5], 'settle') or '0')
+local gen = redis.call('HGET', KEYS[5], 'gen')
+if gen and not count(gen) then
+  -- counted again from 0 (HINCRBY would fail on it): every instance that
+  -- saw more settles
+  repaired(KEYS[5], 'gen ' .. quote(gen) .. ' reset')
+  redis.call('HSET', KEYS[5], 'gen', 0)
+  gen = '0'
+end
+gen = tonumber(gen or '0')
+local settleRaw = redis.call('HGET', KEYS[5], 'settle')
+local settle = tonumber(settleRaw or '0')
+if settleRaw and not count(settleRaw) then
+  settle = now + ttl -- it was set because records were lost: one lease
+  repaired(KEYS[5], 'settle ' .. quote(settleRaw) .. ' replaced')
+  redis.call('HSET', KEYS[5], 'settle', settle)
+elseif settle > ahead then
+  settle = ahead -- no grant for ever otherwise
+  repaired(KEYS[5], 'settle cut back to ' .. tonumber(ARGV[9]) .. ' leases')
+  redis.call('HSET', KEYS[5], 'settle', settle)
+end
 if seenGen > 0 and (epoch ~= seenEpoch or gen < seenGen) then
   settle = now + ttl
   redis.call('HSET', KEYS[5], 'settle', settle)
 end
 gen = redis.call('HINCRBY', KEYS[5], 'gen', 1)
-local settling = now < settle
 
-for _, d in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
-  redis.call('HDEL', KEYS[1], d)
-  redis.call('HDEL', KEYS[2], d)
-  redis.call('HDEL', KEYS[3], d)
-  redis.call('ZREM', KEYS[4], d)
+-- Leases: the instances whose lease ran out lose what they held; one
+-- further ahead than any lease (+inf, or Redis's clock went back) is cut
+-- back, or a crashed instance's share would not come back for that long.
+local lease = {}
+local lz = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+for i = 1, #lz, 2 do
+  local d, exp = lz[i], tonumber(lz[i + 1]) or math.huge
+  if exp <= now then
+    redis.call('HDEL', KEYS[1], d)
+    redis.call('HDEL', KEYS[2], d)
+    redis.call('HDEL', KEYS[3], d)
+    redis.call('ZREM', KEYS[4], d)
+  else
+    if exp > ahead then
+      redis.call('ZADD', KEYS[4], ahead, d)
+      repaired(KEYS[4], quote(d) .. ' cut back to ' .. tonumber(ARGV[9]) .. ' leases')
+    end
+    lease[d] = true
+  end
 end
+
+-- What each instance holds. A value that is no count says nothing of
+-- what its instance uses: it goes, and unless it is the caller's (whose
+-- floor says what it may use) records are lost. Units held without a
+-- lease (the live set evicted, a crash) may still be in use: they get a
+-- lease from now; a live holder renews it, a dead one's lapses.
+local heldBy, total = {}, 0
+local hflat = redis.call('HGETALL', KEYS[1])
+for i = 1, #hflat, 2 do
+  local id, n = hflat[i], count(hflat[i + 1])
+  if not n then
+    redis.call('HDEL', KEYS[1], id)
+    repaired(KEYS[1], quote(id) .. ' held ' .. quote(hflat[i + 1]) .. ', not a count: dropped')
+    if id ~= inst then lost = true end
+  else
+    if not lease[id] then
+      redis.call('ZADD', KEYS[4], now + ttl, id)
+      lease[id] = true
+      repaired(KEYS[1], quote(id) .. ' held units without a lease: leased for one')
+    end
+    heldBy[id] = n
+    total = total + n
+  end
+end
+local held = heldBy[inst] or 0
+if lost then
+  settle = math.max(settle, now + ttl)
+  redis.call('HSET', KEYS[5], 'settle', settle)
+end
+local settling = now < settle
 
 if want > 0 then
   redis.call('HSET', KEYS[2], inst, ARGV[6])
 else
   redis.call('HDEL', KEYS[2], inst)
 end
-local held = tonumber(redis.call('HGET', KEYS[1], inst) or '0')
-local total = 0
-for _, v in ipairs(redis.call('HVALS', KEYS[1])) do total = total + tonumber(v) end
 
 -- the level that shares amount max-min fairly over vals
 local function level(vals, amount)
@@ -139,22 +267,59 @@ local function higher(a, b)
   return (a > b) == (x > 0)
 end
 
+-- Demand of an instance with no lease and nothing held: it goes (a live
+-- instance writes it again at its next claim), or it would take a share
+-- for good. Lines that are no demand are skipped.
 local flat = redis.call('HGETALL', KEYS[2])
-local bands, prios, ids = {}, {}, {}
+local bands, prios, ids, wanting = {}, {}, {}, {}
 for i = 1, #flat, 2 do
   local id = flat[i]
-  ids[#ids + 1] = id
-  for line in string.gmatch(flat[i + 1], '[^\n]+') do
-    local p, f, n = string.match(line, '^(-?%d+)\t([^\t]+)\t(%d+)$')
-    if p then
-      n = tonumber(n)
-      local b = bands[p]
-      if not b then b = {}; bands[p] = b; prios[#prios + 1] = p end
-      local fl = b[f]
-      if not fl then fl = {total = 0, per = {}}; b[f] = fl end
-      fl.total = fl.total + n
-      fl.per[id] = (fl.per[id] or 0) + n
+  if not lease[id] and id ~= inst then
+    redis.call('HDEL', KEYS[2], id)
+    repaired(KEYS[2], quote(id) .. ' wanted units without a lease: dropped')
+  else
+    ids[#ids + 1] = id
+    wanting[id] = true
+    for line in string.gmatch(flat[i + 1], '[^\n]+') do
+      local p, f, n = string.match(line, '^(-?%d+)\t([^\t]+)\t(%d+)$')
+      if p and #n > 15 then p = nil end -- "1e400" units: no count
+      if p then
+        n = tonumber(n)
+        local b = bands[p]
+        if not b then b = {}; bands[p] = b; prios[#prios + 1] = p end
+        local fl = b[f]
+        if not fl then fl = {total = 0, per = {}}; b[f] = fl end
+        fl.total = fl.total + n
+        fl.per[id] = (fl.per[id] or 0) + n
+      end
     end
+  end
+end
+-- A lease with nothing held nor wanted is of no instance the script left
+-- (it drops the lease with both): it goes, or it counts as an instance.
+for id in pairs(lease) do
+  if not heldBy[id] and not wanting[id] and id ~= inst then
+    redis.call('ZREM', KEYS[4], id)
+    redis.call('HDEL', KEYS[3], id)
+    lease[id] = nil
+    repaired(KEYS[4], quote(id) .. ' leased, holding and wanting nothing: dropped')
+  end
+end
+-- When each instance was last granted (ms): a value that is no count is
+-- taken as never (it only orders the instances); that of an instance with
+-- no lease goes.
+local sinceBy = {}
+local sflat = redis.call('HGETALL', KEYS[3])
+for i = 1, #sflat, 2 do
+  local id, ms = sflat[i], count(sflat[i + 1])
+  if not lease[id] and id ~= inst then
+    redis.call('HDEL', KEYS[3], id)
+    repaired(KEYS[3], quote(id) .. ' without a lease: dropped')
+  elseif not ms then
+    redis.call('HDEL', KEYS[3], id)
+    repaired(KEYS[3], quote(id) .. ' ' .. quote(sflat[i + 1]) .. ', not a time: dropped')
+  else
+    sinceBy[id] = ms
   end
 end
 table.sort(prios, higher)
@@ -183,10 +348,10 @@ for _, id in ipairs(ids) do
   local b = math.floor(a + 1e-9)
   used = used + b
   ent[id] = b
-  since[id] = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+  since[id] = sinceBy[id] or 0
   if a - b > 1e-9 then frac[#frac + 1] = id end
 end
-since[inst] = since[inst] or tonumber(redis.call('HGET', KEYS[3], inst) or '0')
+since[inst] = since[inst] or sinceBy[inst] or 0
 local function older(a, b) if since[a] ~= since[b] then return since[a] < since[b] end return a < b end
 table.sort(frac, older)
 for j, id in ipairs(frac) do
@@ -196,9 +361,6 @@ local entitled = ent[inst] or 0
 
 -- Instances entitled to more than they hold are served in the order they
 -- were last granted: units free now go to the older ones first.
-local heldBy = {}
-local hflat = redis.call('HGETALL', KEYS[1])
-for i = 1, #hflat, 2 do heldBy[hflat[i]] = tonumber(hflat[i + 1]) end
 local reserved, waiting = 0, 0
 for _, id in ipairs(ids) do
   local d = (ent[id] or 0) - (heldBy[id] or 0)
@@ -241,7 +403,9 @@ else
 end
 local settlingFlag = 0
 if settling then settlingFlag = 1 end
-return {new, total - held + new, redis.call('ZCARD', KEYS[4]), entitled, contended, table.concat(mine, '\n'), gen, settlingFlag, epoch}
+local repairNote = table.concat(repairs, '; ', 1, math.min(#repairs, 3))
+if #repairs > 3 then repairNote = repairNote .. '; and ' .. (#repairs - 3) .. ' more' end
+return {new, total - held + new, redis.call('ZCARD', KEYS[4]), entitled, contended, table.concat(mine, '\n'), gen, settlingFlag, epoch, #repairs, repairNote}
 `)
 
 // claimed is one answer of the claim script.
@@ -254,6 +418,26 @@ type claimed struct {
 	// lease ago.
 	seen     seen
 	settling bool
+	// repairs is how many of the pool's records the claim found corrupt
+	// or stray and repaired; repairNote says what (the first few).
+	repairs    int64
+	repairNote string
+}
+
+// maxRepairNote bounds what a repair note keeps: it quotes what Redis
+// held.
+const maxRepairNote = 512
+
+// truncate keeps at most n bytes of s, cut at a character.
+func truncate(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // seen is what an instance last saw of the pool's records (claimScript).
@@ -269,13 +453,13 @@ type seen struct {
 func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floor, want int64, demand string, capacity int64, ttl time.Duration, last seen) (claimed, error) {
 	args := []string{instance, strconv.FormatInt(floor, 10), strconv.FormatInt(want, 10),
 		strconv.FormatInt(capacity, 10), strconv.FormatInt(ttl.Milliseconds(), 10), demand,
-		strconv.FormatInt(last.gen, 10), last.epoch}
+		strconv.FormatInt(last.gen, 10), last.epoch, strconv.Itoa(maxAhead)}
 	vals, err := claimScript.Exec(ctx, cl, k.list(), args).ToArray()
 	if err != nil {
 		return claimed{}, err
 	}
-	if len(vals) != 9 {
-		return claimed{}, fmt.Errorf("redisgate: claim answered %d values, want 9", len(vals))
+	if len(vals) != 11 {
+		return claimed{}, fmt.Errorf("redisgate: claim answered %d values, want 11", len(vals))
 	}
 	shares, err := vals[5].ToString()
 	if err != nil {
@@ -285,8 +469,12 @@ func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floo
 	if err != nil || len(epoch) > 20 {
 		return claimed{}, fmt.Errorf("redisgate: claim answer 8 (epoch %.20q): %v", epoch, err)
 	}
-	var out [8]int64 // out[5] unused: the shares are a string
-	for _, i := range []int{0, 1, 2, 3, 4, 6, 7} {
+	note, err := vals[10].ToString()
+	if err != nil {
+		return claimed{}, fmt.Errorf("redisgate: claim answer 10: %v", err)
+	}
+	var out [10]int64 // out[5] and out[8] unused: strings
+	for _, i := range []int{0, 1, 2, 3, 4, 6, 7, 9} {
 		n, err := vals[i].AsInt64()
 		if err != nil {
 			return claimed{}, fmt.Errorf("redisgate: claim answer %d: %v", i, err)
@@ -297,5 +485,13 @@ func claim(ctx context.Context, cl rueidis.Client, k Keys, instance string, floo
 		out[i] = n
 	}
 	return claimed{held: out[0], total: out[1], instances: out[2], entitled: out[3], contended: out[4] == 1, shares: shares,
-		seen: seen{epoch: epoch, gen: out[6]}, settling: out[7] == 1}, nil
+		seen: seen{epoch: epoch, gen: out[6]}, settling: out[7] == 1, repairs: out[9], repairNote: truncate(note, maxRepairNote)}, nil
 }
+
+// maxAhead bounds, in leases of the claiming instance, how far ahead of
+// Redis's clock a time the pool keeps (a lease, the settling time) may
+// lie: one beyond it (+inf, or Redis's clock went back) is cut back to
+// it. A lease is never written further ahead than its instance's
+// lease_ttl and renewed every third of it, so instances whose lease_ttl
+// differ up to 3 × maxAhead times never cut each other's leases short.
+const maxAhead = 10

@@ -46,6 +46,10 @@ type Config struct {
 	// OnFallback, if set, is called when the gate enters (err != nil) or
 	// leaves (err == nil) the fallback share.
 	OnFallback func(err error)
+	// OnRepair, if set, is called when a claim found some of the pool's
+	// records in Redis corrupt or stray and repaired them: n of them,
+	// what names the key and what was wrong (the first few).
+	OnRepair func(n int64, what string)
 }
 
 // Defaults.
@@ -115,6 +119,11 @@ type Stats struct {
 	Claims      uint64 `json:"claims"`
 	RedisErrors uint64 `json:"redis_errors"`
 	LastError   string `json:"last_error,omitempty"`
+	// Repairs counts the pool's records in Redis that this instance's
+	// claims found corrupt or stray and repaired (claimScript);
+	// LastRepair says what the last was, naming the key.
+	Repairs    uint64 `json:"repairs,omitempty"`
+	LastRepair string `json:"last_repair,omitempty"`
 }
 
 // Gate is a flow.SaturationDetector over a share of the pool held in
@@ -184,8 +193,8 @@ func New(cfg Config) (*Gate, error) {
 func (g *Gate) Config() Config { return *g.cfgp.Load() }
 
 // Configure applies the settings that can change live: LeaseTTL,
-// FallbackShare, Poll, OnFallback and the connection's ReadTimeout (each
-// call's bound). The rest of the connection, the pool and the instance
+// FallbackShare, Poll, OnFallback, OnRepair and the connection's
+// ReadTimeout (each call's bound). The rest of the connection, the pool and the instance
 // stay (a change of those needs a new gate).
 func (g *Gate) Configure(cfg Config) error {
 	old := g.Config()
@@ -403,7 +412,14 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	g.stats.LastError = ""
 	g.stats.Fallback = false
 	g.stats.Settling = res.settling
+	if res.repairs > 0 {
+		g.stats.Repairs += uint64(res.repairs)
+		g.stats.LastRepair = res.repairNote
+	}
 	g.mu.Unlock()
+	if res.repairs > 0 && g.Config().OnRepair != nil {
+		g.Config().OnRepair(res.repairs, res.repairNote)
+	}
 	if fallback && g.Config().OnFallback != nil {
 		g.Config().OnFallback(nil)
 	}
