@@ -155,6 +155,9 @@ func (h *FlowControl) Validate() error {
 	if h.MetricsInterval < 0 {
 		return fmt.Errorf("flow_control: metrics_interval: must be positive, got %v", time.Duration(h.MetricsInterval))
 	}
+	if err := checkMetricsTiming("flow_control", h.MetricsInterval, h.MetricsStaleness); err != nil {
+		return err
+	}
 	if h.global() {
 		if t := h.Detector; t != "" && t != flow.DetectorConcurrency {
 			return fmt.Errorf("flow_control: redis: counts the concurrency detector's in-flight requests across instances; "+

@@ -101,6 +101,9 @@ func (p *LoadAware) Validate() error {
 	if err := p.pickerConfig().Validate(); err != nil {
 		return fmt.Errorf("load_aware: %v", err)
 	}
+	if err := checkMetricsTiming("load_aware", p.MetricsInterval, p.MetricsStaleness); err != nil {
+		return err
+	}
 	if p.SessionKey != "" && p.pickerConfig().SessionKey == "" {
 		return fmt.Errorf("load_aware: session_key: resolves to an empty value (an unset environment variable?)")
 	}

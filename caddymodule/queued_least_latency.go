@@ -130,6 +130,9 @@ func (p *QueuedLeastLatency) Validate() error {
 	if p.MetricsInterval < 0 || p.MetricsStaleness < 0 {
 		return fmt.Errorf("queued_least_latency: metrics_interval and metrics_staleness must be positive")
 	}
+	if err := checkMetricsTiming("queued_least_latency", p.MetricsInterval, p.MetricsStaleness); err != nil {
+		return err
+	}
 	if err := p.config().WithDefaults().Validate(); err != nil {
 		return fmt.Errorf("queued_least_latency: %v", err)
 	}
