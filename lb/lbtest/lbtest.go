@@ -620,8 +620,13 @@ func testConcurrentSet(t *testing.T, s Subject) {
 // (the call has not landed) or of the new one: never a refusal because
 // it read one part of the picker under one set and another part under
 // the other (a 503 during a rolling update).
-func testSetSwap(t *testing.T, s Subject) {
-	p := s.New(t)
+func testSetSwap(t *testing.T, s Subject) { SetSwap(t, s.New(t), 5000) }
+
+// SetSwap makes picks picks from p while another goroutine replaces its
+// whole set back and forth (see testSetSwap), for a picker's modes the
+// conformance subject does not build.
+func SetSwap(t *testing.T, p lb.Picker, picks int) {
+	t.Helper()
 	sets := [][]string{addrs(0, 2), addrs(1, 2)}
 	either := append(slices.Clone(sets[0]), sets[1]...)
 	p.SetReplicas(sets[0])
@@ -638,7 +643,6 @@ func testSetSwap(t *testing.T, s Subject) {
 			p.SetReplicas(sets[i%2])
 		}
 	}()
-	const picks = 5000
 	refused := map[string]int{}
 	var strays []string
 	for i := 0; i < picks; i++ {
