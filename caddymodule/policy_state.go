@@ -6,6 +6,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/loadaware"
+	"github.com/sluice-router/sluice/lb/qll"
 )
 
 // policyState is a selection policy's shared state for one pool: its
@@ -51,6 +53,13 @@ type policyParts struct {
 type backendSetter interface {
 	SetBackends([]lb.Backend)
 }
+
+// The policies that read engine metrics get each replica's URL (an
+// https:// replica is scraped over TLS).
+var (
+	_ backendSetter = (*qll.State)(nil)
+	_ backendSetter = (*loadaware.Picker)(nil)
+)
 
 // newPolicyState wraps pk: a managed backend set (set-backends, admin
 // API, restored file) drives the replicas, otherwise reverse_proxy's own

@@ -52,7 +52,7 @@ func TestWaitersRefreshOnlyTheReplicasThatCouldTakeThem(t *testing.T) {
 	// No tick during the test: only the first scrapes and refreshes.
 	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
 	runEngine(t, s)
-	s.SetBackends([]string{a.addr(), b.addr(), c.addr()})
+	s.SetReplicas([]string{a.addr(), b.addr(), c.addr()})
 	waitFor(t, "the first samples", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -100,7 +100,7 @@ func TestAnEngineWithRequestsWaitingIsAskedAgain(t *testing.T) {
 	// No tick during the test: only the first scrapes and refreshes.
 	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
 	runEngine(t, s)
-	s.SetBackends([]string{a.addr(), b.addr()})
+	s.SetReplicas([]string{a.addr(), b.addr()})
 	waitFor(t, "a asked again", func() bool { return a.hits.Load() >= 3 })
 	// b's first scrape may still be under way on a busy machine (CI:
 	// "scrapes of b 0"); it must come, and be the only one.
@@ -123,7 +123,7 @@ func TestABatchingEngineAtItsSlotsIsReadAgain(t *testing.T) {
 	// No tick during the test: only the first scrapes and refreshes.
 	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
 	runEngine(t, s)
-	s.SetBackends([]string{a.addr(), b.addr()})
+	s.SetReplicas([]string{a.addr(), b.addr()})
 	waitFor(t, "the first samples", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -173,7 +173,7 @@ func TestAProbedEngineAtItsSlotsIsReadAgain(t *testing.T) {
 	// No tick during the test: only the first scrapes and refreshes.
 	s := New(Config{EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
 	runEngine(t, s)
-	s.SetBackends([]string{a, b.addr()})
+	s.SetReplicas([]string{a, b.addr()})
 	waitFor(t, "the first samples", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()

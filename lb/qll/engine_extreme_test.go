@@ -20,7 +20,7 @@ func TestAFullEngineReportingAHugeRunningCountIsBounded(t *testing.T) {
 	// No tick during the test: the first scrape and refreshes only.
 	s := New(Config{QueueMaxSize: -1, EngineMetrics: modelmetrics.Config{Interval: time.Hour, MinRefresh: time.Millisecond}})
 	runEngine(t, s)
-	s.SetBackends([]string{a.addr()})
+	s.SetReplicas([]string{a.addr()})
 	waitFor(t, "the first sample", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()

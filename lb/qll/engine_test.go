@@ -53,7 +53,7 @@ func (h *leases) upTo(n int) {
 // running 2, then 8 with nothing waiting (16 slots); its step not read.
 func batchingEngine() *State {
 	s := New(Config{})
-	s.SetBackends([]string{"a"})
+	s.SetReplicas([]string{"a"})
 	seenBatching(s)
 	return s
 }
@@ -68,7 +68,7 @@ func seenBatching(s *State) {
 // before (running 1, 2, 3 in samples 50 ms apart).
 func steppedEngine() *State {
 	s := New(Config{})
-	s.SetBackends([]string{"a"})
+	s.SetReplicas([]string{"a"})
 	ago := time.Now().Add(-time.Second)
 	for i := range 3 {
 		smp := engineSays(0, 1+i, 0.1)
@@ -85,7 +85,7 @@ func steppedEngine() *State {
 // answered) holds nobody back.
 func TestABatchingEngineWithRoomTakesEveryWaiter(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"a"})
+	s.SetReplicas([]string{"a"})
 	s.engineSample("a", engineSays(0, 0, 0))
 	first := mustAcquire(t, s)
 	defer first.Release(success(time.Millisecond))
@@ -143,7 +143,7 @@ func TestAnEngineThatQueuesBehindOneIsLeftToTheLearnedLimit(t *testing.T) {
 // batches.
 func TestAProbeWaitingBesideOneWithRoomInTheKVCacheWaitsForAStep(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"a"})
+	s.SetReplicas([]string{"a"})
 	s.engineSample("a", engineSays(0, 0, 0))
 	h := holding(t, s)
 	h.upTo(1)
@@ -167,7 +167,7 @@ func TestAProbeWaitingBesideOneWithRoomInTheKVCacheWaitsForAStep(t *testing.T) {
 // while they run one: never probed.
 func TestAFullKVCacheAtOneRunningIsOneAtATime(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"a"})
+	s.SetReplicas([]string{"a"})
 	l := mustAcquire(t, s)
 	defer l.Release(success(time.Millisecond))
 	s.engineSample("a", engineSays(0, 1, 1))
@@ -317,7 +317,7 @@ func TestUntrustedSamplesLeaveTheLearnedLimit(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := New(c.cfg)
-			s.SetBackends([]string{"a"})
+			s.SetReplicas([]string{"a"})
 			s.engineSample("a", engineSays(0, 2, 0.1))
 			s.engineSample("a", c.smp)
 			if got := s.Snapshot().Replicas[0]; got.Parallelism != 1 || got.SlotsFrom != slotsLearned {
@@ -349,7 +349,7 @@ func TestRequestsWaitingBrieflyAreNotFull(t *testing.T) {
 	}
 
 	n := New(Config{})
-	n.SetBackends([]string{"b"})
+	n.SetReplicas([]string{"b"})
 	l := mustAcquire(t, n)
 	defer l.Release(success(time.Millisecond))
 	first := engineSays(1, 1, 0.1)
@@ -366,7 +366,7 @@ func TestRequestsWaitingBrieflyAreNotFull(t *testing.T) {
 // caught between two requests) probes nothing.
 func TestNoProbeWhileOursAreNotAllRunning(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"a"})
+	s.SetReplicas([]string{"a"})
 	l := mustAcquire(t, s)
 	defer l.Release(success(time.Millisecond))
 	s.engineSample("a", engineSays(0, 0, 0))
@@ -387,7 +387,7 @@ func TestNoProbeWhileOursAreNotAllRunning(t *testing.T) {
 // to one replica: TTFT p99 0.64 s against round robin's 0.56 s.
 func TestAProbeWaitingForItsStepIsProbedOnce(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"a"})
+	s.SetReplicas([]string{"a"})
 	s.engineSample("a", engineSays(0, 0, 0))
 	held := []*Lease{mustAcquire(t, s)}
 	defer func() {
@@ -496,7 +496,7 @@ func TestABatchingEngineKeepingAFewWaitingIsNotFull(t *testing.T) {
 func probeQueuedBehindOne(t *testing.T) (s *State, first, probe *Lease) {
 	t.Helper()
 	s = New(Config{})
-	s.SetBackends([]string{"a"})
+	s.SetReplicas([]string{"a"})
 	s.engineSample("a", engineSays(0, 0, 0))
 	first = mustAcquire(t, s)
 	s.engineSample("a", queueOnly(engineSays(0, 1, 0)))
@@ -551,7 +551,7 @@ func TestWaitingInSamplesFarApartIsNotFull(t *testing.T) {
 // three times theirs.
 func TestAnEngineWhoseStepIsUnknownGetsTheLongestStepBeforeFull(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"a"})
+	s.SetReplicas([]string{"a"})
 	s.engineSample("a", engineSays(0, 2, 0.1)) // batching, no step read
 	holding(t, s).upTo(4)
 	waiting := later(engineSays(2, 2, 0.27), time.Second)
@@ -595,7 +595,7 @@ func TestTwoRunningRevokesOneAtATime(t *testing.T) {
 // bytes of a long ramp may have grown far beyond any engine's room.
 func TestRoomAfterFullIsTheEnginesFigureNotTheLearnedLimit(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"a"})
+	s.SetReplicas([]string{"a"})
 	s.engineSample("a", engineSays(0, 0, 0))
 	var held []*Lease
 	defer func() {

@@ -76,7 +76,7 @@ func newDriver(t *testing.T, models map[string]*modelReplica) *driver {
 	for a := range models {
 		addrs = append(addrs, a)
 	}
-	s.SetBackends(addrs)
+	s.SetReplicas(addrs)
 	t.Cleanup(s.Close)
 	return &driver{s: s, models: models, dispatched: map[string]int{}, joined: map[string]int{}}
 }
@@ -214,7 +214,7 @@ func TestASlowedReplicaGetsLessWork(t *testing.T) {
 // completions herded onto the replica that had served the stream).
 func TestAStreamedSampleDoesNotMakeAReplicaLookFaster(t *testing.T) {
 	s := New(Config{LatencyThreshold: 3 * time.Second, Parallelism: 1}) // the HF rule: busy replicas stay eligible
-	s.SetBackends([]string{"a:1", "b:1", "c:1"})
+	s.SetReplicas([]string{"a:1", "b:1", "c:1"})
 	var ls []*Lease
 	for i := 0; i < 3; i++ {
 		ls = append(ls, mustAcquire(t, s))
@@ -278,7 +278,7 @@ func TestLimitFollowsThroughputOfABatchThatSlowsAsItGrows(t *testing.T) {
 // a batch of a few for tens of seconds while the rest waited at the edge).
 func TestSlowStartGrowsOnFirstBytes(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"llm:1"})
+	s.SetReplicas([]string{"llm:1"})
 	t.Cleanup(s.Close)
 	var held []*Lease
 	for len(held) < 32 {
@@ -308,7 +308,7 @@ func TestSlowStartGrowsOnFirstBytes(t *testing.T) {
 // arrival over 16 waited at the edge for a first token.)
 func TestSlowStartKeepsAheadOfWhatAnswersAtOnce(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"llm:1"})
+	s.SetReplicas([]string{"llm:1"})
 	t.Cleanup(s.Close)
 	var held []*Lease
 	for range 100 {

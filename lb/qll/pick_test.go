@@ -27,7 +27,7 @@ func spreadOverEqualEngines(t *testing.T, replicas, n int, rate float64) (map[st
 	for i := range replicas {
 		addrs = append(addrs, string(rune('a'+i))+":1")
 	}
-	s.SetBackends(addrs)
+	s.SetReplicas(addrs)
 	rng := rand.New(rand.NewPCG(1, 2))
 	type event struct {
 		at    float64
@@ -118,7 +118,7 @@ func TestIdenticalEnginesShareLikeRoundRobin(t *testing.T) {
 func TestABatchThatEndsTogetherDoesNotTakeEveryNextRequest(t *testing.T) {
 	s := New(Config{Parallelism: 64})
 	t.Cleanup(s.Close)
-	s.SetBackends([]string{"a:1", "b:1", "c:1", "d:1"})
+	s.SetReplicas([]string{"a:1", "b:1", "c:1", "d:1"})
 	held := map[string][]*Lease{}
 	for range 40 {
 		l := mustAcquire(t, s)
@@ -154,7 +154,7 @@ func TestABatchThatEndsTogetherDoesNotTakeEveryNextRequest(t *testing.T) {
 func TestABatchMeasuredSlowerBeyondNoiseGetsLess(t *testing.T) {
 	s := New(Config{Parallelism: 8})
 	t.Cleanup(s.Close)
-	s.SetBackends([]string{"fast:1", "slow:1"})
+	s.SetReplicas([]string{"fast:1", "slow:1"})
 	teach := func(addr string, d time.Duration) { teachEWMA(t, s, addr, d) }
 	for range 5 { // steady samples: EWMAs of 100 and 200 ms, little noise
 		teach("fast:1", 100*time.Millisecond)
@@ -183,7 +183,7 @@ func TestABatchMeasuredSlowerBeyondNoiseGetsLess(t *testing.T) {
 func TestBatchesWithinTheSwingOfIdenticalEnginesTakeTurns(t *testing.T) {
 	s := New(Config{Parallelism: 8})
 	t.Cleanup(s.Close)
-	s.SetBackends([]string{"a:1", "b:1"})
+	s.SetReplicas([]string{"a:1", "b:1"})
 	teach := func(addr string, d time.Duration) { teachEWMA(t, s, addr, d) }
 	for range 5 { // steady samples: EWMAs of 100 and 125 ms, little noise
 		teach("a:1", 100*time.Millisecond)
@@ -213,7 +213,7 @@ func TestBatchesWithinTheSwingOfIdenticalEnginesTakeTurns(t *testing.T) {
 func TestABatchTwoAboveTheLeastWaitsItsTurn(t *testing.T) {
 	s := New(Config{Parallelism: 64})
 	t.Cleanup(s.Close)
-	s.SetBackends([]string{"a:1", "b:1"})
+	s.SetReplicas([]string{"a:1", "b:1"})
 	held := map[string][]*Lease{}
 	for range 37 { // a 19, b 18: a picked last
 		l := mustAcquire(t, s)
@@ -268,7 +268,7 @@ func teachEWMA(t *testing.T, s *State, addr string, d time.Duration) {
 func TestAStallingEngineWaitsForItsPrefillsToCatchUp(t *testing.T) {
 	s := New(Config{Parallelism: 64})
 	t.Cleanup(s.Close)
-	s.SetBackends([]string{"a:1", "b:1"})
+	s.SetReplicas([]string{"a:1", "b:1"})
 	held := map[string][]*Lease{}
 	for range 8 {
 		l := mustAcquire(t, s)

@@ -9,8 +9,9 @@ import (
 
 // State is the queued-least-latency policy's lb.Picker.
 
-// SetReplicas implements lb.Picker (see SetBackends).
-func (s *State) SetReplicas(addrs []string) { s.SetBackends(addrs) }
+// SetReplicas implements lb.Picker: SetBackends with each address reached
+// at http://addr.
+func (s *State) SetReplicas(addrs []string) { s.SetBackends(lb.PlainBackends(addrs)) }
 
 // Pick implements lb.Picker: Acquire, with req.Unavailable (the proxy's
 // own health view, carried by every request) excluded from dispatch, for

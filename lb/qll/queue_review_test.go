@@ -30,7 +30,7 @@ func receive(t *testing.T, ch <-chan result, what string) result {
 func TestReloadShortensTheQueueTimeoutOfWaitingRequests(t *testing.T) {
 	s := New(Config{MaxConcurrency: 1, QueueTimeout: time.Hour})
 	t.Cleanup(s.Close)
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	busy := mustAcquire(t, s)
 	w := enqueue(t, s, context.Background(), 1)
 	s.Configure(Config{MaxConcurrency: 1, QueueTimeout: time.Nanosecond})
@@ -52,7 +52,7 @@ func TestReloadShortensTheQueueTimeoutOfWaitingRequests(t *testing.T) {
 func TestReloadLengthensTheQueueTimeoutOfWaitingRequests(t *testing.T) {
 	s := New(Config{MaxConcurrency: 1, QueueTimeout: time.Hour})
 	t.Cleanup(s.Close)
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	busy := mustAcquire(t, s)
 	w := enqueue(t, s, context.Background(), 1)
 	s.Configure(Config{MaxConcurrency: 1, QueueTimeout: 2 * time.Hour})
@@ -74,7 +74,7 @@ func TestReloadLengthensTheQueueTimeoutOfWaitingRequests(t *testing.T) {
 func TestReloadBoundsTheQueueAtOnce(t *testing.T) {
 	s := New(Config{MaxConcurrency: 1, QueueMaxSize: 10})
 	t.Cleanup(s.Close)
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	busy := mustAcquire(t, s)
 	w := enqueue(t, s, context.Background(), 5)
 	s.Configure(Config{MaxConcurrency: 1, QueueMaxSize: 2})
@@ -118,7 +118,7 @@ func answered(status int, d time.Duration) lb.Outcome {
 func TestRefusalsTeachNoLatency(t *testing.T) {
 	for _, status := range []int{http.StatusTooManyRequests, http.StatusNotFound} {
 		s := New(Config{LatencyThreshold: 3 * time.Second})
-		s.SetBackends([]string{"a:1"})
+		s.SetReplicas([]string{"a:1"})
 		l := mustAcquire(t, s)
 		l.Release(answered(200, time.Second))
 		for i := 0; i < 5; i++ {
@@ -143,7 +143,7 @@ func TestRefusalsTeachNoLatency(t *testing.T) {
 func TestA429CutsTheLearnedLimit(t *testing.T) {
 	s := New(Config{NoEngineMetrics: true})
 	t.Cleanup(s.Close)
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	slots := func() int { return s.Snapshot().Replicas[0].Parallelism }
 	// Grow it in slow start on requests served alongside each other
 	// without slowing: 1 → 2 → 4 → 8.
@@ -184,7 +184,7 @@ func TestReloadAppliesFailSettingsToADownReplica(t *testing.T) {
 	s := New(Config{FailDuration: time.Hour})
 	t.Cleanup(s.Close)
 	s.now = func() time.Time { return now }
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	mustAcquire(t, s).Release(lb.Outcome{Kind: lb.Failure})
 	if !s.Snapshot().Replicas[0].Down {
 		t.Fatal("a failed replica is not down")

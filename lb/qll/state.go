@@ -52,6 +52,7 @@ type State struct {
 
 type replica struct {
 	addr        string
+	url         string // base URL (scheme://host:port): where its engine metrics are read
 	present     bool
 	inFlight    int
 	tried       [kinds]bool
@@ -167,7 +168,7 @@ func (s *State) engineTargetsLocked() {
 	targets := map[string]string{}
 	if !s.cfg.NoEngineMetrics && s.cfg.Parallelism == 0 && s.cfg.LatencyThreshold == 0 {
 		for _, r := range s.order {
-			targets[r.addr] = "http://" + r.addr
+			targets[r.addr] = r.url
 		}
 	}
 	s.engine.SetTargets(targets)
@@ -240,29 +241,31 @@ func (s *State) SetWaitObserver(fn func(time.Duration)) {
 	s.mu.Unlock()
 }
 
-// SetBackends makes addrs the present replicas. Replicas that stay keep
-// their statistics; new ones start untried (so they get work at once);
-// removed ones finish their in-flight requests and are then forgotten.
-// With no replica left, every waiter fails fast with ErrNoBackends; with
-// only replicas the proxy last reported unavailable (see Pick), with
-// lb.ErrAllDown.
-func (s *State) SetBackends(addrs []string) {
+// SetBackends makes set the present replicas, by dial address; each
+// one's engine metrics are read at its URL (https://host:port for a TLS
+// replica). Replicas that stay keep their statistics; new ones start
+// untried (so they get work at once); removed ones finish their in-flight
+// requests and are then forgotten. With no replica left, every waiter
+// fails fast with ErrNoBackends; with only replicas the proxy last
+// reported unavailable (see Pick), with lb.ErrAllDown.
+func (s *State) SetBackends(set []lb.Backend) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, r := range s.replicas {
 		r.present = false
 	}
 	s.order = s.order[:0]
-	for _, a := range addrs {
-		r, ok := s.replicas[a]
+	for _, b := range set {
+		r, ok := s.replicas[b.Dial]
 		if !ok {
-			r = &replica{addr: a, lim: newConcurrencyLimit()}
-			s.replicas[a] = r
+			r = &replica{addr: b.Dial, lim: newConcurrencyLimit()}
+			s.replicas[b.Dial] = r
 		}
 		if r.present {
-			continue // duplicate in addrs
+			continue // duplicate in set
 		}
 		r.present = true
+		r.url = b.URL
 		s.order = append(s.order, r)
 	}
 	for a, r := range s.replicas {

@@ -20,7 +20,7 @@ import (
 func TestA4xxFirstByteGrowsNoLimit(t *testing.T) {
 	s := New(Config{NoEngineMetrics: true})
 	t.Cleanup(s.Close)
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	slots := func() int { return s.Snapshot().Replicas[0].Parallelism }
 	round := func(status int) {
 		var ls []*Lease
@@ -58,7 +58,7 @@ func TestA4xxFirstByteGrowsNoLimit(t *testing.T) {
 // raced a cancellation); each error returned is one its counter counted.
 func TestEveryWaiterLeavesOnceWhileReloadsRaceItsWaysOut(t *testing.T) {
 	s := New(Config{MaxConcurrency: 2, Parallelism: 2, QueueMaxSize: 50, QueueTimeout: time.Hour, NoEngineMetrics: true})
-	s.SetBackends([]string{"a:1", "b:1"})
+	s.SetReplicas([]string{"a:1", "b:1"})
 	const workers, each = 8, 150
 	type tally struct{ leases, evicted, timedOut, cancelled, full, shutdown, other int }
 	tallies := make(chan tally, workers)

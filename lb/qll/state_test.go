@@ -59,7 +59,7 @@ func enqueue(t *testing.T, s *State, ctx context.Context, n int) <-chan result {
 
 func TestDispatchIsFIFO(t *testing.T) {
 	s := New(Config{MaxConcurrency: 1})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	cur := mustAcquire(t, s)
 	got := enqueue(t, s, context.Background(), 5)
 	for want := 0; want < 5; want++ {
@@ -78,7 +78,7 @@ func TestDispatchIsFIFO(t *testing.T) {
 
 func TestFullQueueEvictsOldest(t *testing.T) {
 	s := New(Config{MaxConcurrency: 1, QueueMaxSize: 2})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	busy := mustAcquire(t, s)
 	first := enqueue(t, s, context.Background(), 2)
 	third := make(chan result, 1)
@@ -112,7 +112,7 @@ func TestFullQueueEvictsOldest(t *testing.T) {
 
 func TestQueueDisabledRefusesAtOnce(t *testing.T) {
 	s := New(Config{MaxConcurrency: 1, QueueMaxSize: -1})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	l := mustAcquire(t, s)
 	if _, err := s.Acquire(context.Background()); !errors.Is(err, lb.ErrQueueFull) {
 		t.Fatalf("got %v, want ErrQueueFull", err)
@@ -122,7 +122,7 @@ func TestQueueDisabledRefusesAtOnce(t *testing.T) {
 
 func TestQueueTimeout(t *testing.T) {
 	s := New(Config{MaxConcurrency: 1, QueueTimeout: 20 * time.Millisecond})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	l := mustAcquire(t, s)
 	if _, err := s.Acquire(context.Background()); !errors.Is(err, lb.ErrQueueTimeout) {
 		t.Fatalf("got %v, want ErrQueueTimeout", err)
@@ -139,7 +139,7 @@ func TestQueueTimeout(t *testing.T) {
 
 func TestCancelledWaiterLeavesAtOnceAndIsNeverDispatched(t *testing.T) {
 	s := New(Config{MaxConcurrency: 1})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	busy := mustAcquire(t, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	gone := enqueue(t, s, ctx, 1)
@@ -169,10 +169,10 @@ func TestNoBackendsFailsFastAndFailsWaiters(t *testing.T) {
 		t.Fatalf("empty pool: got %v", err)
 	}
 	s.Configure(Config{MaxConcurrency: 1})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	l := mustAcquire(t, s)
 	w := enqueue(t, s, context.Background(), 2)
-	s.SetBackends(nil)
+	s.SetReplicas(nil)
 	for i := 0; i < 2; i++ {
 		if r := <-w; !errors.Is(r.err, lb.ErrNoBackends) {
 			t.Fatalf("waiter %d got %v, want ErrNoBackends", r.id, r.err)
@@ -192,13 +192,13 @@ func TestAddedReplicasDrainTheQueueAtOnce(t *testing.T) {
 	// One diffusion-like replica, its EWMA (1s) far over the threshold:
 	// it serves one request at a time and the rest wait at the edge.
 	s := New(Config{LatencyThreshold: 100 * time.Millisecond, Parallelism: 1})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	l := mustAcquire(t, s)
 	l.Release(success(time.Second))
 	busy := mustAcquire(t, s)
 	w := enqueue(t, s, context.Background(), 5)
 
-	s.SetBackends([]string{"a:1", "b:1", "c:1"})
+	s.SetReplicas([]string{"a:1", "b:1", "c:1"})
 	got := map[string]int{}
 	var leases []*Lease
 	for i := 0; i < 2; i++ {
@@ -233,7 +233,7 @@ func TestAddedReplicasDrainTheQueueAtOnce(t *testing.T) {
 func TestLoadSpreadsWhileUnderThreshold(t *testing.T) {
 	s := New(Config{LatencyThreshold: 3 * time.Second, Parallelism: 1}) // the HF rule; replicas at ~200ms: all under it
 	addrs := []string{"a:1", "b:1", "c:1", "d:1"}
-	s.SetBackends(addrs)
+	s.SetReplicas(addrs)
 	for i, a := range addrs { // teach each replica a slightly different EWMA
 		_ = a
 		l := mustAcquire(t, s)
@@ -260,7 +260,7 @@ func TestFailuresNeverFeedEWMAAndMarkDownUntilRecovery(t *testing.T) {
 	now := time.Unix(1000, 0)
 	s := New(Config{FailDuration: 10 * time.Second})
 	s.now = func() time.Time { return now }
-	s.SetBackends([]string{"bad:1", "good:1"})
+	s.SetReplicas([]string{"bad:1", "good:1"})
 	for _, lat := range []time.Duration{time.Second, time.Second} {
 		l := mustAcquire(t, s)
 		l.Release(success(lat))
@@ -308,7 +308,7 @@ func TestFailuresNeverFeedEWMAAndMarkDownUntilRecovery(t *testing.T) {
 
 func TestCancelledAttemptsDoNotTouchTheReplica(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	l := mustAcquire(t, s)
 	l.Release(lb.Outcome{Kind: lb.Cancelled})
 	r := s.Snapshot().Replicas[0]
@@ -319,7 +319,7 @@ func TestCancelledAttemptsDoNotTouchTheReplica(t *testing.T) {
 
 func TestReleaseIsExactlyOnce(t *testing.T) {
 	s := New(Config{})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	l := mustAcquire(t, s)
 	var wg sync.WaitGroup
 	var wins sync.Map
@@ -342,7 +342,7 @@ func TestReleaseIsExactlyOnce(t *testing.T) {
 
 func TestDownReplicaRecoveryWakesWaiters(t *testing.T) {
 	s := New(Config{FailDuration: 30 * time.Millisecond})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	l := mustAcquire(t, s)
 	w := enqueue(t, s, context.Background(), 1)
 	l.Release(lb.Outcome{Kind: lb.Failure})
@@ -360,7 +360,7 @@ func TestDownReplicaRecoveryWakesWaiters(t *testing.T) {
 func TestChurnKeepsCountsExact(t *testing.T) {
 	s := New(Config{MaxConcurrency: 2, QueueMaxSize: 8, QueueTimeout: 30 * time.Millisecond, LatencyThreshold: time.Millisecond})
 	sets := [][]string{{"a:1", "b:1"}, {"b:1", "c:1", "d:1"}, {"a:1"}, {"c:1", "e:1"}}
-	s.SetBackends(sets[0])
+	s.SetReplicas(sets[0])
 	var released, dispatched sync.WaitGroup
 	var mu sync.Mutex
 	releases := 0
@@ -371,7 +371,7 @@ func TestChurnKeepsCountsExact(t *testing.T) {
 			case <-stop:
 				return
 			case <-time.After(2 * time.Millisecond):
-				s.SetBackends(sets[i%len(sets)])
+				s.SetReplicas(sets[i%len(sets)])
 			}
 		}
 	}()
@@ -423,7 +423,7 @@ func BenchmarkPick64(b *testing.B) {
 	for i := range addrs {
 		addrs[i] = fmt.Sprintf("10.0.0.%d:8000", i)
 	}
-	s.SetBackends(addrs)
+	s.SetReplicas(addrs)
 	for i := range addrs {
 		l, _ := s.Acquire(context.Background())
 		l.Release(success(time.Duration(100+i) * time.Millisecond))
@@ -445,7 +445,7 @@ func TestEWMAIsNormalisedByTheLoadARequestJoined(t *testing.T) {
 	// and takes two service times. Its sample must count as one service
 	// time, or the prediction (EWMA × load) would count the queue twice.
 	s := New(Config{EWMAAlpha: 1, LatencyThreshold: 3 * time.Second, Parallelism: 1})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	mustAcquire(t, s).Release(success(time.Second)) // learn: 1s per request
 	first := mustAcquire(t, s)
 	second := mustAcquire(t, s) // predicted 2s, under the 3s threshold: joins the replica's queue
@@ -461,7 +461,7 @@ func TestAFreeSlotIsEligibleWhateverTheEWMA(t *testing.T) {
 	// threshold: like an idle one-at-a-time replica, it takes a request
 	// while it has a free slot — 4 at once, not 1 — and the fifth waits.
 	s := New(Config{Parallelism: 4, EWMAAlpha: 1})
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	mustAcquire(t, s).Release(success(5 * time.Second))
 	var held []*Lease
 	for i := 0; i < 4; i++ {
@@ -490,7 +490,7 @@ func TestAFreeSlotIsEligibleWhateverTheEWMA(t *testing.T) {
 // again without its avoid list), not held.
 func TestAQueuedRetryWaitsForAnotherReplica(t *testing.T) {
 	s := New(Config{Parallelism: 1, MaxFails: 100})
-	s.SetBackends([]string{"a:1", "b:1"})
+	s.SetReplicas([]string{"a:1", "b:1"})
 	la, lb1 := mustAcquire(t, s), mustAcquire(t, s)
 	if la.Addr == lb1.Addr {
 		t.Fatalf("both leases on %s", la.Addr)
@@ -536,7 +536,7 @@ func TestAQueuedRetryWaitsForAnotherReplica(t *testing.T) {
 		retried <- result{err: err}
 	}()
 	waitFor(t, "the retry to queue", func() bool { return s.Snapshot().QueueDepth > depth })
-	s.SetBackends([]string{"a:1"})
+	s.SetReplicas([]string{"a:1"})
 	hold.Release(success(time.Millisecond))
 	hold2.Release(success(time.Millisecond))
 	if r := <-retried; !errors.Is(r.err, lb.ErrAllDown) {
