@@ -47,7 +47,7 @@ func (h *FlowControl) findReplicas() error {
 		// The count is fixed; the static upstreams are still the replicas
 		// the utilization detector scrapes.
 		if mine != nil && mine.DynamicUpstreams == nil {
-			h.static = staticBackends(mine.Upstreams)
+			h.static = staticBackends(mine.Upstreams, schemeOfProxy(mine))
 		}
 		return nil
 	}
@@ -80,7 +80,7 @@ func (h *FlowControl) findReplicas() error {
 				"give one of them another pool, or set replicas N", name, len(mine.Upstreams), len(rp.Upstreams))
 		}
 	}
-	h.static = staticBackends(mine.Upstreams)
+	h.static = staticBackends(mine.Upstreams, schemeOfProxy(mine))
 	if lbp := mine.LoadBalancing; lbp != nil {
 		if _, random := lbp.SelectionPolicy.(*reverseproxy.RandomSelection); random {
 			// Flow control decides when, not where: measured (flow-new-user),

@@ -85,8 +85,8 @@ func (st *policyState) setBackends(set []lb.Backend) {
 
 // syncStatic makes reverse_proxy's own upstream list the replica set, for
 // pools without a managed set.
-func (st *policyState) syncStatic(pool reverseproxy.UpstreamPool) {
-	st.static.sync(pool, st.setBackends)
+func (st *policyState) syncStatic(pool reverseproxy.UpstreamPool, scheme upstreamScheme) {
+	st.static.sync(pool, scheme, st.setBackends)
 }
 
 // Settings implements observable.

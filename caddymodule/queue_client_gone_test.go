@@ -35,7 +35,7 @@ func TestQueuedClientThatLeavesLeavesQLLsQueue(t *testing.T) {
 	st := p.state.picker.(*qll.State)
 	pool := reverseproxy.UpstreamPool{{Dial: "127.0.0.1:19", Host: new(reverseproxy.Host)}}
 	srv := selectServer(t, p, pool)
-	p.state.syncStatic(pool)
+	p.state.syncStatic(pool, p.scheme)
 	held, err := st.Acquire(context.Background()) // the replica's one slot
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +62,7 @@ func TestQueuedClientThatLeavesLeavesTheGlobalQueue(t *testing.T) {
 	st := p.state.picker.(*redisleast.Store)
 	pool := reverseproxy.UpstreamPool{{Dial: "127.0.0.1:19", Host: new(reverseproxy.Host)}}
 	srv := selectServer(t, p, pool)
-	p.state.syncStatic(pool)
+	p.state.syncStatic(pool, p.scheme)
 	held, err := st.Pick(context.Background(), &lb.Request{}) // the replica's one slot
 	if err != nil {
 		t.Fatal(err)

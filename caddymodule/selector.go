@@ -38,6 +38,10 @@ type selector struct {
 	// when the config starts (a pointer: modules are copied by value).
 	readAhead *atomic.Bool
 
+	// scheme is how the enclosing reverse_proxy reaches its static
+	// upstreams (their URLs, where engine metrics are read).
+	scheme upstreamScheme
+
 	state  *policyState
 	claims stateClaims
 	log    *zap.Logger
@@ -65,6 +69,7 @@ func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
 	s.log = ctx.Logger()
 	s.module, s.measure, s.maxBody, s.session, s.afterPick = spec.module, spec.measure, spec.maxBody, spec.session, spec.afterPick
 	s.firstByte = time.Duration(spec.attempt.FirstByteTimeout)
+	s.scheme = schemeOfProxy(enclosingProxy(ctx))
 	restorePool(spec.pool, s.log)
 	s.pool = lb.GetPool(spec.pool)
 	key := stateKey{module: spec.module, pool: spec.pool, variant: spec.variant}
@@ -125,7 +130,7 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	st.requests.enter()
 	defer st.requests.leave()
 	if !s.pool.Managed() {
-		st.syncStatic(pool)
+		st.syncStatic(pool, s.scheme)
 	}
 	req := s.request(rs, a, r)
 	req.Unavailable, req.Full = unavailable(pool, req.Unavailable, req.Full)

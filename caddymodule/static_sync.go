@@ -18,38 +18,45 @@ type staticSync struct {
 	// last is read without mu on every request (an unchanged list, the
 	// common case, takes no lock) and written under mu after apply, so a
 	// request that sees a new list also sees it applied.
-	last atomic.Pointer[[]string]
+	last atomic.Pointer[appliedStatic]
 }
 
-func (s *staticSync) sync(pool reverseproxy.UpstreamPool, apply func([]lb.Backend)) {
-	if s.same(pool) {
+// appliedStatic is the static list last applied: its dials, and the
+// scheme they were reached with.
+type appliedStatic struct {
+	dials  []string
+	scheme upstreamScheme
+}
+
+func (s *staticSync) sync(pool reverseproxy.UpstreamPool, scheme upstreamScheme, apply func([]lb.Backend)) {
+	if s.same(pool, scheme) {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.same(pool) {
+	if s.same(pool, scheme) {
 		return
 	}
-	last := make([]string, len(pool))
+	last := &appliedStatic{dials: make([]string, len(pool)), scheme: scheme}
 	for i, u := range pool {
-		last[i] = u.Dial
+		last.dials[i] = u.Dial
 	}
-	apply(staticBackends(pool))
-	s.last.Store(&last)
+	apply(staticBackends(pool, scheme))
+	s.last.Store(last)
 }
 
-// same reports whether pool lists the dials last applied (none before the
-// first).
-func (s *staticSync) same(pool reverseproxy.UpstreamPool) bool {
-	var last []string
-	if p := s.last.Load(); p != nil {
-		last = *p
+// same reports whether pool lists the dials last applied, reached with
+// the same scheme (false before the first).
+func (s *staticSync) same(pool reverseproxy.UpstreamPool, scheme upstreamScheme) bool {
+	last := s.last.Load()
+	if last == nil {
+		return false
 	}
-	if len(pool) != len(last) {
+	if len(pool) != len(last.dials) || scheme != last.scheme {
 		return false
 	}
 	for i := range pool {
-		if pool[i].Dial != last[i] {
+		if pool[i].Dial != last.dials[i] {
 			return false
 		}
 	}
@@ -58,11 +65,12 @@ func (s *staticSync) same(pool reverseproxy.UpstreamPool) bool {
 
 // staticBackends is reverse_proxy's static upstream list as a backend set:
 // what the Sluice policies pick from, and what flow_control counts, when
-// the pool has no managed set.
-func staticBackends(pool reverseproxy.UpstreamPool) []lb.Backend {
+// the pool has no managed set. Each URL has the scheme the proxy's
+// transport reaches the upstream with (engine metrics are read there).
+func staticBackends(pool reverseproxy.UpstreamPool, scheme upstreamScheme) []lb.Backend {
 	set := make([]lb.Backend, len(pool))
 	for i, u := range pool {
-		set[i] = lb.Backend{URL: "http://" + u.Dial, Dial: u.Dial}
+		set[i] = lb.Backend{URL: scheme.url(u.Dial), Dial: u.Dial}
 	}
 	return set
 }

@@ -1,0 +1,77 @@
+package caddymodule
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/lb/qll"
+)
+
+// tlsQLLProxy is a reverse_proxy route to the TLS upstream at dial (as
+// `to https://dial` writes it: the HTTP transport with a tls block)
+// through queued_least_latency on pool, its engine metrics on.
+func tlsQLLProxy(pool, dial string, tls bool) map[string]any {
+	transport := map[string]any{"protocol": "http"}
+	if tls {
+		transport["tls"] = map[string]any{"insecure_skip_verify": true}
+	}
+	return map[string]any{"handle": []map[string]any{{
+		"handler":   "reverse_proxy",
+		"upstreams": []map[string]any{{"dial": dial}},
+		"transport": transport,
+		"load_balancing": map[string]any{"selection_policy": map[string]any{
+			"policy": "queued_least_latency", "pool": pool, "state_log_interval": -1,
+		}},
+	}}}
+}
+
+// scrapeErrorOf waits for pool's queued_least_latency scraper to have
+// tried the replica at dial and returns the error it got.
+func scrapeErrorOf(t *testing.T, pool, dial, want string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second) // bounds a scrape that never comes; no timing asserted
+	last := ""
+	for {
+		if st := pickersOf[*qll.State]("queued_least_latency")[pool]; st != nil {
+			if err := st.Engine().Stats(dial).Sample.Err; err != nil {
+				last = err.Error()
+				if strings.Contains(last, want) {
+					return last
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool %s: no scrape of %s at %s (last error: %q)", pool, dial, want, last)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A static upstream the proxy reaches over TLS has its engine metrics read
+// over TLS: scraped at http://dial, a TLS replica answers no metrics and
+// queued_least_latency lost its engine signals (the learned limit alone
+// then held requests at the edge). A reload that drops the tls block goes
+// back to http://. The scraper does not trust the test's certificate, so
+// the scrape's own error shows where it went.
+func TestStaticTLSUpstreamsEngineMetricsAreReadOverTLS(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"ok":true}`))
+	}))
+	t.Cleanup(srv.Close)
+	dial := strings.TrimPrefix(srv.URL, "https://")
+	pool := "static-tls-" + t.Name()
+
+	url := startProxy(t, []map[string]any{tlsQLLProxy(pool, dial, true)}, nil)
+	if got := statusOf(t, completion(t, http.MethodPost, url+"/v1/completions")); got != http.StatusOK {
+		t.Fatalf("through the TLS upstream: status %d, want 200", got)
+	}
+	scrapeErrorOf(t, pool, dial, "https://"+dial+"/metrics")
+
+	// The same upstream, now without TLS: the scrape follows the reload.
+	url = startProxy(t, []map[string]any{tlsQLLProxy(pool, dial, false)}, nil)
+	statusOf(t, completion(t, http.MethodPost, url+"/v1/completions"))
+	scrapeErrorOf(t, pool, dial, "http://"+dial+"/metrics")
+}
