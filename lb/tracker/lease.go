@@ -12,13 +12,14 @@ func (t *Tracker) Config() Config {
 	return t.cfg
 }
 
-// PerReplica is the in-flight count per replica (draining ones included;
-// idle ones left out), as lb.Picker's InFlight reports it.
+// PerReplica is the in-flight count per replica address (draining ones
+// included, an address added back while its old requests drain counting
+// both; idle ones left out), as lb.Picker's InFlight reports it.
 func (t *Tracker) PerReplica() map[string]int {
 	out := map[string]int{}
 	for _, s := range t.Snapshot() {
 		if s.InFlight > 0 {
-			out[s.Addr] = s.InFlight
+			out[s.Addr] += s.InFlight
 		}
 	}
 	return out

@@ -6,6 +6,7 @@
 package tracker
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,7 +39,11 @@ type Tracker struct {
 	mu   sync.RWMutex
 	cfg  Config
 	reps map[string]*replica // present replicas and removed ones still draining
-	now  func() time.Time
+	// retired holds removed replicas, still draining, whose address was
+	// added back meanwhile: reps has a fresh replica for it, and these
+	// are forgotten once their last request is released.
+	retired map[*replica]struct{}
+	now     func() time.Time
 	// acquired numbers the acquisitions, so that each replica's latest
 	// one tells which replica got a request longest ago.
 	acquired atomic.Uint64
@@ -71,7 +76,7 @@ type replica struct {
 
 // New returns an empty tracker.
 func New(cfg Config) *Tracker {
-	return &Tracker{cfg: cfg.WithDefaults(), reps: map[string]*replica{}, now: time.Now}
+	return &Tracker{cfg: cfg.WithDefaults(), reps: map[string]*replica{}, retired: map[*replica]struct{}{}, now: time.Now}
 }
 
 // Configure swaps the health settings, keeping the counts.
@@ -86,12 +91,18 @@ func (t *Tracker) Configure(cfg Config) {
 	// A replica failures marked down is judged again by the new
 	// settings, from its last failure: a reload that raises max_fails
 	// or shortens fail_duration must not leave it out on the old ones.
-	for _, r := range t.reps {
+	rejudge := func(r *replica) {
 		r.hmu.Lock()
 		if r.consecFails > 0 {
 			r.downUntil.Store(t.cfg.downUntil(r.consecFails, r.lastFail))
 		}
 		r.hmu.Unlock()
+	}
+	for _, r := range t.reps {
+		rejudge(r)
+	}
+	for r := range t.retired {
+		rejudge(r)
 	}
 }
 
@@ -101,28 +112,54 @@ func (c Config) downUntil(n int, last time.Time) int64 {
 	if n < c.MaxFails {
 		return 0
 	}
-	factor := 1 << min(n-c.MaxFails, 4)
-	return last.Add(time.Duration(factor) * c.FailDuration).UnixNano()
+	factor := int64(1) << min(n-c.MaxFails, 4)
+	from, d := last.UnixNano(), int64(c.FailDuration)
+	if d > 0 && (d > math.MaxInt64/factor || from > math.MaxInt64-factor*d) {
+		// A fail_duration of years would wrap into the past: the
+		// replica would come back up on its fifth failure.
+		return math.MaxInt64
+	}
+	return from + factor*d
 }
 
-// SetReplicas makes addrs the present set; removed replicas are forgotten
-// once their last request is released.
+// SetReplicas makes addrs the present set (duplicates count once);
+// removed replicas are forgotten once their last request is released.
+// A replica that stays present keeps its counts and health. One added
+// back while requests from before its removal are still in flight is a
+// fresh replica, as one added back after they ended is: up, and its
+// counts its own requests' only. The old requests stay counted on the
+// removed replica (PerReplica and Snapshot still show them, as a
+// draining entry) until each is released, and their outcomes say
+// nothing of the replica added back: a stuck old request is not taken
+// for its one probe, and old requests failing (the replica restarted,
+// say) do not mark it down.
 func (t *Tracker) SetReplicas(addrs []string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, r := range t.reps {
-		r.present = false
-	}
+	keep := make(map[string]bool, len(addrs))
 	for _, a := range addrs {
-		r, ok := t.reps[a]
-		if !ok {
-			r = &replica{addr: a}
-			t.reps[a] = r
+		if keep[a] {
+			continue
 		}
-		r.present = true
+		keep[a] = true
+		r, ok := t.reps[a]
+		if ok && r.present {
+			continue
+		}
+		if ok && r.inFlight.Load() > 0 {
+			// Draining: it drains on as retired (acquire only counts a
+			// present replica, under the read lock, so its count only
+			// falls from now on).
+			t.retired[r] = struct{}{}
+		}
+		t.reps[a] = &replica{addr: a, present: true}
 	}
 	for a, r := range t.reps {
-		if !r.present && r.inFlight.Load() == 0 {
+		if keep[a] {
+			continue
+		}
+		r.present = false
+		if r.inFlight.Load() == 0 {
 			delete(t.reps, a)
 		}
 	}
@@ -164,6 +201,12 @@ func (t *Tracker) Down(addr string) bool {
 	return t.downNow(r, int(r.inFlight.Load()))
 }
 
+// maxCost bounds one lease's cost, so that a replica's sum of in-flight
+// costs cannot overflow (it would wrap negative and show a loaded replica
+// as idle): 2^23 leases of it fit in an int64. Real estimates are far
+// below it.
+const maxCost = 1 << 40
+
 // Lease is one attempt on a replica; Release it exactly once (later calls
 // are no-ops and return false).
 type Lease struct {
@@ -181,7 +224,8 @@ type Lease struct {
 func (t *Tracker) Acquire(addr string) *Lease { return t.AcquireCost(addr, 0) }
 
 // AcquireCost is Acquire for a request of the given cost (a policy's
-// estimate of its work, e.g. tokens), summed per replica until released.
+// estimate of its work, e.g. tokens), summed per replica until released
+// (negative counts as 0, and above 2^40 as 2^40).
 func (t *Tracker) AcquireCost(addr string, cost int64) *Lease {
 	return t.acquire(addr, cost, false)
 }
@@ -196,7 +240,7 @@ func (t *Tracker) AcquireUsable(addr string, cost int64) *Lease {
 }
 
 func (t *Tracker) acquire(addr string, cost int64, usable bool) *Lease {
-	cost = max(cost, 0)
+	cost = min(max(cost, 0), maxCost)
 	t.mu.RLock()
 	r, ok := t.reps[addr]
 	ok = ok && r.present
@@ -225,8 +269,11 @@ func (t *Tracker) acquire(addr string, cost int64, usable bool) *Lease {
 	if !ok {
 		return nil
 	}
-	l := &Lease{t: t, r: r, Addr: addr, start: t.now(), cost: cost}
+	l := &Lease{t: t, r: r, Addr: addr, cost: cost}
 	r.lmu.Lock()
+	// Read under lmu, so that the list is in start order (View stops at
+	// the first lease after its cutoff).
+	l.start = t.now()
 	if r.tail == nil {
 		r.head, r.tail = l, l
 	} else {
@@ -279,8 +326,12 @@ func (l *Lease) Release(o lb.Outcome) bool {
 	}
 	if r.inFlight.Add(-1) == 0 {
 		t.mu.Lock()
-		if !r.present && r.inFlight.Load() == 0 && t.reps[r.addr] == r {
-			delete(t.reps, r.addr)
+		if !r.present && r.inFlight.Load() == 0 {
+			if t.reps[r.addr] == r {
+				delete(t.reps, r.addr)
+			} else {
+				delete(t.retired, r) // its address was added back
+			}
 		}
 		t.mu.Unlock()
 	}
@@ -296,15 +347,24 @@ type ReplicaStats struct {
 	Present  bool
 }
 
-// Snapshot lists every replica, present ones and draining ones.
+// Snapshot lists every replica, present ones and draining ones. An
+// address added back while its old requests drain is listed twice: the
+// present replica, and the draining one (Present false) with the old
+// requests.
 func (t *Tracker) Snapshot() []ReplicaStats {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	now := t.now().UnixNano()
-	out := make([]ReplicaStats, 0, len(t.reps))
+	out := make([]ReplicaStats, 0, len(t.reps)+len(t.retired))
+	stats := func(r *replica) ReplicaStats {
+		return ReplicaStats{Addr: r.addr, InFlight: int(r.inFlight.Load()),
+			Down: now < r.downUntil.Load(), Failures: r.failures.Load(), Present: r.present}
+	}
 	for _, r := range t.reps {
-		out = append(out, ReplicaStats{Addr: r.addr, InFlight: int(r.inFlight.Load()),
-			Down: now < r.downUntil.Load(), Failures: r.failures.Load(), Present: r.present})
+		out = append(out, stats(r))
+	}
+	for r := range t.retired {
+		out = append(out, stats(r))
 	}
 	return out
 }
