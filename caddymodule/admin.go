@@ -38,15 +38,31 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/sluice/pools", Handler: caddy.AdminHandlerFunc(a.listPools)},
 		{Pattern: "/sluice/pools/", Handler: caddy.AdminHandlerFunc(a.pool)},
 		{Pattern: "/sluice/metrics", Handler: caddy.AdminHandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			serveMetrics(w, r)
+			if onlyRead(w, r) {
+				serveMetrics(w, r)
+			}
 			return nil
 		})},
 	}
 }
 
 func (a *AdminAPI) listPools(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, map[string]any{"pools": lb.PoolNames()})
+	if onlyRead(w, r) {
+		writeJSON(w, http.StatusOK, map[string]any{"pools": lb.PoolNames()})
+	}
 	return nil
+}
+
+// onlyRead reports whether r reads (GET or HEAD); otherwise it answers
+// 405 naming the methods allowed: a change sent to a read-only path (a
+// backend set POSTed to /sluice/pools) must not be told it succeeded.
+func onlyRead(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return true
+	}
+	w.Header().Set("Allow", "GET, HEAD")
+	writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
+	return false
 }
 
 func (a *AdminAPI) pool(w http.ResponseWriter, r *http.Request) error {

@@ -139,30 +139,98 @@ func health(name string) healthReport {
 			scraper = h.Metrics
 		}
 	}
-	stats := map[string]backendHealth{}
-	var draining []backendHealth
-	for _, bh := range view.Replicas {
-		if bh.Draining {
-			draining = append(draining, bh)
-		} else {
-			stats[bh.Addr] = bh
-		}
+	if !managed {
+		// The policies pick among reverse_proxy's static upstreams.
+		set = staticSet(states, modules)
 	}
-	for _, b := range set {
-		bh, ok := stats[b.Dial]
-		if !ok {
-			bh = backendHealth{Addr: b.Dial}
-		}
-		bh.URL = b.URL
-		rep.Backends = append(rep.Backends, bh)
-	}
-	rep.Backends = append(rep.Backends, draining...)
+	rep.Backends = append(rep.Backends, merged(set, view.Replicas)...)
 	if scraper != nil {
 		for i := range rep.Backends {
 			rep.Backends[i].Metrics = scrapedMetrics(scraper, rep.Backends[i].Addr)
 		}
 	}
 	return rep
+}
+
+// merged is the report's replicas: the set, in its order, each with what
+// view knows of it, then the replicas view knows draining (sorted): those
+// it marks so (an address added back while its old requests drain has
+// both entries), and those outside the set that still have requests in
+// flight (a view that knows only in-flight counts marks none draining).
+func merged(set []lb.Backend, view []backendHealth) []backendHealth {
+	stats := make(map[string]backendHealth, len(view))
+	var draining []backendHealth
+	for _, bh := range view {
+		if bh.Draining {
+			draining = append(draining, bh)
+		} else {
+			stats[bh.Addr] = bh
+		}
+	}
+	out := make([]backendHealth, 0, len(set))
+	for _, b := range set {
+		bh, ok := stats[b.Dial]
+		if !ok {
+			bh = backendHealth{Addr: b.Dial}
+		}
+		delete(stats, b.Dial)
+		bh.URL = b.URL
+		out = append(out, bh)
+	}
+	for _, bh := range stats {
+		if bh.InFlight > 0 {
+			bh.Draining = true
+			draining = append(draining, bh)
+		}
+	}
+	sort.Slice(draining, func(i, j int) bool { return draining[i].Addr < draining[j].Addr })
+	return append(out, draining...)
+}
+
+// staticSource is implemented by the shared states that know the static
+// upstreams (reverse_proxy's own list) they serve while their pool has no
+// managed set.
+type staticSource interface {
+	staticUpstreams() []lb.Backend
+}
+
+// staticUpstreams are the upstreams the policy's last request brought
+// (none before the first), at the URLs the policy reaches them.
+func (st *policyState) staticUpstreams() []lb.Backend {
+	last := st.static.last.Load()
+	if last == nil {
+		return nil
+	}
+	set := make([]lb.Backend, len(last.dials))
+	for i, d := range last.dials {
+		set[i] = lb.Backend{URL: last.scheme.url(d), Dial: d}
+	}
+	return set
+}
+
+// staticUpstreams are those of the reverse_proxy the handler guards, as
+// the running config fixed them.
+func (st *flowState) staticUpstreams() []lb.Backend { return st.view.Load().static }
+
+// staticSet is the pool's replicas while it has no managed set: every
+// static upstream its states serve, the first module's (by name) first,
+// each in reverse_proxy's order.
+func staticSet(states map[string]sharedState, modules []string) []lb.Backend {
+	var set []lb.Backend
+	seen := map[string]bool{}
+	for _, m := range modules {
+		src, ok := states[m].(staticSource)
+		if !ok {
+			continue
+		}
+		for _, b := range src.staticUpstreams() {
+			if !seen[b.Dial] {
+				seen[b.Dial] = true
+				set = append(set, b)
+			}
+		}
+	}
+	return set
 }
 
 // scrapedMetrics is what sc last read of the replica at addr.
@@ -194,10 +262,7 @@ func scrapedMetrics(sc *modelmetrics.Scraper, addr string) *replicaMetrics {
 }
 
 func serveHealth(w http.ResponseWriter, r *http.Request, name string) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		writeJSONError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use GET")
-		return
+	if onlyRead(w, r) {
+		writeJSON(w, http.StatusOK, health(name))
 	}
-	writeJSON(w, http.StatusOK, health(name))
 }
