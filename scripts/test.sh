@@ -87,6 +87,7 @@ if [ $# -eq 0 ]; then
 	for target in "FuzzSetBackendsBody ./caddymodule 4000x" "FuzzTrustedFlowHeaders ./caddymodule 7000x" \
 		"FuzzCaddyfileOptions ./caddymodule 2000x" "FuzzFirstByteLimit ./caddymodule 9000x" \
 		"FuzzParseBackend ./lb 200000x" "FuzzExtractMatchesEncodingJSON ./lb/reqtext 100000x" \
+		"FuzzDigestMatchesEncodingJSON ./lb/reqtext 30000x" \
 		"FuzzDecode ./lb/kvevents 50000x" "FuzzParse ./lb/modelmetrics 30000x"; do
 		set -- $target
 		echo "fuzz $1 ($2), ${SLUICE_FUZZTIME:-$3}"

@@ -3,6 +3,7 @@ package reqtext
 import (
 	"encoding/json"
 	"reflect"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -51,6 +52,13 @@ func TestHostileBodiesCostASmallMultipleOfTheirSize(t *testing.T) {
 		{"escaped keys", "/v1/completions", repeated(`{`, `"\u0061":1`, `}`, n)},
 		{"escaped prompt", "/v1/completions", `{"prompt":"` + strings.Repeat(`\u00e9`, n/6) + `"}`},
 		{"generate texts", "/generate", repeated(`{"text":[`, `""`, `]}`, n)},
+		{"media parts", "/v1/chat/completions", repeated(`{"messages":[{"content":[`, `{}`, `]}]}`, n)},
+		{"media parts in messages", "/v1/chat/completions", repeated(`{"messages":[`, `{"content":[{}]}`, `]}`, n)},
+		{"message fields", "/v1/chat/completions", repeated(`{"messages":[`, `{"name":""}`, `]}`, n)},
+		{"repeated message fields", "/v1/chat/completions", repeated(`{"messages":[{`, `"tool_calls":[1]`, `}]}`, n)},
+		{"repeated tools", "/v1/chat/completions", repeated(`{`, `"tools":[]`, `}`, n)},
+		{"tgi prompts", "/generate", repeated(`{"inputs":[`, `""`, `]}`, n)},
+		{"triton prompts", "/v2/models/m/generate_stream", repeated(`{"text_input":[`, `""`, `],"parameters":{"max_tokens":1}}`, n)},
 		{"other path", "/v1/embeddings", repeated(`{"x":[`, `{}`, `]}`, n)},
 	} {
 		body := []byte(c.body)
@@ -112,7 +120,7 @@ func TestFieldsAreTheOnesTheEngineReads(t *testing.T) {
 			Request{Kind: KindChat, Text: "<|user|>\nreal\n"}},
 		{"part fields other case", "/v1/chat/completions",
 			`{"messages":[{"role":"user","content":[{"type":"text","text":"real","Text":"fake"},{"Type":"text","text":"no"}]}]}`,
-			Request{Kind: KindChat, Text: "<|user|>\nreal\n"}},
+			Request{Kind: KindChat, Text: "<|user|>\nreal\n" + markerOf(`{"Type":"text","text":"no"}`) + "\n"}}, // a part of no type: not text
 		{"escaped key is the key", "/v1/completions", `{"pr\u006fmpt":"a"}`,
 			Request{Kind: KindCompletions, Text: "a"}},
 		{"last prompt wins", "/v1/completions", `{"prompt":"a","prompt":"b"}`,
@@ -135,14 +143,14 @@ func TestFieldsAreTheOnesTheEngineReads(t *testing.T) {
 			Request{Kind: KindChat}},
 		{"last text part field wins", "/v1/chat/completions",
 			`{"messages":[{"role":"u","content":[{"text":"a","type":"text","text":"b"},{"type":"text","type":"image_url","text":"c"}]}]}`,
-			Request{Kind: KindChat, Text: "<|u|>\nb\n"}},
+			Request{Kind: KindChat, Text: "<|u|>\nb\n" + markerOf(`{"type":"text","type":"image_url","text":"c"}`) + "\n"}},
 	} {
 		got, err := Extract(c.path, []byte(c.body))
 		if err != nil {
 			t.Errorf("%s: %v", c.name, err)
 			continue
 		}
-		c.want.PromptTokens = (len(c.want.Text) + 3) / 4
+		c.want.PromptTokens = (len(markers.ReplaceAllString(c.want.Text, "")) + 3) / 4
 		if got.Kind == KindChat && c.name != "null messages last" {
 			if len(got.Messages) != 1 {
 				t.Errorf("%s: %d messages", c.name, len(got.Messages))
@@ -156,6 +164,9 @@ func TestFieldsAreTheOnesTheEngineReads(t *testing.T) {
 		}
 	}
 }
+
+// markers are the markers in a text (not counted as text).
+var markers = regexp.MustCompile(`<\|#[0-9a-f]{16}\|>`)
 
 func quote(s string) string {
 	b, _ := json.Marshal(s)

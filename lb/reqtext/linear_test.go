@@ -31,6 +31,8 @@ func TestInvalidUTF8IsDecodedInLinearWork(t *testing.T) {
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"` + strings.Repeat("\xe6\x97", n/2) + `x\n"}]}`},
 		{"/v1/chat/completions", `{"model":"` + strings.Repeat("\xff\\n", n/3) + `","messages":[{"content":[{"type":"text","text":"` + strings.Repeat("ab\xc0", n/3) + `"}]}]}`},
 		{"/generate", `{"text":"` + strings.Repeat("\xed\xa0\x80", n/3) + `"}`},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","name":"` + strings.Repeat("\xff", n/2) + `","content":[{"type":"image_url","image_url":{"url":"` +
+			strings.Repeat("a\xff", n/4) + `"}},{"type":"text","text":"x"}]}]}`},
 	} {
 		scanned = 0
 		req, err := Extract(c.path, []byte(c.body))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"testing"
 	"unicode/utf8"
@@ -16,36 +17,51 @@ import (
 
 // refExtract is Extract with the encoding/json decoders.
 func refExtract(path string, body []byte) (Request, error) {
+	body = bytes.TrimPrefix(body, byteOrderMark) // as the engines do (Extract)
 	switch kindOf(path) {
 	case KindChat:
 		return refChat(body)
 	case KindCompletions:
 		return refCompletions(body)
 	case KindGenerate:
-		return refGenerate(body)
+		return refGenerate(body, isStreamPath(path))
 	}
 	return Extract(path, body)
 }
 
 type refChatBody struct {
-	Model               string `json:"model"`
-	Stream              bool   `json:"stream"`
-	MaxTokens           int    `json:"max_tokens"`
-	MaxCompletionTokens int    `json:"max_completion_tokens"`
+	Model               string          `json:"model"`
+	Stream              bool            `json:"stream"`
+	MaxTokens           int             `json:"max_tokens"`
+	MaxCompletionTokens int             `json:"max_completion_tokens"`
+	Tools               json.RawMessage `json:"tools"`
 	Messages            []struct {
 		Role    string     `json:"role"`
 		Content refContent `json:"content"`
+		// metaFields, in their order.
+		Name             json.RawMessage `json:"name"`
+		ToolCallID       json.RawMessage `json:"tool_call_id"`
+		Reasoning        json.RawMessage `json:"reasoning"`
+		ReasoningContent json.RawMessage `json:"reasoning_content"`
+		ToolCalls        json.RawMessage `json:"tool_calls"`
 	} `json:"messages"`
 }
 
 type refPart struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
+	Type     *string `json:"type"`
+	Text     string  `json:"text"`
+	Refusal  string  `json:"refusal"`
+	Thinking string  `json:"thinking"`
 }
 
-// refContent is a message's refContent: a string, an array of parts (only the
-// text ones are kept), or null.
-type refContent struct{ texts []string }
+// refContent is a message's content: a string, an array of parts (text,
+// or a marker of the part), or null.
+type refContent struct{ parts []refRendered }
+
+type refRendered struct {
+	text   string
+	marker bool // text is a part's digest
+}
 
 func (c *refContent) UnmarshalJSON(b []byte) error {
 	switch b[0] { // json hands over one valid, trimmed value
@@ -56,17 +72,35 @@ func (c *refContent) UnmarshalJSON(b []byte) error {
 		if err != nil {
 			return err
 		}
-		c.texts = append(c.texts[:0], s)
+		c.parts = append(c.parts[:0], refRendered{text: s})
 		return nil
 	case '[':
-		var parts []refPart
-		if err := json.Unmarshal(b, &parts); err != nil {
+		var raws []json.RawMessage
+		if err := json.Unmarshal(b, &raws); err != nil {
 			return err
 		}
-		c.texts = c.texts[:0]
-		for _, p := range parts {
-			if p.Type == "text" {
-				c.texts = append(c.texts, p.Text)
+		c.parts = c.parts[:0]
+		for _, raw := range raws {
+			if isNull(raw) {
+				continue
+			}
+			var p refPart
+			if err := json.Unmarshal(raw, &p); err != nil {
+				return err
+			}
+			switch t := p.Type; {
+			case t != nil && (*t == "text" || *t == "input_text" || *t == "output_text"):
+				c.parts = append(c.parts, refRendered{text: p.Text})
+			case t != nil && *t == "refusal":
+				c.parts = append(c.parts, refRendered{text: p.Refusal})
+			case t != nil && *t == "thinking":
+				c.parts = append(c.parts, refRendered{text: p.Thinking})
+			default:
+				var d digester
+				if err := refDigest(&d, raw); err != nil {
+					return err
+				}
+				c.parts = append(c.parts, refRendered{text: refMarker(d.sum()), marker: true})
 			}
 		}
 		return nil
@@ -74,10 +108,48 @@ func (c *refContent) UnmarshalJSON(b []byte) error {
 	return errors.New("refContent: want a string or an array of parts")
 }
 
+// refDigest hashes a JSON value's tokens as encoding/json's decoder reads
+// them (the digester's tagging, for its own single pass to match).
+func refDigest(d *digester, raw []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		switch tok := tok.(type) {
+		case json.Delim:
+			d.byte(byte(tok))
+		case string:
+			d.str(tok)
+		case json.Number:
+			d.byte('#')
+			d.write([]byte(tok))
+			d.byte('#')
+		case bool:
+			if tok {
+				d.byte('t')
+			} else {
+				d.byte('f')
+			}
+		case nil:
+			d.byte('z')
+		}
+	}
+}
+
+func refMarker(sum uint64) string { return fmt.Sprintf("<|#%016x|>", sum) }
+
 // chat renders messages as "<|role|>\ncontent\n" in order: the same
-// system prompt gives the same leading text whatever follows. Text parts
-// of an array refContent are joined by "\n"; other parts (images, audio) are
-// skipped, so a text-only array renders like the same text as a string.
+// system prompt gives the same leading text whatever follows. The parts
+// of an array content are joined by "\n", the text ones as their text,
+// the others (images, audio) as a marker; so a text-only array renders
+// like the same text as a string. The message's other fields the
+// template renders add a marker, and they and the tools are weighed.
 func refChat(body []byte) (Request, error) {
 	var v refChatBody
 	if err := json.Unmarshal(body, &v); err != nil {
@@ -92,13 +164,44 @@ func refChat(body []byte) (Request, error) {
 		w.str("<|")
 		w.str(m.Role)
 		w.str("|>\n")
-		for j, t := range m.Content.texts {
+		for j, p := range m.Content.parts {
 			if j > 0 {
 				w.str("\n")
 			}
-			w.str(t)
+			if p.marker {
+				n := w.textBytes
+				w.str(p.text)
+				w.textBytes = n
+			} else {
+				w.str(p.text)
+			}
+		}
+		var d digester
+		n := 0
+		for k, raw := range []json.RawMessage{m.Name, m.ToolCallID, m.Reasoning, m.ReasoningContent, m.ToolCalls} {
+			if isNull(raw) {
+				continue
+			}
+			if metaFields[k] == "tool_calls" {
+				var calls []json.RawMessage
+				if json.Unmarshal(raw, &calls) == nil && len(calls) == 0 {
+					continue
+				}
+			}
+			d.str(metaFields[k])
+			if err := refDigest(&d, raw); err != nil {
+				return Request{}, err
+			}
+			n += len(raw)
+		}
+		if n > 0 {
+			w.sep("\n" + refMarker(d.sum()))
+			w.textBytes += n
 		}
 		w.str("\n")
+	}
+	if !isNull(v.Tools) {
+		w.textBytes += len(v.Tools)
 	}
 	w.done(&req)
 	return req, nil
@@ -133,19 +236,53 @@ type refGenerateBody struct {
 	SamplingParams struct {
 		MaxNewTokens int `json:"max_new_tokens"`
 	} `json:"sampling_params"`
+	Inputs     json.RawMessage `json:"inputs"`     // TGI
+	TextInput  json.RawMessage `json:"text_input"` // Triton
+	Parameters json.RawMessage `json:"parameters"`
+	MaxTokens  json.RawMessage `json:"max_tokens"`
 }
 
-// generate handles SGLang's native /generate: text, or else input_ids.
-func refGenerate(body []byte) (Request, error) {
+// generate handles SGLang's native /generate (text, or else input_ids),
+// TGI's (inputs) and Triton's (text_input).
+func refGenerate(body []byte, stream bool) (Request, error) {
 	var v refGenerateBody
 	if err := json.Unmarshal(body, &v); err != nil {
 		return Request{}, fmt.Errorf("generate body: %w", err)
 	}
-	req := Request{Kind: KindGenerate, Model: v.Model, Stream: v.Stream, MaxTokens: v.SamplingParams.MaxNewTokens}
+	req := Request{Kind: KindGenerate, Model: v.Model, Stream: v.Stream || stream, MaxTokens: v.SamplingParams.MaxNewTokens}
 	w := newWriter(len(body))
 	field, raw := "text", v.Text
-	if isNull(raw) {
+	switch {
+	case !isNull(v.Text):
+	case !isNull(v.InputIDs) || isNull(v.Inputs) && isNull(v.TextInput):
 		field, raw = "input_ids", v.InputIDs
+	case !isNull(v.Inputs):
+		field, raw = "inputs", v.Inputs
+		var p struct {
+			MaxNewTokens int `json:"max_new_tokens"`
+		}
+		if len(v.Parameters) > 0 {
+			if err := json.Unmarshal(v.Parameters, &p); err != nil {
+				return Request{}, err
+			}
+		}
+		req.MaxTokens = p.MaxNewTokens
+	default:
+		field, raw = "text_input", v.TextInput
+		var p struct {
+			MaxTokens int `json:"max_tokens"`
+		}
+		if len(v.Parameters) > 0 {
+			if err := json.Unmarshal(v.Parameters, &p); err != nil {
+				return Request{}, err
+			}
+		}
+		if !isNull(v.MaxTokens) {
+			if err := json.Unmarshal(v.MaxTokens, &p.MaxTokens); err != nil {
+				return Request{}, err
+			}
+		}
+		req.MaxTokens = p.MaxTokens
 	}
 	if err := refPromptText(w, raw); err != nil {
 		return Request{}, fmt.Errorf("%s: %w", field, err)
@@ -200,7 +337,9 @@ func refUnquote(b []byte) (string, error) {
 
 // fieldNames are the keys Extract reads, at any level.
 var fieldNames = []string{"model", "stream", "max_tokens", "max_completion_tokens", "messages", "role",
-	"content", "type", "text", "prompt", "input_ids", "sampling_params", "max_new_tokens"}
+	"content", "type", "text", "prompt", "input_ids", "sampling_params", "max_new_tokens",
+	"inputs", "text_input", "parameters", "refusal", "thinking", "tools", "name", "tool_call_id", "reasoning",
+	"reasoning_content", "tool_calls"}
 
 // differsByDesign reports whether any object in the valid JSON body has a
 // key twice (matched as encoding/json matches them), or a key that
@@ -273,8 +412,15 @@ func FuzzExtractMatchesEncodingJSON(f *testing.F) {
 		`{"prompt":["\ud800","a\u0000",null,"\ud83d\ude00\ud83d"],"m\u006fdel":"\u00e9\/"}`,
 		`{"messages":[{"content":[{"type":"t\u0065xt","text":"\ud83d\ude00"},{"type":"text","text":null}],"role":"\t"}]}`,
 		"{\"text\":\"bad \xff\xed\xa0\x80 utf-8\",\"sampling_params\":null}",
+		`{"inputs":"tgi","parameters":{"max_new_tokens":5,"max_tokens":2},"sampling_params":{"max_new_tokens":3}}`,
+		`{"text_input":["triton"],"max_tokens":null,"parameters":{"max_tokens":4}}`,
+		`{"text":null,"inputs":null,"text_input":"t","parameters":[],"max_tokens":7}`,
+		`{"tools":[{"type":"function"}],"messages":[{"role":"assistant","content":[{"type":"refusal","refusal":"no"},` +
+			`{"type":"image_url","image_url":{"url":"data:,A\/\u00e9"},"n":[-1.5e3,true,false,null]},{"image_url":"x"},` +
+			`{"type":"thinking","thinking":"t"},{"type":"output_text","text":"o"}],"tool_calls":[{"id":"1"}],"name":"a","reasoning":null},` +
+			`{"role":"tool","tool_call_id":"1","tool_calls":[ ],"content":"r"}]}`,
 	} {
-		for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/generate"} {
+		for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/generate", "/generate_stream"} {
 			f.Add(path, []byte(seed))
 		}
 	}

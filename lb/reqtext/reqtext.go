@@ -35,7 +35,10 @@ type Request struct {
 	Truncated bool // Text was cut at MaxTextBytes (on a rune boundary)
 	// PromptTokens estimates the prompt's size: token ids are counted,
 	// text at 4 bytes a token (the usual rule of thumb for BPE
-	// vocabularies on English), the whole prompt even when Text was cut.
+	// vocabularies on English), the whole prompt even when Text was cut;
+	// a chat's tool definitions and its messages' tool calls (see chat)
+	// count as text of their JSON's size. Images and other media are not
+	// weighed.
 	PromptTokens int
 	// Messages are a chat request's messages as the client sent them (raw
 	// JSON, sub-slices of the body), so a tokenizer can hand them to the
@@ -52,14 +55,19 @@ type Request struct {
 // that has one). For known paths, a body that is not JSON, or whose fields
 // have the wrong shape, is an error: the caller then routes by load alone
 // and forwards the body unchanged.
+//
+// A UTF-8 byte order mark before the body is skipped: vLLM and SGLang
+// read the body with Python's json.loads on bytes, which skips it
+// (utf-8-sig), and serve it.
 func Extract(path string, body []byte) (Request, error) {
+	body = bytes.TrimPrefix(body, byteOrderMark)
 	switch kind := kindOf(path); kind {
 	case KindChat:
 		return chat(body)
 	case KindCompletions:
 		return completions(body)
 	case KindGenerate:
-		return generate(body)
+		return generate(body, isStreamPath(path))
 	default:
 		req := Request{Kind: KindOther}
 		if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '{' {
@@ -79,10 +87,15 @@ func Extract(path string, body []byte) (Request, error) {
 	}
 }
 
+var byteOrderMark = []byte("\xef\xbb\xbf")
+
 // KindOf is the kind of request a path makes, whatever its body.
 func KindOf(path string) string { return kindOf(path) }
 
 // kindOf matches the path's end, so a prefix (e.g. /openai/v1/...) is fine.
+// A generate path is SGLang's /generate, TGI's /generate and
+// /generate_stream, or Triton's /v2/models/<model>[/versions/<v>]/generate
+// and generate_stream.
 func kindOf(path string) string {
 	path = strings.TrimRight(path, "/")
 	switch {
@@ -90,10 +103,16 @@ func kindOf(path string) string {
 		return KindChat
 	case strings.HasSuffix(path, "/v1/completions"):
 		return KindCompletions
-	case path == "/generate" || strings.HasSuffix(path, "/generate"):
+	case strings.HasSuffix(path, "/generate") || isStreamPath(path):
 		return KindGenerate
 	}
 	return KindOther
+}
+
+// isStreamPath: a generate path that always streams (TGI's and Triton's
+// generate_stream).
+func isStreamPath(path string) bool {
+	return strings.HasSuffix(strings.TrimRight(path, "/"), "/generate_stream")
 }
 
 // is reports whether an object key names field: exactly, as the engines
@@ -122,12 +141,19 @@ const MaxMessages = 4096
 
 // chat renders messages as "<|role|>\ncontent\n" in order: the same
 // conversation prefix gives the same text prefix. Content is a string, an
-// array of parts (only the text ones count, joined by "\n"), or null.
+// array of parts, or null. Parts are joined by "\n": a text part (of the
+// types vLLM renders as text) as its text, any other (an image, audio,
+// video) as a marker "<|#digest|>" of the part, so the same question
+// about two images is two prompts, and the same image one whatever its
+// JSON's spacing. The fields of a message that the engine hands its chat
+// template besides the content (metaFields: tool calls, a tool result's
+// call id, reasoning, a name) add one marker after the content, and
+// their size to PromptTokens, as the tool definitions (tools) do.
 // Each message is rendered as its object ends, from the raw values of
-// its last role and content: nothing is built per message.
+// its last role, content and other fields: nothing is built per message.
 func chat(body []byte) (Request, error) {
 	req := Request{Kind: KindChat}
-	var model []byte
+	var model, tools []byte
 	var maxCompletion int
 	w := newWriter(len(body))
 	s := &scanner{b: body}
@@ -138,6 +164,8 @@ func chat(body []byte) (Request, error) {
 			s.integer(&req.MaxTokens, "max_tokens")
 		case is(key, "max_completion_tokens"):
 			s.integer(&maxCompletion, "max_completion_tokens")
+		case is(key, "tools"):
+			tools = s.raw(1)
 		case is(key, "messages"):
 			// The last messages key wins: what an earlier one rendered goes.
 			w.reset()
@@ -150,9 +178,9 @@ func chat(body []byte) (Request, error) {
 				s.array(2, func() {
 					s.peek()
 					start := s.i
-					var role, content []byte
+					var m message
 					if !s.isNull() {
-						s.message(3, &role, &content)
+						s.message(3, &m)
 					}
 					if s.err != nil {
 						return
@@ -161,9 +189,10 @@ func chat(body []byte) (Request, error) {
 						req.Messages = append(req.Messages, json.RawMessage(s.b[start:s.i]))
 					}
 					w.str("<|")
-					w.raw(role)
+					w.raw(m.role)
 					w.str("|>\n")
-					renderContent(w, content)
+					renderContent(w, m.content)
+					renderMeta(w, &m.meta)
 					w.str("\n")
 				})
 			default:
@@ -180,14 +209,32 @@ func chat(body []byte) (Request, error) {
 	if maxCompletion > 0 {
 		req.MaxTokens = maxCompletion // the newer name wins
 	}
+	if !isNull(tools) {
+		w.weigh(len(tools))
+	}
 	w.done(&req)
 	return req, nil
 }
 
-// message reads one chat message object, checking its fields' types, and
-// gives the raw values of its last role (a string) and content (a string
-// or an array of parts; nil when null or absent).
-func (s *scanner) message(depth int, role, content *[]byte) {
+// metaFields are the fields of a chat message, besides role and content,
+// that vLLM hands the chat template (chat_utils: an assistant's
+// tool_calls and reasoning, a tool result's tool_call_id, a name), in the
+// order their marker hashes them.
+var metaFields = [...]string{"name", "tool_call_id", "reasoning", "reasoning_content", "tool_calls"}
+
+const toolCalls = len(metaFields) - 1 // metaFields[toolCalls] == "tool_calls"
+
+// message is one chat message's last role (a raw string), content (a raw
+// string or array of parts) and metaFields (raw values); nil when null
+// or absent.
+type message struct {
+	role, content []byte
+	meta          [len(metaFields)][]byte
+}
+
+// message reads one chat message object, checking the types of the
+// fields it renders.
+func (s *scanner) message(depth int, m *message) {
 	if s.peek() != '{' {
 		s.typeErr("messages", "object")
 		return
@@ -195,17 +242,96 @@ func (s *scanner) message(depth int, role, content *[]byte) {
 	s.object(depth, func(key []byte) {
 		switch {
 		case is(key, "role"):
-			s.str(role, "role")
+			s.str(&m.role, "role")
 		case is(key, "content"):
-			*content = s.content(depth + 1)
+			m.content = s.content(depth + 1)
+		default:
+			for k, f := range metaFields {
+				if is(key, f) {
+					m.meta[k] = nil
+					if !s.isNull() {
+						m.meta[k] = s.raw(depth)
+					}
+					return
+				}
+			}
+			s.skip(depth)
+		}
+	})
+}
+
+// renderMeta writes the marker of a message's metaFields, and weighs
+// them; nothing when none is given (an empty tool_calls is none, as vLLM
+// drops it).
+func renderMeta(w *writer, meta *[len(metaFields)][]byte) {
+	n := 0
+	for k, raw := range meta {
+		if raw != nil && k == toolCalls && emptyArray(raw) {
+			meta[k] = nil
+		}
+		n += len(meta[k])
+	}
+	if n == 0 {
+		return
+	}
+	w.weigh(n)
+	w.sep("\n")
+	if w.cut {
+		return // the text is full: no work for what is not kept
+	}
+	var d digester
+	for k, raw := range meta {
+		if raw != nil {
+			d.str(metaFields[k])
+			d.value(raw)
+		}
+	}
+	w.marker(d.sum())
+}
+
+// emptyArray: raw (a valid value) is [].
+func emptyArray(raw []byte) bool {
+	return raw[0] == '[' && bytes.TrimLeft(raw[1:], " \t\r\n")[0] == ']'
+}
+
+// contentPart is one content part's type and raw text fields.
+type contentPart struct{ typ, text, refusal, thinking []byte }
+
+// part reads a content part object (the scanner is at its '{').
+func (s *scanner) part(depth int, p *contentPart) {
+	s.object(depth, func(key []byte) {
+		switch {
+		case is(key, "type"):
+			s.str(&p.typ, "type")
+		case is(key, "text"):
+			s.str(&p.text, "text")
+		case is(key, "refusal"):
+			s.str(&p.refusal, "refusal")
+		case is(key, "thinking"):
+			s.str(&p.thinking, "thinking")
 		default:
 			s.skip(depth)
 		}
 	})
 }
 
+// textOf is the raw text a part renders as, if it is text to vLLM
+// (chat_utils: text, input_text, output_text, refusal, thinking).
+func (p *contentPart) textOf() ([]byte, bool) {
+	switch {
+	case p.typ == nil:
+	case equals(p.typ, "text"), equals(p.typ, "input_text"), equals(p.typ, "output_text"):
+		return p.text, true
+	case equals(p.typ, "refusal"):
+		return p.refusal, true
+	case equals(p.typ, "thinking"):
+		return p.thinking, true
+	}
+	return nil, false
+}
+
 // content checks a message's content: a string, an array of parts
-// (objects whose type and text are strings), or null (nil).
+// (objects whose type and text fields are strings), or null (nil).
 func (s *scanner) content(depth int) []byte {
 	s.peek()
 	start := s.i
@@ -224,17 +350,8 @@ func (s *scanner) content(depth int) []byte {
 				s.typeErr("content", "object")
 				return
 			}
-			var typ, txt []byte
-			s.object(depth+1, func(key []byte) {
-				switch {
-				case is(key, "type"):
-					s.str(&typ, "type")
-				case is(key, "text"):
-					s.str(&txt, "text")
-				default:
-					s.skip(depth + 1)
-				}
-			})
+			var p contentPart
+			s.part(depth+1, &p)
 		})
 	default:
 		s.skip(depth)
@@ -249,7 +366,7 @@ func (s *scanner) content(depth int) []byte {
 }
 
 // renderContent writes a content content() checked: a string's text, or
-// the text of the parts of type "text", joined by "\n".
+// its parts' (see chat), joined by "\n".
 func renderContent(w *writer, raw []byte) {
 	switch {
 	case raw == nil:
@@ -262,23 +379,19 @@ func renderContent(w *writer, raw []byte) {
 			if s.isNull() {
 				return
 			}
-			var typ, txt []byte
-			s.object(0, func(key []byte) {
-				switch {
-				case is(key, "type"):
-					s.str(&typ, "type")
-				case is(key, "text"):
-					s.str(&txt, "text")
-				default:
-					s.skip(0)
-				}
-			})
-			if typ != nil && equals(typ, "text") {
-				if !first {
-					w.str("\n")
-				}
-				first = false
+			start := s.i
+			var p contentPart
+			s.part(0, &p)
+			if !first {
+				w.str("\n")
+			}
+			first = false
+			if txt, ok := p.textOf(); ok {
 				w.raw(txt)
+			} else if !w.cut { // else the text is full: no work for what is not kept
+				var d digester
+				d.value(s.b[start:s.i])
+				w.marker(d.sum())
 			}
 		})
 	}
@@ -312,10 +425,16 @@ func completions(body []byte) (Request, error) {
 	return req, nil
 }
 
-// generate handles SGLang's native /generate: text, or else input_ids.
-func generate(body []byte) (Request, error) {
+// generate reads the three bodies a generate path takes, by the field
+// that holds the prompt: SGLang's (text, or else input_ids; output bound
+// sampling_params.max_new_tokens), else TGI's (inputs;
+// parameters.max_new_tokens), else Triton's generate extension's
+// (text_input; max_tokens, or parameters.max_tokens). TGI's and Triton's
+// fields are checked only in their own body: SGLang ignores them. A
+// generate_stream path (stream) streams whatever the body says.
+func generate(body []byte, stream bool) (Request, error) {
 	req := Request{Kind: KindGenerate}
-	var model, txt, ids []byte
+	var model, txt, ids, inputs, textInput, params, maxTokens []byte
 	s := &scanner{b: body}
 	err := s.top("generate body", func(key []byte) {
 		switch {
@@ -324,6 +443,14 @@ func generate(body []byte) (Request, error) {
 			txt = s.raw(1)
 		case is(key, "input_ids"):
 			ids = s.raw(1)
+		case is(key, "inputs"):
+			inputs = s.raw(1)
+		case is(key, "text_input"):
+			textInput = s.raw(1)
+		case is(key, "parameters"):
+			params = s.raw(1)
+		case is(key, "max_tokens"):
+			maxTokens = s.raw(1)
 		case is(key, "sampling_params"):
 			req.MaxTokens = 0 // the last sampling_params wins
 			switch s.peek() {
@@ -348,16 +475,59 @@ func generate(body []byte) (Request, error) {
 		return Request{}, fmt.Errorf("generate body: %w", err)
 	}
 	req.Model = text(model)
-	w := newWriter(len(body))
+	req.Stream = req.Stream || stream
 	field, raw := "text", txt
-	if isNull(raw) {
+	switch {
+	case !isNull(txt):
+	case !isNull(ids) || isNull(inputs) && isNull(textInput):
 		field, raw = "input_ids", ids
+	case !isNull(inputs): // TGI
+		field, raw = "inputs", inputs
+		req.MaxTokens = 0
+		if err := paramInt(params, "max_new_tokens", &req.MaxTokens); err != nil {
+			return Request{}, fmt.Errorf("parameters: %w", err)
+		}
+	default: // Triton
+		field, raw = "text_input", textInput
+		req.MaxTokens = 0
+		if err := paramInt(params, "max_tokens", &req.MaxTokens); err != nil {
+			return Request{}, fmt.Errorf("parameters: %w", err)
+		}
+		if !isNull(maxTokens) {
+			s := &scanner{b: maxTokens}
+			if s.integer(&req.MaxTokens, "max_tokens"); s.err != nil {
+				return Request{}, s.err
+			}
+		}
 	}
+	w := newWriter(len(body))
 	if err := promptText(w, raw); err != nil {
 		return Request{}, fmt.Errorf("%s: %w", field, err)
 	}
 	w.done(&req)
 	return req, nil
+}
+
+// paramInt reads the int field of a raw (valid) JSON object into dst
+// (null: 0); an absent or null object, or no such field, leaves dst as it
+// is.
+func paramInt(raw []byte, field string, dst *int) error {
+	s := &scanner{b: raw}
+	switch s.peek() {
+	case 0, 'n':
+		return nil
+	case '{':
+		s.object(0, func(key []byte) {
+			if is(key, field) {
+				s.integer(dst, field)
+			} else {
+				s.skip(0)
+			}
+		})
+	default:
+		s.typeErr("parameters", "object")
+	}
+	return s.err
 }
 
 func isNull(raw json.RawMessage) bool {
@@ -415,7 +585,7 @@ func promptText(w *writer, raw json.RawMessage) error {
 
 // writeIDs renders an array of token ids, or an array of arrays of them,
 // copying each id's digits as they are (JSON allows no leading zeros, so
-// equal ids have equal digits). raw is a valid JSON array (the caller's
+// equal ids have equal digits; -0 is written 0). raw is a valid JSON array (the caller's
 // scanner checked it); this only checks the shape and that every
 // number is an integer. Scanning by hand is ~10x faster than decoding
 // into []int64 and allocates nothing.
@@ -456,7 +626,11 @@ func writeIDs(w *writer, raw []byte) error {
 			if wrote {
 				w.sep(" ")
 			}
-			w.id(raw[i:j])
+			if id := raw[i:j]; string(id) == "-0" {
+				w.id(id[1:]) // the engine's int: 0
+			} else {
+				w.id(id)
+			}
 			wrote = true
 			i = j
 		default:
@@ -517,6 +691,24 @@ func appendText[T string | []byte](w *writer, s T) {
 	}
 	w.b = append(w.b, s...)
 }
+
+// marker appends "<|#" and sum in hex and "|>": something of the prompt
+// that is not text (not counted as text).
+func (w *writer) marker(sum uint64) {
+	var b [len("<|#0123456789abcdef|>")]byte
+	copy(b[:], "<|#")
+	const hex = "0123456789abcdef"
+	for i := range 16 {
+		b[3+i] = hex[sum>>(60-4*i)&0xf]
+	}
+	copy(b[19:], "|>")
+	n := w.textBytes
+	w.bytes(b[:])
+	w.textBytes = n
+}
+
+// weigh counts n bytes of prompt that are not in the text.
+func (w *writer) weigh(n int) { w.textBytes += n }
 
 // reset empties w (a repeated key: the last one's value is the text).
 func (w *writer) reset() { *w = writer{b: w.b[:0]} }

@@ -33,8 +33,9 @@ func TestChat(t *testing.T) {
 		]}`)
 	want := Request{
 		Model: "llama", Stream: true, MaxTokens: 64, Kind: KindChat,
-		Text:         "<|system|>\nBe brief.\n<|user|>\nWhat is in\nthis picture?\n<|assistant|>\n\n<|user|>\nThanks\né\n",
-		PromptTokens: 23, // 89 bytes at 4 a token, rounded up
+		Text: "<|system|>\nBe brief.\n<|user|>\nWhat is in\n" + markerOf(`{"type": "image_url", "image_url": {"url": "data:..."}}`) +
+			"\nthis picture?\n<|assistant|>\n\n<|user|>\nThanks\né\n",
+		PromptTokens: 23, // 89 bytes of text at 4 a token, rounded up (the image's marker is not text)
 	}
 	// The messages as sent, for an engine's /tokenize.
 	wantMsgs := []string{`{"role": "system", "content": "Be brief."}`, `{"role": "assistant", "content": null, "tool_calls": []}`}
@@ -278,4 +279,11 @@ func TestTokenIDs(t *testing.T) {
 			t.Errorf("%s %s: TokenIDs %v, want %v", c.path, c.body, req.TokenIDs, c.ids)
 		}
 	}
+}
+
+// markerOf is the marker a content part renders as.
+func markerOf(part string) string {
+	var d digester
+	d.value([]byte(part))
+	return refMarker(d.sum())
 }

@@ -2,8 +2,10 @@ package reqtext
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc64"
 	"strconv"
 	"strings"
 	"unicode"
@@ -571,4 +573,109 @@ func (s *scanner) top(what string, field func(key []byte)) error {
 		s.typeErr(what, "object")
 	}
 	return s.end()
+}
+
+// digester hashes JSON values canonically (CRC-64: the same on every
+// Sluice instance, which may share a tree): the value's tokens, each
+// string decoded, so spacing and escapes do not change the sum (key
+// order does). Each token is tagged: '{' '}' '[' ']' as they are; a
+// string as '"', its decoded bytes and their length; a number as '#',
+// its literal and '#'; true, false and null as 't', 'f' and 'z'.
+type digester struct {
+	crc uint64
+	n   int
+	buf [128]byte // small tokens, hashed together (each Update has a cost)
+}
+
+var crcTable = crc64.MakeTable(crc64.ECMA)
+
+func (d *digester) write(b []byte) {
+	if d.n+len(b) > len(d.buf) {
+		d.flush()
+		if len(b) > len(d.buf) {
+			d.crc = crc64.Update(d.crc, crcTable, b)
+			return
+		}
+	}
+	d.n += copy(d.buf[d.n:], b)
+}
+
+func (d *digester) byte(c byte) {
+	if d.n == len(d.buf) {
+		d.flush()
+	}
+	d.buf[d.n] = c
+	d.n++
+}
+
+// length ends a string token.
+func (d *digester) length(n int) {
+	if d.n+8 > len(d.buf) {
+		d.flush()
+	}
+	binary.LittleEndian.PutUint64(d.buf[d.n:], uint64(n))
+	d.n += 8
+}
+
+func (d *digester) flush() {
+	d.crc = crc64.Update(d.crc, crcTable, d.buf[:d.n])
+	d.n = 0
+}
+
+func (d *digester) sum() uint64 {
+	d.flush()
+	return d.crc
+}
+
+// str hashes a string token of known value.
+func (d *digester) str(s string) {
+	d.byte('"')
+	d.write([]byte(s))
+	d.length(len(s))
+}
+
+// value hashes raw, one valid JSON value, in one pass.
+func (d *digester) value(raw []byte) {
+	for i := 0; i < len(raw); {
+		switch c := raw[i]; c {
+		case ' ', '\t', '\n', '\r', ',', ':':
+			i++
+		case '{', '}', '[', ']':
+			d.byte(c)
+			i++
+		case '"':
+			s := scanner{b: raw, i: i}
+			str, _ := s.rawString()
+			if s.err != nil {
+				return // not reached: raw is valid
+			}
+			i = s.i
+			d.byte('"')
+			n := 0
+			u := unquoter{in: str[1 : len(str)-1]}
+			for p := u.next(); p != nil; p = u.next() {
+				d.write(p)
+				n += len(p)
+			}
+			d.length(n)
+		case 't':
+			d.byte('t')
+			i += len("true")
+		case 'f':
+			d.byte('f')
+			i += len("false")
+		case 'n':
+			d.byte('z')
+			i += len("null")
+		default:
+			j := i + 1
+			for j < len(raw) && (raw[j] >= '0' && raw[j] <= '9' || raw[j] == '.' || raw[j] == 'e' || raw[j] == 'E' || raw[j] == '+' || raw[j] == '-') {
+				j++
+			}
+			d.byte('#')
+			d.write(raw[i:j])
+			d.byte('#')
+			i = j
+		}
+	}
 }
