@@ -84,9 +84,9 @@ type Config struct {
 	// QueueTimeout > 0 turns on the queueing mode (needs MaxInflight > 0):
 	// instead of shedding, a request waits up to QueueTimeout in one FIFO
 	// queue shared by every instance of the pool, and the oldest waiter
-	// anywhere gets the next free slot (ErrQueueTimeout when it waited
-	// too long). Every instance of a pool must use the same mode and
-	// MaxInflight. See queue.go.
+	// anywhere that may use the next free slot (one of its candidates)
+	// gets it (ErrQueueTimeout when it waited too long). Every instance of
+	// a pool must use the same mode and MaxInflight. See queue.go.
 	QueueTimeout time.Duration
 	// InstanceID names this instance in Redis (default: the host name); a
 	// random suffix is always appended, so a restarted instance never

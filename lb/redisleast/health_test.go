@@ -69,7 +69,7 @@ func testFailedReplicaIsSkippedWhileDown(t *testing.T, tg redistest.Target, mode
 			t.Fatalf("queued request: %+v, want a slot on %s", g, live)
 		}
 		g.l.Release(ok)
-		waitFor(t, "the queue to empty", func() bool { return queueEmpty(t, s, c) && hlen(t, c, s.k.avoid) == 0 })
+		waitFor(t, "the queue to empty", func() bool { return queueEmpty(t, s, c) && hlen(t, c, s.k.cands) == 0 })
 	}
 	// Releases of batched leases reach Redis with the next batch, not at
 	// once (CI read live at 1 right after the last one).

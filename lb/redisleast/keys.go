@@ -23,14 +23,16 @@ import "github.com/sluice-router/sluice/lb/redisconn"
 //	{tag}:queue         LIST tokens, oldest first (may hold tokens already cancelled)
 //	{tag}:waiters       HASH token → instance id: the requests still waiting
 //	{tag}:assigned      HASH token → replica: requests the queue handed a slot, until released
-//	{tag}:avoid         HASH token → comma-separated members the waiter must not be handed
-//	                    (down by its instance's passive health, or not among its
-//	                    candidates); only for waiters that have some
+//	{tag}:cands         HASH token → the waiter's candidates, newline-separated: the only
+//	                    replicas it may be handed (its instance's pool less the replicas
+//	                    its request excluded and those down by passive health)
+//	{tag}:idle          HASH member → "1": members no queued waiter lists among its
+//	                    candidates (dispatch leaves them out: see dispatchFn)
 //	{tag}:notify:<id>   pub/sub channel of instance <id>: "<request id> <replica>" per hand-over
 type keys struct {
 	load, gone, insts, picks string
 	queue, waiters, assigned string
-	avoid                    string
+	cands, idle              string
 	tag                      string
 }
 
@@ -38,7 +40,7 @@ func newKeys(prefix, pool string) keys {
 	tag := redisconn.KeyTag(prefix, pool)
 	return keys{load: tag + ":load", gone: tag + ":gone", insts: tag + ":insts", picks: tag + ":picks",
 		queue: tag + ":queue", waiters: tag + ":waiters", assigned: tag + ":assigned",
-		avoid: tag + ":avoid", tag: tag}
+		cands: tag + ":cands", idle: tag + ":idle", tag: tag}
 }
 
 func (k keys) alive(id string) string  { return k.tag + ":alive:" + id }

@@ -42,7 +42,9 @@ func (s *Store) SyncErr() error {
 // A pick none of whose candidates is a member in Redis while this
 // instance's list stands (another instance synced a set sharing no
 // replica with this one's) is served from this instance's own counts,
-// not refused: see mismatchPick.
+// not refused: see mismatchPick. So is a queued request whose candidates
+// all left the pool while it waited (the queue refuses it: it only ever
+// hands a waiter one of its candidates): it picks again, like a new one.
 func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	if s.closed.Load() {
 		return nil, lb.ErrShutdown
@@ -50,6 +52,12 @@ func (s *Store) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	for changes := 0; ; changes++ {
 		replicas, gen := s.set.current()
 		l, err := s.pickAmong(ctx, req, replicas)
+		if errors.Is(err, errNoMemberLeft) && changes < maxSetChanges {
+			// Queued, then refused: none of its candidates is left in
+			// the pool (a set-backends reached Redis meanwhile). No lease
+			// was made; pick again, as a new request would.
+			continue
+		}
 		if errors.Is(err, ErrNoCandidates) { // Redis picked nothing, no lease made
 			if s.set.changedSince(gen) {
 				// A set-backends that reached Redis between reading the
@@ -104,7 +112,7 @@ func candidatesOf(req *lb.Request, replicas []string) ([]string, error) {
 }
 
 // maxSetChanges bounds the picks of one request that a set-backends
-// overtook (see Pick).
+// overtook (see Pick), and its picks again after the queue refused it.
 const maxSetChanges = 64
 
 // reason is why the lease's replica was picked (lb.Request.Reason).

@@ -3,7 +3,6 @@ package redisleast
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,15 +21,22 @@ import (
 //
 //   - Select takes the least-loaded candidate only if it has a free slot
 //     and nobody is queued; otherwise its token joins the global FIFO
-//     ({tag}:queue, {tag}:waiters). A new request never overtakes a
-//     waiting one.
+//     ({tag}:queue, {tag}:waiters). A new request never takes a slot
+//     that a waiting one may use.
+//   - A waiter carries its candidates ({tag}:cands) and is only ever
+//     handed one of them: the instances' pools may differ (set-backends
+//     reaching them one after the other, different static lists), and the
+//     member set in Redis is the last one any instance synced.
 //   - Whatever frees a slot (a release, a reaped instance, a Sync adding
 //     replicas, a lost-select cleanup, the background kick) runs dispatch in
-//     the same script: the oldest live waiter anywhere gets the least-loaded
-//     member, recorded under the WAITER's instance hash (so if that
-//     instance dies the reaper reclaims the slot) and in {tag}:assigned,
-//     and the waiter's instance is told by PUBLISH on its channel. Nobody
-//     polls Redis.
+//     the same script: the oldest live waiter anywhere that may use a free
+//     slot gets the least-loaded free one of its candidates, recorded under
+//     the WAITER's instance hash (so if that instance dies the reaper
+//     reclaims the slot) and in {tag}:assigned, and the waiter's instance
+//     is told by PUBLISH on its channel. Nobody polls Redis. A waiter that
+//     may not use the free slot keeps its place; one none of whose
+//     candidates is a member any more is refused, and Store.Pick picks
+//     for it again (see dispatchFn).
 //   - Each instance holds one subscription (a dedicated client) to its
 //     channel and routes "<request id> <replica>" to the waiting Select.
 //   - A waiter that gives up (client gone, QueueTimeout) runs the cancel
@@ -46,10 +52,6 @@ import (
 // cancel script; so a lost message costs at most that waiter's remaining
 // QueueTimeout, never a slot.
 //
-// A queued request may be given any member replica: the queue does not
-// keep each waiter's candidate list, so in queueing mode the member set
-// (Sync) is the authority, and candidates only steer immediate picks.
-//
 // While the breaker is open (Redis down or slow) requests are not queued
 // globally: Select falls back to this instance's own counts and sheds at
 // MaxInflight as in the plain mode. Requests already waiting keep waiting
@@ -62,9 +64,10 @@ import (
 // (errors.Is lb.ErrQueueTimeout).
 var ErrQueueTimeout = fmt.Errorf("timed out waiting in the global queue: %w", lb.ErrQueueTimeout)
 
-// errNoMemberLeft: the queue refused a waiter because no member it may be
-// given is left (see dispatchFn); errors.Is lb.ErrAllDown, so a retry
-// tries again without the replicas it avoided.
+// errNoMemberLeft: the queue refused a waiter because none of its
+// candidates is a member any more (see dispatchFn); errors.Is
+// lb.ErrAllDown. Store.Pick picks again for such a request (from the
+// set in force, or from this instance's own counts: see mismatchPick).
 var errNoMemberLeft = fmt.Errorf("no replica this queued request may use is left in the pool: %w", lb.ErrAllDown)
 
 // globalQueue is the queueing mode (see above).
@@ -134,13 +137,13 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.W
 	m := q.m
 	var tok string
 	var wait chan string
-	avoid := q.avoidList(candidates)
+	cands := strings.Join(candidates, candSep)
 	m.own.mu.RLock() // not while it waits: reconcile keeps its waiters' records
 	p, err := m.scriptPick(ctx, candidates, func(deadline time.Time, ident *identity, req string, args []string) rueidis.RedisResult {
 		q.waiters.drop(tok) // an earlier try's
 		tok = token(ident, req)
-		wait = q.waiters.add(tok, avoid)
-		args = append(args, m.k.tag, avoid)
+		wait = q.waiters.add(tok, cands)
+		args = append(args, m.k.tag, cands)
 		args = append(args, candidates...)
 		// Not cut short by the client: a reply lost to a cancellation
 		// would leave the request queued (or holding a slot) until the
@@ -148,7 +151,7 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.W
 		// and leaves the queue at once.
 		return m.callUntil(context.WithoutCancel(ctx), deadline, func(ctx context.Context) rueidis.RedisResult {
 			return selectQueueScript.Exec(ctx, m.rc(),
-				[]string{m.k.load, ident.alive, ident.inst, m.k.insts, m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid}, args)
+				[]string{m.k.load, ident.alive, ident.inst, m.k.insts, m.k.queue, m.k.waiters, m.k.assigned, m.k.cands, m.k.idle}, args)
 		})
 	})
 	if err == nil && p.code == pickQueued {
@@ -167,24 +170,12 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.W
 	return m.leaseFor(p, candidates)
 }
 
-// avoidList names, comma-separated, the members of the last Sync that a
-// queued request picking among candidates must not be handed (down, or
-// excluded by the caller); "" when there are none.
-func (q *globalQueue) avoidList(candidates []string) string {
-	var b strings.Builder
-	for _, m := range q.m.set.members() {
-		if !slices.Contains(candidates, m) {
-			if b.Len() > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(m)
-		}
-	}
-	return b.String()
-}
+// candSep separates a waiter's candidates in {tag}:cands (no replica
+// address holds a newline).
+const candSep = "\n"
 
 // waiterSet routes hand-over notifications to the waiting Selects, and
-// keeps what reconcile needs to queue one again (its avoid list).
+// keeps what reconcile needs to queue one again (its candidates).
 type waiterSet struct {
 	mu sync.Mutex
 	m  map[string]waiter // by token
@@ -192,16 +183,16 @@ type waiterSet struct {
 
 type waiter struct {
 	ch    chan string // the replica handed over (buffered 1)
-	avoid string      // as queued (avoidList)
+	cands string      // as queued: its candidates joined by candSep
 }
 
-func (w *waiterSet) add(tok, avoid string) chan string {
+func (w *waiterSet) add(tok, cands string) chan string {
 	ch := make(chan string, 1)
 	w.mu.Lock()
 	if w.m == nil {
 		w.m = map[string]waiter{}
 	}
-	w.m[tok] = waiter{ch, avoid}
+	w.m[tok] = waiter{ch, cands}
 	w.mu.Unlock()
 	return ch
 }
@@ -237,14 +228,14 @@ func (w *waiterSet) tokens() []string {
 }
 
 // of lists the waiters whose token starts with prefix (an identity's) as
-// (request id, avoid list) pairs.
+// (request id, candidates) pairs.
 func (w *waiterSet) of(prefix string) []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var out []string
 	for tok, wt := range w.m {
 		if req, ok := strings.CutPrefix(tok, prefix); ok {
-			out = append(out, req, wt.avoid)
+			out = append(out, req, wt.cands)
 		}
 	}
 	return out
@@ -331,7 +322,7 @@ func (q *globalQueue) giveUp(ctx context.Context, ident *identity, req string, s
 	m.own.mu.RLock()
 	floor := ident.acked.Load()
 	res := m.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return cancelQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid, ident.inst}, []string{tok})
+		return cancelQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.assigned, m.k.cands, ident.inst}, []string{tok})
 	})
 	arr, err := res.ToArray()
 	if err == nil && len(arr) != 3 {
@@ -540,7 +531,7 @@ func (q *globalQueue) execRelease(ctx context.Context, ident *identity, ids []st
 	args = append(args, strconv.Itoa(m.conf().MaxInflight), m.k.tag, ident.id)
 	args = append(args, ids...)
 	return releaseQueueScript.Exec(ctx, m.rc(),
-		[]string{m.k.load, m.k.gone, ident.inst, m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid}, args)
+		[]string{m.k.load, m.k.gone, ident.inst, m.k.queue, m.k.waiters, m.k.assigned, m.k.cands}, args)
 }
 
 func (q *globalQueue) execReap(ctx context.Context, id string) rueidis.RedisResult {
@@ -571,7 +562,7 @@ func (q *globalQueue) execReconcile(ctx context.Context, ident *identity, floor 
 	args := append(m.reconcileArgs(ident, floor), strconv.Itoa(m.conf().MaxInflight), m.k.tag, strconv.Itoa(len(waiting)/2))
 	args = append(append(args, waiting...), held...)
 	return reconcileQueueScript.Exec(ctx, m.rc(),
-		[]string{m.k.load, m.k.gone, ident.alive, ident.inst, m.k.insts, m.k.queue, m.k.waiters, m.k.assigned, m.k.avoid}, args)
+		[]string{m.k.load, m.k.gone, ident.alive, ident.inst, m.k.insts, m.k.queue, m.k.waiters, m.k.assigned, m.k.cands, m.k.idle}, args)
 }
 
 // rotated resubscribes under the new identity.

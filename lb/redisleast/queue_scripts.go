@@ -4,85 +4,176 @@ import "github.com/redis/rueidis"
 
 // Queueing mode scripts (see keys.go for the queue's keys). Every one of
 // them ends by dispatching, so whatever frees a slot (a release, a reaped
-// instance, a Sync adding replicas, the background kick) hands it to the
-// oldest waiter at once.
+// instance, a Sync adding replicas, the background kick) hands it at
+// once to the oldest waiter that may use it.
 //
 // Cluster note: dispatch records a handed-over request under the WAITER's
 // instance hash and publishes on its channel; those names are only known
 // inside the script, so they are built from the hash tag (ARGV) instead of
 // being passed in KEYS. They share the pool's hash tag, hence its slot.
 
-// dispatchFn hands free slots to the oldest waiters: while the queue is
-// non-empty, drop a cancelled head (no longer in waiters) or one whose
-// instance is dead (liveness key gone); else, if the least-loaded member
-// is under maxIn, pop the head and, unless the request was barred (a
-// tombstone: its select was given up as lost), count the request on that
-// member, record it under the waiter's instance (so the reaper reclaims it
-// if that instance dies), note the assignment and PUBLISH "<request id>
-// <replica>" on the waiter instance's channel. Returns how many it handed.
+// dispatchFn hands free slots to the waiters, oldest first. Each waiter
+// carries its candidates ({tag}:cands: the replicas its instance's pool
+// lists, less those its request excluded and those its instance had
+// down), and is only ever handed one of them:
 //
-// A waiter is given any member except those its avoid entry names (the
-// replicas its instance had down, or that were not among its candidates):
-// the least loaded of the others, once one is under maxIn. The head waits
-// for such a slot (FIFO: nobody overtakes it). A head whose avoid entry
-// names every member has no slot to wait for (its candidates left the
-// pool): it is refused at once — popped, barred by a tombstone under its
-// instance (so reconcile does not queue it again) and told by PUBLISH
-// "<request id> " (no replica) — and the next waiter goes on.
+//   - the free members (under maxIn, counts read through count) are read
+//     once, least loaded first;
+//   - the queue is scanned from its head: a cancelled token (no longer in
+//     waiters) or one whose instance is dead (liveness key gone) is
+//     dropped; a waiter some free member of whose candidates is left is
+//     handed the least loaded of them: unless the request was barred (a
+//     tombstone: its select was given up as lost) it is counted on it,
+//     recorded under the waiter's instance (so the reaper reclaims it if
+//     that instance dies), its assignment noted and "<request id>
+//     <replica>" PUBLISHed on the waiter instance's channel;
+//   - a waiter none of whose candidates is a member any more (they left
+//     the pool: another instance synced a set without them) has no slot
+//     to wait for: it is refused — barred by a tombstone under its
+//     instance (so reconcile does not queue it again) and told by PUBLISH
+//     "<request id> " (no replica), and its instance picks for it again;
+//   - any other waiter keeps its place and the scan goes on: a freed
+//     replica goes to the first waiter that may use it, so nobody waits
+//     behind a waiter that cannot take the free slot (whose pool lacks
+//     the replica), and a waiter is passed over only for slots it may not
+//     use: each slot of one of its candidates that frees goes to it or to
+//     a waiter ahead of it (new requests queue behind it), so it is served
+//     once those ahead of it are.
+//
+// The scan stops when no free slot is left, unless full (a change of
+// members, reconcile queueing waiters again), when it goes to the tail so
+// that every waiter left with no candidate in the pool is refused at
+// once. The free members only get fewer and busier during one scan, so a
+// candidate list that found none free is not looked at again (nor is an
+// instance's liveness).
+//
+// {tag}:idle names members that no queued waiter lists among its
+// candidates (a replica only some instances' pools have, while their
+// requests are not queued): a scan leaves them out of the free ones, so a
+// release of a shared replica is not followed by a scan of the whole
+// queue in search of a taker for such a member, at every dispatch. It
+// holds that invariant at the end of every script: a scan that looked at
+// every waiter left writes it exactly, a waiter joining the queue takes
+// its candidates out of it (selectQueueScript; reconcile, which queues
+// waiters again, deletes it), and a waiter leaving only makes it truer.
+// It only ever leaves out members nobody waiting may use, so it changes
+// no hand-over; a full scan ignores it (and writes it again).
+//
+// A waiter without a candidates entry (lost, or queued by an older
+// version) is refused: what it may be handed is not known (an older
+// version's {tag}:avoid entry for it goes with it). Returns how many it
+// handed.
 const dispatchFn = `
-local function dispatch(tag, maxIn)
+local function dispatch(tag, maxIn, full)
   local load, queue, waiters, assigned = tag .. ':load', tag .. ':queue', tag .. ':waiters', tag .. ':assigned'
-  local avoidKey = tag .. ':avoid'
-  local n = 0
-  while true do
-    local head = redis.call('LINDEX', queue, 0)
-    if not head then break end
+  local candsKey, idleKey = tag .. ':cands', tag .. ':idle'
+  local idle = {}
+  if not full then
+    local kv = redis.call('HGETALL', idleKey)
+    for i = 1, #kv, 2 do idle[kv[i]] = true end
+  end
+  local free = {}
+  local zs = redis.call('ZRANGEBYSCORE', load, '-inf', '(' .. maxIn, 'WITHSCORES')
+  for i = 1, #zs, 2 do
+    if not idle[zs[i]] then
+      local c = count(load, zs[i], zs[i + 1])
+      if c < maxIn then free[#free + 1] = {m = zs[i], n = c, i = i} end
+    end
+  end
+  table.sort(free, function(x, y) return x.n < y.n or (x.n == y.n and x.i < y.i) end)
+  local sets, none, served, alive, kept = {}, {}, {}, {}, {}
+  local n, i, complete = 0, 0, false
+  while full or #free > 0 do
+    local head = redis.call('LINDEX', queue, i)
+    if not head then complete = true break end
+    -- LREM removes the first copy of a token: this one, or a stale copy
+    -- ahead of it; either way the next token to look at is then at i
+    local drop = false
     local inst = redis.call('HGET', waiters, head)
-    if inst and redis.call('EXISTS', tag .. ':alive:' .. inst) == 0 then
-      -- its instance died: drop it now, whatever slot it would wait for
-      redis.call('HDEL', waiters, head)
-      inst = nil
+    if inst then
+      if alive[inst] == nil then alive[inst] = redis.call('EXISTS', tag .. ':alive:' .. inst) == 1 end
+      if not alive[inst] then
+        -- its instance died: drop it now, whatever slot it would wait for
+        redis.call('HDEL', waiters, head)
+        inst = nil
+      end
     end
     if not inst then
-      redis.call('LPOP', queue)
-      redis.call('HDEL', avoidKey, head)
+      drop = true
+      redis.call('HDEL', candsKey, head)
     else
-      local rep, refused
-      local avoid = redis.call('HGET', avoidKey, head)
-      if avoid then
-        local skip = {}
-        for m in string.gmatch(avoid, '[^,]+') do skip[m] = true end
-        local free = redis.call('ZRANGEBYSCORE', load, '-inf', '(' .. maxIn, 'WITHSCORES')
-        for i = 1, #free, 2 do
-          if not skip[free[i]] and count(load, free[i], free[i + 1]) < maxIn then rep = free[i] break end
+      -- no entry (lost, or queued by an older version): its candidates
+      -- are unknown, so it is refused and its instance picks again
+      local cands = redis.call('HGET', candsKey, head) or ''
+      local allow = sets[cands]
+      if not allow then
+        allow = {}
+        for m in string.gmatch(cands, '[^\n]+') do allow[m] = true end
+        sets[cands] = allow
+      end
+      local j
+      if not none[cands] then
+        for f = 1, #free do
+          if allow[free[f].m] then j = f break end
         end
-        if not rep then
-          refused = true
-          local all = redis.call('ZRANGE', load, 0, -1)
-          for i = 1, #all do
-            if not skip[all[i]] then refused = false break end
+        if not j then none[cands] = true end
+      end
+      local refused = false
+      if not j then
+        if served[cands] == nil then
+          served[cands] = false
+          for m in pairs(allow) do
+            if redis.call('ZSCORE', load, m) then served[cands] = true break end
           end
         end
-      else
-        local m, s = least(load)
-        if m and s < maxIn then rep = m end
+        refused = not served[cands]
       end
-      if not rep and not refused then break end
-      redis.call('LPOP', queue)
-      redis.call('HDEL', waiters, head)
-      redis.call('HDEL', avoidKey, head)
-      local req = string.match(head, ':([^:]*)$')
-      local ikey = tag .. ':inst:' .. inst
-      if refused then
-        redis.call('HSET', ikey, req, '')
-        redis.call('PUBLISH', tag .. ':notify:' .. inst, req .. ' ')
-      elseif redis.call('HEXISTS', ikey, req) == 0 then
-        redis.call('ZINCRBY', load, 1, rep)
-        redis.call('HSET', ikey, req, rep)
-        redis.call('SADD', tag .. ':insts', inst)
-        redis.call('HSET', assigned, head, rep)
-        redis.call('PUBLISH', tag .. ':notify:' .. inst, req .. ' ' .. rep)
-        n = n + 1
+      if not (j or refused) then
+        kept[cands] = true
+      else
+        drop = true
+        redis.call('HDEL', waiters, head)
+        redis.call('HDEL', candsKey, head)
+        if cands == '' then redis.call('HDEL', tag .. ':avoid', head) end -- an older version's entry
+        local req = string.match(head, ':([^:]*)$')
+        local ikey = tag .. ':inst:' .. inst
+        if refused then
+          if redis.call('HEXISTS', ikey, req) == 0 then redis.call('HSET', ikey, req, '') end
+          redis.call('PUBLISH', tag .. ':notify:' .. inst, req .. ' ')
+        elseif redis.call('HEXISTS', ikey, req) == 0 then
+          local f = free[j]
+          redis.call('ZINCRBY', load, 1, f.m)
+          redis.call('HSET', ikey, req, f.m)
+          redis.call('SADD', tag .. ':insts', inst)
+          redis.call('HSET', assigned, head, f.m)
+          redis.call('PUBLISH', tag .. ':notify:' .. inst, req .. ' ' .. f.m)
+          n = n + 1
+          f.n = f.n + 1
+          if f.n >= maxIn then
+            table.remove(free, j)
+          else -- keep free least loaded first
+            while free[j + 1] and free[j + 1].n < f.n do
+              free[j], free[j + 1] = free[j + 1], f
+              j = j + 1
+            end
+          end
+        end
+      end
+    end
+    if drop then redis.call('LREM', queue, 1, head) else i = i + 1 end
+  end
+  if complete then
+    -- every waiter left was looked at: idle is now exactly the members
+    -- none of them lists
+    redis.call('DEL', idleKey)
+    if next(kept) then
+      local want = {}
+      for cands in pairs(kept) do
+        for m in pairs(sets[cands]) do want[m] = true end
+      end
+      local all = redis.call('ZRANGE', load, 0, -1)
+      for k = 1, #all do
+        if not want[all[k]] then redis.call('HSET', idleKey, all[k], '1') end
       end
     end
   end
@@ -91,14 +182,17 @@ end
 `
 
 // selectQueueScript is selectScript in queueing mode: the least-loaded
-// candidate is taken only if it is under maxIn AND nobody is queued (a new
-// request never overtakes a waiting one); otherwise the request joins the
-// global queue and the script dispatches (which hands it a slot at once if
-// one is free and it is first in line).
+// candidate is taken only if it is under maxIn AND nobody is queued (a
+// new request never takes a slot a waiting one may use); otherwise the
+// request joins the global queue with its candidates (taking them out of
+// {tag}:idle) and the script dispatches (which hands it a slot at once if
+// one of its candidates is free and no waiter ahead of it may take that
+// slot).
 //
-// KEYS: load, alive:<id>, inst:<id>, insts, queue, waiters, assigned, avoid
+// KEYS: load, alive:<id>, inst:<id>, insts, queue, waiters, assigned, cands, idle
 // ARGV: maxInflight (> 0), leaseTTL ms, request id, instance id, offset, tag,
-// avoid ("" or comma-separated members it must not be handed), candidates...
+// the candidates newline-separated (what the waiter may be handed),
+// candidates...
 // Reply: {1, replica, version} selected (directly or handed over at
 // once); {4, "", version} queued: the replica comes by notification;
 // {0, "", version} no candidate is a member; {3, "", version} barred (as
@@ -131,8 +225,11 @@ if bestScore < maxIn and redis.call('LLEN', KEYS[5]) == 0 then
 end
 redis.call('RPUSH', KEYS[5], tok)
 redis.call('HSET', KEYS[6], tok, ARGV[4])
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[8], tok, ARGV[7]) end
-dispatch(ARGV[6], maxIn)
+redis.call('HSET', KEYS[8], tok, ARGV[7])
+if redis.call('EXISTS', KEYS[9]) == 1 then -- its candidates are wanted now
+  for i = 8, #ARGV, 256 do redis.call('HDEL', KEYS[9], unpack(ARGV, i, math.min(i + 255, #ARGV))) end
+end
+dispatch(ARGV[6], maxIn, false)
 local got = redis.call('HGET', KEYS[3], ARGV[3])
 if got and got ~= '' then return {1, got, v} end
 if redis.call('HEXISTS', KEYS[6], tok) == 1 then return {4, '', v} end
@@ -145,7 +242,7 @@ return {3, '', v}
 // rollback put back after it had left with a hand-over Redis lost), and
 // dispatches the freed slots.
 //
-// KEYS: load, gone, inst:<id>, queue, waiters, assigned, avoid
+// KEYS: load, gone, inst:<id>, queue, waiters, assigned, cands
 // ARGV: maxInflight, tag, instance id, request ids...
 // Reply: the instance's version.
 var releaseQueueScript = rueidis.NewLuaScript(countFn + decr + dispatchFn + versionFn + bumpFn + `
@@ -167,14 +264,14 @@ for i = 4, #ARGV do
     redis.call('HSET', KEYS[3], id, '')
   end
 end
-dispatch(ARGV[2], tonumber(ARGV[1]))
+dispatch(ARGV[2], tonumber(ARGV[1]), false)
 return bump(KEYS[3])
 `)
 
 // cancelQueueScript takes a waiter out of the queue (its client gave up,
 // or its QueueTimeout passed).
 //
-// KEYS: queue, waiters, assigned, avoid, inst:<id> (the waiter's)
+// KEYS: queue, waiters, assigned, cands, inst:<id> (the waiter's)
 // ARGV: token
 // Reply: {0, "", version} it was still queued and is removed;
 // {1, replica, version} it was handed a slot meanwhile (the caller owns
@@ -194,7 +291,7 @@ return {2, '', v}
 
 // reapQueueScript is reapScript in queueing mode: it also forgets the dead
 // instance's assignments and dispatches the reclaimed slots. The dead
-// instance's waiters are dropped by dispatch when they reach the head.
+// instance's waiters are dropped by dispatch when its scan reaches them.
 //
 // KEYS: load, gone, alive:<id>, inst:<id>, insts, assigned
 // ARGV: instance id, maxInflight, tag
@@ -212,7 +309,7 @@ for i = 1, #kv, 2 do
   end
 end
 redis.call('SREM', KEYS[5], ARGV[1])
-dispatch(ARGV[3], tonumber(ARGV[2]))
+dispatch(ARGV[3], tonumber(ARGV[2]), false)
 return n
 `)
 
@@ -221,11 +318,13 @@ return n
 // those of its waiters Redis lost (not queued, not handed a slot, not
 // barred) are queued again at the tail, its waiters it no longer waits for
 // leave the queue, the dropped records' assignments go, and the freed
-// slots are dispatched.
+// slots are dispatched (a full scan: a waiter queued again whose
+// candidates left the pool meanwhile is refused at once).
 //
-// KEYS: load, gone, alive:<id>, inst:<id>, insts, queue, waiters, assigned, avoid
+// KEYS: load, gone, alive:<id>, inst:<id>, insts, queue, waiters, assigned, cands, idle
 // ARGV: leaseTTL ms, instance id, version floor, maxInflight, tag, n,
-// n (waiting request id, avoid list) pairs, (request id, replica)...
+// n (waiting request id, candidates newline-separated) pairs, (request
+// id, replica)...
 // Reply: {records and waiters dropped, records and waiters added, the
 // instance's version}.
 var reconcileQueueScript = rueidis.NewLuaScript(countFn + decr + dispatchFn + versionFn + reconcileFn + `
@@ -238,7 +337,8 @@ for i = 7, 6 + 2 * nw, 2 do
   if redis.call('HEXISTS', KEYS[7], tok) == 0 and redis.call('HEXISTS', KEYS[4], ARGV[i]) == 0 then
     redis.call('RPUSH', KEYS[6], tok)
     redis.call('HSET', KEYS[7], tok, me)
-    if ARGV[i + 1] ~= '' then redis.call('HSET', KEYS[9], tok, ARGV[i + 1]) end
+    redis.call('HSET', KEYS[9], tok, ARGV[i + 1])
+    redis.call('DEL', KEYS[10]) -- its candidates may be idle members
     added = added + 1
   end
 end
@@ -254,12 +354,13 @@ for i = 1, #w, 2 do
   end
 end
 local v = settle(KEYS[3], KEYS[4], KEYS[5], ARGV[1], me, ARGV[3])
-dispatch(ARGV[5], tonumber(ARGV[4]))
+dispatch(ARGV[5], tonumber(ARGV[4]), true)
 return {#dropped + left, added, v}
 `)
 
 // syncQueueScript is syncScript in queueing mode: new members' free slots
-// go to the waiters at once.
+// go to the waiters at once, and waiters none of whose candidates is left
+// a member are refused at once (a full scan).
 //
 // KEYS: load, gone, queue, inst:<id> (the syncing instance's)
 // ARGV: maxInflight, tag, replicas...
@@ -268,7 +369,7 @@ var syncQueueScript = rueidis.NewLuaScript(countFn + syncFn + dispatchFn + versi
 local reps = {}
 for i = 3, #ARGV do reps[#reps + 1] = ARGV[i] end
 sync(KEYS[1], KEYS[2], reps)
-dispatch(ARGV[2], tonumber(ARGV[1]))
+dispatch(ARGV[2], tonumber(ARGV[1]), true)
 return bump(KEYS[4])
 `)
 
@@ -280,6 +381,6 @@ return bump(KEYS[4])
 // Reply: {handed over, queue length, waiting}: the list may still hold
 // cancelled tokens, waiting counts live waiters only.
 var kickQueueScript = rueidis.NewLuaScript(countFn + dispatchFn + `
-local n = dispatch(ARGV[2], tonumber(ARGV[1]))
+local n = dispatch(ARGV[2], tonumber(ARGV[1]), false)
 return {n, redis.call('LLEN', KEYS[1]), redis.call('HLEN', KEYS[2])}
 `)

@@ -341,6 +341,9 @@ func testQueueLostNotificationIsRechecked(t *testing.T, tg redistest.Target) {
 	}
 }
 
+// A Sync adding a replica hands its free slot to the waiters whose
+// candidates list it (y's pool has b already; the pool in Redis gets it
+// with x's Sync).
 func TestQueueSyncAddingReplicaWakesWaiters(t *testing.T) {
 	redistest.Each(t, testQueueSyncAddingReplicaWakesWaiters)
 }
@@ -354,8 +357,8 @@ func testQueueSyncAddingReplicaWakesWaiters(t *testing.T, tg redistest.Target) {
 	}
 	held := sel(t, x, "a")
 	out := make(chan got, 2)
-	enqueue(t, context.Background(), c, y, "y1", out, "a")
-	enqueue(t, context.Background(), c, y, "y2", out, "a")
+	enqueue(t, context.Background(), c, y, "y1", out, "a", "b")
+	enqueue(t, context.Background(), c, y, "y2", out, "a", "b")
 	if err := x.Sync(context.Background(), []string{"a", "b"}); err != nil {
 		t.Fatal(err)
 	}

@@ -209,6 +209,7 @@ func testOrphanedAssignmentIsReleased(t *testing.T, tg redistest.Target) {
 	for _, cmd := range []rueidis.Completed{
 		c.B().Rpush().Key(x.k.queue).Element(ghost).Build(),
 		c.B().Hset().Key(x.k.waiters).FieldValue().FieldValue(ghost, xid.id).Build(),
+		c.B().Hset().Key(x.k.cands).FieldValue().FieldValue(ghost, "a"+candSep+"b").Build(),
 	} {
 		if err := c.Do(ctx, cmd).Error(); err != nil {
 			t.Fatal(err)

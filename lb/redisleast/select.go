@@ -51,8 +51,9 @@ type Lease struct {
 //
 // Candidates this instance marked down after failed attempts (passive
 // health, Config.MaxFails) are left out; none left: lb.ErrAllDown. A
-// queued request is never handed a member left out this way, nor a
-// member of the last Sync that is not a candidate.
+// queued request is only ever handed one of its candidates (less those
+// left out this way); if none of them is a member any more it is refused
+// (errors.Is lb.ErrAllDown; Pick picks again).
 //
 // After Close it returns lb.ErrShutdown (also to requests still waiting
 // in the queue when Close runs).
