@@ -44,11 +44,11 @@ func NewCollector(sources func() map[string][]Source) *Collector {
 	return &Collector{
 		sources:  sources,
 		batches:  prometheus.NewDesc("sluice_kv_events_batches_total", "Engine KV-event batches applied to the exact index.", pool, nil),
-		events:   prometheus.NewDesc("sluice_kv_events_events_total", "Engine KV events (BlockStored, BlockRemoved, AllBlocksCleared) applied.", pool, nil),
+		events:   prometheus.NewDesc("sluice_kv_events_events_total", "Engine KV events (BlockStored, BlockRemoved, AllBlocksCleared) applied to the exact index; an event the index dropped (unknown_parent, too_many) is counted in sluice_kv_events_dropped_total only.", pool, nil),
 		gaps:     prometheus.NewDesc("sluice_kv_events_gaps_total", "Sequence gaps: the publisher's entries were cleared (events were lost).", pool, nil),
 		restarts: prometheus.NewDesc("sluice_kv_events_restarts_total", "Sequences that went back (a publisher restarted): its entries were cleared.", pool, nil),
 		drops:    prometheus.NewDesc("sluice_kv_events_dropped_total", "Messages or events dropped, by reason.", []string{"pool", "reason"}, nil),
-		guard:    prometheus.NewDesc("sluice_kv_events_connections_cut_total", "ZMQ connections the socket guard cut, by reason (refused, oversize, handshake_timeout).", []string{"pool", "reason"}, nil),
+		guard:    prometheus.NewDesc("sluice_kv_events_connections_cut_total", "ZMQ connections the socket guard cut, by reason (refused, oversize, handshake_timeout, handshake_evicted: the oldest handshake in progress, cut for a newer connection over the limit of handshakes in progress).", []string{"pool", "reason"}, nil),
 		blocks:   prometheus.NewDesc("sluice_kv_events_blocks", "Engine blocks the exact index holds per replica.", []string{"pool", "replica"}, nil),
 		evicted:  prometheus.NewDesc("sluice_kv_events_capacity_evicted_total", "Blocks dropped from the index by its size bounds.", pool, nil),
 		last:     prometheus.NewDesc("sluice_kv_events_last_event_timestamp_seconds", "When the replica's last event batch was applied (Unix time).", []string{"pool", "replica"}, nil),
@@ -112,6 +112,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			counter(c.guard, g.RefusedConns, pool, "refused")
 			counter(c.guard, g.OversizeFrames, pool, "oversize")
 			counter(c.guard, g.HandshakeTimeouts, pool, "handshake_timeout")
+			counter(c.guard, g.HandshakesEvicted, pool, "handshake_evicted")
 		}
 		if ts := p.tokenize; ts != nil {
 			counter(c.tokLookups, ts.Hits, pool, "hit")
@@ -188,6 +189,7 @@ func sumSources(srcs []Source) poolSums {
 			p.guard.RefusedConns += g.RefusedConns
 			p.guard.OversizeFrames += g.OversizeFrames
 			p.guard.HandshakeTimeouts += g.HandshakeTimeouts
+			p.guard.HandshakesEvicted += g.HandshakesEvicted
 		}
 		if src.Tokenize != nil {
 			if ts := src.Tokenize(); ts != nil {

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -20,8 +21,26 @@ import (
 // listen address is reachable from the network, so the listener goes
 // through this guard: a TCP transport whose connections check the ZMTP 3
 // framing as it streams past and fail (closing the connection) on a frame
-// or message over the limits, whose handshake must finish within a
-// deadline, and whose listener refuses connections beyond a maximum.
+// or message over the limits, and whose listener refuses connections
+// beyond a maximum.
+//
+// The guard's listener does the peer's half of each handshake itself, one
+// goroutine a connection, within a deadline: it sends the greeting the
+// library would send and reads the peer's greeting and READY. Only then
+// does it hand the connection to the library's accept loop, which replays
+// that handshake from memory (its greeting, the same bytes, is not sent
+// twice), so the loop never waits on the network: a connection that says
+// nothing holds up no other. The handshakes in progress are bounded
+// (maxPending); past it the oldest is cut to make room, so a burst of
+// silent connections delays a real publisher by at most the time its own
+// handshake takes, not by the deadline. The peer's greeting and READY are
+// checked as the library checks them, and more (readySocketType): the
+// library panics on a malformed READY or a socket type it does not know,
+// and neither reads nor closes a connection whose handshake it refused
+// (a peer that cannot talk to SUB), which would hold its slot for good.
+// Should it refuse one all the same, the guard closes it once it is not
+// read on.
+//
 // The library allocates a frame's announced size before its body comes,
 // so what all connections have announced and not handed over is bounded
 // too (maxInFlight): otherwise a client that announces a frame at the
@@ -36,10 +55,19 @@ var registerGuard sync.Once
 // tests can shorten it).
 var handshakeTimeout = 10 * time.Second
 
+// maxPendingHandshakes bounds a listener's connections in their handshake
+// at once (a var so tests can shrink it).
+var maxPendingHandshakes = 128
+
+// maxReadyBytes bounds the peer's READY command (its socket type,
+// identity and properties: tens of bytes from vLLM, SGLang and the sim).
+const maxReadyBytes = 64 << 10
+
 type guardLimits struct {
 	maxFrame, maxMessage int64 // bytes
 	maxFrames            int   // frames per message
 	maxConns             int64
+	maxPending           int // connections in their handshake
 	handshake            time.Duration
 	// maxInFlight bounds the bytes the listener's connections have
 	// announced in messages not yet handed over, all together.
@@ -52,6 +80,7 @@ func defaultGuardLimits(lim Limits) guardLimits {
 		maxMessage: int64(lim.MaxPayloadBytes) + 2*maxTopicBytes,
 		maxFrames:  8,
 		maxConns:   1024,
+		maxPending: maxPendingHandshakes,
 		handshake:  handshakeTimeout,
 		// four messages at the size limit in progress at once
 		maxInFlight: 4 * (int64(lim.MaxPayloadBytes) + 2*maxTopicBytes),
@@ -64,9 +93,9 @@ var guardRegistry sync.Map // host:port -> *guardState
 
 // guardState is one listen address's limits and counters.
 type guardState struct {
-	lim                         guardLimits
-	refused, oversize, timeouts atomic.Uint64
-	inFlight                    atomic.Int64 // announced bytes not handed over (maxInFlight)
+	lim                                  guardLimits
+	refused, oversize, timeouts, evicted atomic.Uint64
+	inFlight                             atomic.Int64 // announced bytes not handed over (maxInFlight)
 }
 
 type guardTransportImpl struct{}
@@ -87,7 +116,11 @@ func (guardTransportImpl) Listen(ctx context.Context, addr string) (net.Listener
 		return nil, err
 	}
 	g := v.(*guardState)
-	return &guardListener{Listener: l, lim: g.lim, g: g}, nil
+	gl := &guardListener{ln: l, lim: g.lim, g: g, ready: make(chan net.Conn), done: make(chan struct{}),
+		handed: make(map[*guardConn]struct{})}
+	gl.wg.Add(1)
+	go gl.acceptLoop()
+	return gl, nil
 }
 
 func ensureGuardTransport() error {
@@ -96,39 +129,108 @@ func ensureGuardTransport() error {
 	return err
 }
 
+// guardListener accepts connections and does their handshakes (see the
+// top of the file); Accept hands the library those that completed one.
 type guardListener struct {
-	net.Listener
+	ln     net.Listener
 	lim    guardLimits
 	g      *guardState
 	active atomic.Int64
+	ready  chan net.Conn // handshaken, to the library's Accept
+	done   chan struct{} // closed by Close
+	once   sync.Once
+	wg     sync.WaitGroup // acceptLoop and the handshakes
+
+	mu      sync.Mutex
+	closed  bool
+	shaking list.List               // of *guardConn: handshakes in progress, oldest first
+	handed  map[*guardConn]struct{} // handshaken, not yet taken on by the library
 }
 
+// Accept returns the next connection that completed its handshake.
 func (l *guardListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *guardListener) Addr() net.Addr { return l.ln.Addr() }
+
+// Close stops accepting and closes the connections not yet the library's
+// (in their handshake, or handed and not taken on), waiting for their
+// goroutines.
+func (l *guardListener) Close() error {
+	var err error
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		var conns []*guardConn
+		for e := l.shaking.Front(); e != nil; e = e.Next() {
+			conns = append(conns, e.Value.(*guardConn))
 		}
+		for c := range l.handed {
+			conns = append(conns, c)
+		}
+		l.mu.Unlock()
+		close(l.done)
+		err = l.ln.Close()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		l.wg.Wait()
+	})
+	return err
+}
+
+func (l *guardListener) acceptLoop() {
+	defer l.wg.Done()
+	var delay time.Duration
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// out of file descriptors, say: back off as net/http does
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(delay):
+				continue
+			case <-l.done:
+				return
+			}
+		}
+		delay = 0
 		if l.active.Add(1) > l.lim.maxConns {
 			l.active.Add(-1)
 			l.g.refused.Add(1)
 			_ = c.Close()
 			continue
 		}
-		_ = c.SetReadDeadline(time.Now().Add(l.lim.handshake))
+		deadline := time.Now().Add(l.lim.handshake)
+		_ = c.SetDeadline(deadline)
 		gc := &guardConn{Conn: c, g: l.g, onClose: func() { l.active.Add(-1) }, lim: l.lim, greeting: 64}
-		// The library neither closes a connection whose handshake failed
-		// (a probe that connects and closes, a wrong greeting) nor hands
-		// it over: one still reading fails at the deadline (Read closes
-		// it); one left unread is closed here just after, or it would hold
-		// its slot (and its socket) for good, and 1,024 of them lock every
-		// engine out.
-		time.AfterFunc(l.lim.handshake+time.Second, func() {
-			if !gc.shaken.Load() {
-				_ = gc.Close()
-			}
-		})
-		return gc, nil
+		var evict *guardConn
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			_ = gc.Close()
+			return
+		}
+		if l.shaking.Len() >= max(l.lim.maxPending, 1) {
+			evict = l.shaking.Remove(l.shaking.Front()).(*guardConn)
+		}
+		el := l.shaking.PushBack(gc)
+		l.wg.Add(1)
+		l.mu.Unlock()
+		if evict != nil {
+			l.g.evicted.Add(1)
+			_ = evict.Close() // its handshake fails at once
+		}
+		go l.handshake(gc, el, deadline)
 	}
 }
 
@@ -173,24 +275,28 @@ func (c *guardConn) Read(p []byte) (int, error) {
 		if c.g != nil && errors.As(err, &ne) && ne.Timeout() {
 			c.g.timeouts.Add(1)
 		}
-		// The handshake fails on it and the library would leave the
-		// connection open (see Accept): its slot goes back now.
+		// The handshake fails on it: its slot goes back now.
 		_ = c.Close()
 	}
 	return n, err
 }
 
+// Close closes the connection once; later calls return nil (the library
+// closes each connection twice when its socket closes, its reader and its
+// Close racing, and the loser's "use of closed network connection" would
+// be the Listener's Close error).
 func (c *guardConn) Close() error {
-	if c.closed.CompareAndSwap(false, true) {
-		c.mu.Lock()
-		if c.g != nil {
-			c.g.inFlight.Add(-c.held)
-		}
-		c.held, c.done = 0, 0
-		c.mu.Unlock()
-		if c.onClose != nil {
-			c.onClose()
-		}
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	c.mu.Lock()
+	if c.g != nil {
+		c.g.inFlight.Add(-c.held)
+	}
+	c.held, c.done = 0, 0
+	c.mu.Unlock()
+	if c.onClose != nil {
+		c.onClose()
 	}
 	return c.Conn.Close()
 }

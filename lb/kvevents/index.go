@@ -391,11 +391,12 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 	r.lastEvent = now
 	for i := range m.Batch.Events {
 		ev := &m.Batch.Events[i]
-		ix.c.events++
 		src := source{rank: rank, medium: ev.Medium}
+		// An event store drops is counted under its drop reason, not here.
+		applied := true
 		switch ev.Kind {
 		case BlockStored:
-			ix.store(r, src, ev, now)
+			applied = ix.store(r, src, ev, now)
 		case BlockRemoved:
 			blocks := r.sources[src]
 			for _, h := range ev.BlockHashes {
@@ -409,6 +410,9 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 		case AllBlocksCleared:
 			ix.c.cleared++
 			ix.clearRank(r, rank)
+		}
+		if applied {
+			ix.c.events++
 		}
 	}
 	return true
@@ -475,12 +479,14 @@ func (ix *Index) evictOwnTopic(name string, r *replica) {
 	ix.clearRank(r, oldest.rank)
 }
 
-func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) {
+// store applies one BlockStored; false: dropped (counted by reason),
+// the index unchanged.
+func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 	blocks := r.sources[src]
 	if blocks == nil {
 		if len(r.sources) >= maxSourcesPerReplica {
 			ix.c.drop(ReasonTooMany)
-			return
+			return false
 		}
 		blocks = make(map[BlockHash]*entry)
 		r.sources[src] = blocks
@@ -488,7 +494,7 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) {
 	bs := ev.BlockSize
 	if bs <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
 		ix.c.drop(ReasonTokenCount) // DecodeMessage never yields one; a hand-made Event might
-		return
+		return false
 	}
 	state := ix.keyer.start()
 	if ev.Parent != NoHash {
@@ -502,7 +508,7 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) {
 		default:
 			// evicted here, or stored before we listened: the chain is unknown
 			ix.c.drop(ReasonParent)
-			return
+			return false
 		}
 	}
 	for i, h := range ev.BlockHashes {
@@ -540,6 +546,7 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) {
 		// more blocks than the bounds (up to the 16 MiB payload).
 		ix.enforce(r)
 	}
+	return true
 }
 
 func (ix *Index) remove(r *replica, e *entry) {

@@ -203,13 +203,16 @@ func (l *Listener) Tap(fn func(frames [][]byte)) (untap func()) {
 type GuardStats struct {
 	RefusedConns      uint64 // over the connection limit
 	OversizeFrames    uint64 // a frame or message over the limits
-	HandshakeTimeouts uint64 // no handshake within the deadline
+	HandshakeTimeouts uint64 // no handshake (or none the ZMQ library took on) within the deadline
+	// HandshakesEvicted: handshakes cut, the oldest first, to make room
+	// for newer connections over the limit of handshakes in progress.
+	HandshakesEvicted uint64
 }
 
 // GuardStats returns the guard's counters.
 func (l *Listener) GuardStats() GuardStats {
 	return GuardStats{RefusedConns: l.guard.refused.Load(), OversizeFrames: l.guard.oversize.Load(),
-		HandshakeTimeouts: l.guard.timeouts.Load()}
+		HandshakeTimeouts: l.guard.timeouts.Load(), HandshakesEvicted: l.guard.evicted.Load()}
 }
 
 // Close stops the listener and its replays and waits for their

@@ -186,6 +186,9 @@ func TestListenerGuardsTheSocket(t *testing.T) {
 		seq++
 		return ix.Match(ix.Keys(prompt), []string{"127.0.0.1:9151"})[0] == 1
 	})
+	// The silent one is cut at its deadline (the publisher did not wait
+	// for it: each handshake runs on its own).
+	waitFor(t, "the silent connection's handshake timeout", func() bool { return l.GuardStats().HandshakeTimeouts == 1 })
 	if g := l.GuardStats(); g.OversizeFrames != 1 || g.HandshakeTimeouts != 1 {
 		t.Fatalf("guard stats: %+v", g)
 	}

@@ -20,7 +20,7 @@ func (c *counters) drop(r Reason) { c.drops[r]++ }
 // Stats is a snapshot for metrics and health.
 type Stats struct {
 	Batches         uint64            // batches applied
-	Events          uint64            // events applied
+	Events          uint64            // events applied (one the index dropped is in Drops only)
 	UnknownEvents   uint64            // events with a tag this decoder does not know
 	Gaps            uint64            // sequence gaps (the rank's entries cleared)
 	Restarts        uint64            // sequence went back (the rank's entries cleared)
@@ -29,7 +29,7 @@ type Stats struct {
 	CapacityEvicted uint64            // blocks dropped by MaxBlocksPerReplica/MaxBlocksTotal
 	ReStored        uint64            // blocks stored again after their removal (keyed as before)
 	Replays         ReplayStats       // gaps met with a replay socket, by outcome (replay.go)
-	Drops           map[Reason]uint64 // messages or events dropped, by reason
+	Drops           map[Reason]uint64 // messages or events dropped, by reason (none of them in Events)
 	Blocks          int               // engine blocks held, all replicas
 	Replicas        map[string]ReplicaStats
 }

@@ -384,7 +384,17 @@ func (replayTransportImpl) Dial(ctx context.Context, d transport.Dialer, addr st
 		return nil, err
 	}
 	context.AfterFunc(ctx, func() { _ = c.Close() })
-	return &guardConn{Conn: c, lim: lim, greeting: 64}, nil
+	// The engine's half of the handshake is checked before the library
+	// parses it (see readySocketType: a bad one would panic the process).
+	gc := &guardConn{Conn: c, lim: lim, greeting: 64}
+	_ = c.SetDeadline(time.Now().Add(lim.handshake))
+	hc, err := preHandshake(gc, dealerPeer)
+	if err != nil {
+		_ = gc.Close()
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Time{})
+	return hc, nil
 }
 
 func (replayTransportImpl) Listen(ctx context.Context, addr string) (net.Listener, error) {
