@@ -8,6 +8,8 @@
 // catch up on the recent history. A stream reset under the reader (key
 // deleted, Redis back empty, ids gone below the last one read) is noticed
 // when a read comes back empty and re-read from its start (Stats.Resets).
+// A read Redis leaves unanswered past its block time and the connection
+// timeout (redisconn.ConnTimeout) fails, and the reader redials.
 // The stream is outside input (anyone with write access to the key): the
 // reader skips a record over the size bounds (Stats.Oversize) and cuts a
 // reply from Redis before the client holds more than ReadBytes of it.
@@ -389,7 +391,14 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 		}
 		last := *r.lastID.Load()
 		cmd := cl.B().Xread().Count(count).Block(blockMillis).Streams().Key(r.cfg.Key).Id(last).Build()
-		streams, err := cl.Do(ctx, cmd).AsXRead()
+		// A deadline of its own: rueidis sends no keep-alive PING on a
+		// connection while a blocking command is in flight, and TCP's
+		// keep-alives are answered by a frozen Redis's kernel or by a
+		// proxy whose backend went, so without one a read could wait on a
+		// dead connection for good.
+		rctx, cancel := context.WithTimeout(ctx, r.readDeadline())
+		streams, err := cl.Do(rctx, cmd).AsXRead()
+		cancel()
 		if cut := asCut(err); cut != nil {
 			if count > 1 {
 				count, slow = 1, count
@@ -460,6 +469,12 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 			count, slow = full, 0
 		}
 	}
+}
+
+// readDeadline bounds one blocking read: the time Redis blocks it, and
+// what the connection allows a reply beside (redisconn.ConnTimeout).
+func (r *Relay) readDeadline() time.Duration {
+	return blockMillis*time.Millisecond + redisconn.ConnTimeout(r.cfg.Conn.ReadTimeout)
 }
 
 // newestID is the id of the stream's newest record (found false: the key

@@ -82,7 +82,9 @@ func dialBounded(limit int64) func(context.Context, string, *net.Dialer, *tls.Co
 // string's length, each simple line's, elementBytes per array element. A
 // header that would take the count over limit is held back (without its
 // line end the client cannot act on it) and the read fails with a
-// replyCut. Reads come from the client's one reader goroutine.
+// replyCut. It must frame the replies as the client does (a line the two
+// would read differently, a boolean longer than the client takes, say,
+// fails the read). Reads come from the client's one reader goroutine.
 type boundedConn struct {
 	net.Conn
 	limit int64
@@ -159,17 +161,22 @@ func (c *boundedConn) addLine(b []byte) {
 }
 
 // partLine checks the line under way, its end not yet read. A simple
-// line past the limit is cut now (the client buffers it whole). A
+// line past the limit is cut now (the client buffers it whole), and a
+// boolean or null as long as the client reads it fails (fixedLine). A
 // header's own bytes count nothing (its length counts, at its end, and
 // the line may yet end within the limit), but one longer than any length
 // header fails.
 func (c *boundedConn) partLine() error {
-	switch c.header[0] {
+	switch typ := c.header[0]; typ {
 	case '$', '!', '=', '*', '~', '>', '%', '|':
 		if c.lineLen > maxHeaderBytes {
 			return errHeaderTooLong
 		}
 		return nil
+	case '#', '_':
+		if c.lineLen >= fixedLine(typ) { // the client has read it whole, and no LF came
+			return errFixedLine(typ)
+		}
 	}
 	if c.lineLen > c.limit-c.cost {
 		return c.cut()
@@ -179,6 +186,23 @@ func (c *boundedConn) partLine() error {
 
 var errHeaderTooLong = errors.New("streamrelay: a Redis reply header too long")
 
+// fixedLine is the length of a line of type typ as the client reads it,
+// CRLF included, whatever its bytes: rueidis takes a boolean's and a
+// null's bytes after the type byte by count (readBoolean, readNull), not
+// up to a line end. A longer line would put the client and the conn out
+// of step: what follows the first bytes, a length header say, is the
+// next element to the client, and part of this line to the conn.
+func fixedLine(typ byte) int64 {
+	if typ == '#' {
+		return 4 // "#t\r\n"
+	}
+	return 3 // "_\r\n"
+}
+
+func errFixedLine(typ byte) error {
+	return fmt.Errorf("streamrelay: a Redis reply line of type %q not %d bytes long", typ, fixedLine(typ))
+}
+
 // endLine takes the line just read: a header, or a whole simple element.
 func (c *boundedConn) endLine() error {
 	line, n := c.header, c.lineLen
@@ -187,7 +211,12 @@ func (c *boundedConn) endLine() error {
 		return errors.New("streamrelay: a Redis reply line without type or CRLF")
 	}
 	switch typ := line[0]; typ {
-	case '+', '-', ':', '_', ',', '#', '(':
+	case '#', '_':
+		if n != fixedLine(typ) {
+			return errFixedLine(typ)
+		}
+		fallthrough
+	case '+', '-', ':', ',', '(':
 		if n > c.limit-c.cost {
 			return c.cut()
 		}

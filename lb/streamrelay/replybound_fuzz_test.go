@@ -238,8 +238,8 @@ type refParser struct {
 }
 
 // parseRef reads b as the model: strictly (lengths of 1 to 18 digits,
-// "-1" only for a $ or *, no CR or LF inside a simple line, CRLF after
-// each string).
+// "-1" only for a $ or *, no CR or LF inside a simple line, one byte in a
+// boolean and none in a null, CRLF after each string).
 func parseRef(b []byte) refStream {
 	var s refStream
 	p := &refParser{b: b, s: &s}
@@ -306,7 +306,13 @@ func (p *refParser) value(depth int) bool {
 		return false
 	}
 	switch typ {
-	case '+', '-', ':', '_', ',', '#', '(':
+	case '#', '_': // the client reads them by count: "#t\r\n", "_\r\n"
+		if len(content) != map[byte]int{'#': 1, '_': 0}[typ] {
+			return false
+		}
+		p.add(typ, int64(len(content)+3))
+		return true
+	case '+', '-', ':', ',', '(':
 		p.add(typ, int64(len(content)+3))
 		return true
 	case '$', '!', '=':
@@ -710,7 +716,9 @@ func TestBoundedConnRefusesNullMaps(t *testing.T) {
 // panics, passes only a prefix of its input, and what the model claims
 // of the input's valid part holds: a stream of valid replies passes
 // whole under the large limit, the replies within the limit pass, and
-// the first over it is cut no later than the line crossing it.
+// the first over it is cut no later than the line crossing it; and the
+// client, reading what passed, holds no more than the limit of a reply
+// (replybound_client_test.go).
 func FuzzBoundedConn(f *testing.F) {
 	for seed := range uint64(40) {
 		g := newRespGen(seed, seed%4 == 0)
@@ -721,6 +729,7 @@ func FuzzBoundedConn(f *testing.F) {
 	f.Add([]byte("*288230376151711744\r\n:1\r\n"), uint32(1<<20), []byte{})
 	f.Add([]byte("*2\r\n|0\r\n:1\r\n$10\r\n0123456789\r\n"), uint32(141), []byte{0})
 	f.Add([]byte("*2\r\n$34\r\n"+strings.Repeat("x", 34)+"\r\n$0\r\n\r\n"), uint32(162), []byte{0})
+	f.Add([]byte("*2\r\n#tAA$4611686018427387909\r\n"), uint32(1<<20), []byte{})
 	f.Fuzz(func(t *testing.T, in []byte, limit uint32, chunks []byte) {
 		var sizes []int
 		for _, c := range chunks {
@@ -730,6 +739,7 @@ func FuzzBoundedConn(f *testing.F) {
 		for _, lim := range []int64{int64(limit), 1 << 40} {
 			got, err := readBounded(t, in, sizes, len(chunks)%2 == 1, lim, 1+len(in)%4096)
 			checkBounded(t, in, s, lim, got, err)
+			checkClientView(t, in, got, lim)
 		}
 	})
 }
@@ -762,5 +772,44 @@ func TestRefModel(t *testing.T) {
 	}
 	if n := len(parseRef([]byte("+a\r\n:1\r\n*1\r\n*1\r\n_\r\n")).replies); n != 3 {
 		t.Errorf("3 replies read as %d", n)
+	}
+}
+
+// A boolean is 4 bytes to the client and a null 3 (rueidis's readBoolean
+// and readNull take the bytes after the type byte by count, not up to a
+// line end), so a longer line of either type is refused before its LF.
+// Before, the conn counted "#tAA$4611686018427387909\r\n" as one simple
+// line of 26 bytes and passed it, while the client read "#tAA", a
+// boolean, then "$4611686018427387909", the header of a string, and
+// sized it: a reply through a 1 MiB bound made it allocate 1 GiB with
+// "$1073741824", and panic (makeslice: len out of range) with this one.
+func TestBoundedConnFixedSizeBooleanAndNull(t *testing.T) {
+	for _, in := range []string{
+		"*2\r\n#tAA$4611686018427387909\r\n",
+		"#tAA*288230376151711744\r\n",
+		"*2\r\n_AA$1073741824\r\n",
+		"_\r\r*4611686018427387909\r\n",
+		"#\r\n+OK\r\n",  // the client takes '\r' for the value and "\n+" after it
+		"*1\r\n#tt\r\n", // 5 bytes
+	} {
+		lf := strings.IndexByte(in, '#')
+		if u := strings.IndexByte(in, '_'); lf < 0 || (u >= 0 && u < lf) {
+			lf = u
+		}
+		lf += strings.IndexByte(in[lf:], '\n')
+		for _, sizes := range [][]int{nil, {1}} {
+			got, err := readBounded(t, []byte(in), sizes, false, 1<<20, 64)
+			if err == nil || err == io.EOF || len(got) > lf {
+				t.Errorf("%q, reads of %v: passed %q, then %v; want an error before the LF of its boolean or null",
+					in, sizes, got, err)
+			}
+		}
+	}
+	// The lines the client reads so pass.
+	in := []byte("*4\r\n#t\r\n#f\r\n_\r\n%1\r\n_\r\n#t\r\n")
+	for _, sizes := range [][]int{nil, {1}} {
+		if got, err := readBounded(t, in, sizes, false, 1<<20, 64); !bytes.Equal(got, in) || err != io.EOF {
+			t.Errorf("reads of %v: passed %q, then %v; want %q, then EOF", sizes, got, err, in)
+		}
 	}
 }
