@@ -154,7 +154,7 @@ func (h *CustomRouter) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 				serveHealth(w, r, h.name)
 			}
 		case "metrics":
-			if h.mayRead(w, r) {
+			if h.mayRead(w, r) && onlyRead(w, r) {
 				serveMetrics(w, r)
 			}
 		default:
@@ -169,7 +169,7 @@ func (h *CustomRouter) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 			}
 			return nil
 		case "/list_workers":
-			if h.mayRead(w, r) {
+			if h.mayRead(w, r) && onlyRead(w, r) {
 				set, _ := lb.GetPool(h.name).Backends()
 				writeJSON(w, http.StatusOK, map[string]any{"urls": urls(set)})
 			}

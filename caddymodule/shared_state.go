@@ -1,7 +1,10 @@
 package caddymodule
 
 import (
+	"cmp"
 	"errors"
+	"slices"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -14,7 +17,135 @@ import (
 // counted: the config being loaded takes its reference before the old
 // config drops its own, so a reload never destroys the state nor the
 // requests waiting in it; the state is destroyed when no config uses it.
-var sharedStates = caddy.NewUsagePool()
+var sharedStates = &stateRegistry{pool: caddy.NewUsagePool(), built: map[stateKey]*registered{}}
+
+// stateRegistry is a caddy.UsagePool (references, construction once) with
+// an index of the states fully built, which is all that readers (health,
+// metrics) see: UsagePool.Range waits on an entry until it is built, and a
+// build may wait seconds on a Redis that does not answer.
+type stateRegistry struct {
+	pool  *caddy.UsagePool
+	mu    sync.RWMutex
+	built map[stateKey]*registered
+}
+
+// registered is what the usage pool holds for a key: the state, indexed
+// from the end of its build until its destruction.
+type registered struct {
+	reg *stateRegistry
+	key stateKey
+	st  sharedState
+}
+
+// Destruct implements caddy.Destructor: the usage pool calls it once the
+// last reference is dropped.
+func (r *registered) Destruct() error {
+	r.reg.mu.Lock()
+	if r.reg.built[r.key] == r { // not a newer state built since under the same key
+		delete(r.reg.built, r.key)
+	}
+	r.reg.mu.Unlock()
+	return r.st.Destruct()
+}
+
+func (s *stateRegistry) loadOrNew(key stateKey, build func() (sharedState, error)) (sharedState, error) {
+	v, _, err := s.pool.LoadOrNew(key, func() (caddy.Destructor, error) {
+		st, err := build()
+		if err != nil {
+			return nil, err
+		}
+		r := &registered{reg: s, key: key, st: st}
+		s.mu.Lock()
+		s.built[key] = r
+		s.mu.Unlock()
+		return r, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*registered).st, nil
+}
+
+// Range calls f with the key and state of every state readers may see
+// (see visible) until f returns false. It never waits on a state being
+// built. The order is visible's reversed, the preferred state of a module
+// and pool last: a caller that keeps the last one per pool (flowGates)
+// keeps that one.
+func (s *stateRegistry) Range(f func(key, value any) bool) {
+	for _, r := range slices.Backward(s.visible()) {
+		if !f(r.key, r.st) {
+			return
+		}
+	}
+}
+
+// visible lists the built states, ordered by module, pool, then the
+// preferred first: the running config's (the one whose settings are in
+// force), another running config's (the old one, during a reload), then
+// by variant. While a config runs, a state none of the running configs
+// registered is left out: it belongs to a config still being provisioned,
+// or one Caddy is refusing. Without a running config (before the first
+// starts, or modules provisioned on their own) every built state shows.
+func (s *stateRegistry) visible() []*registered {
+	s.mu.RLock()
+	all := make([]*registered, 0, len(s.built))
+	for _, r := range s.built {
+		all = append(all, r)
+	}
+	s.mu.RUnlock()
+	ranks, configured := runningKeys()
+	rank := func(k stateKey) int {
+		if r, ok := ranks[k]; ok {
+			return r
+		}
+		return 2
+	}
+	if configured {
+		all = slices.DeleteFunc(all, func(r *registered) bool { return rank(r.key) == 2 })
+	}
+	slices.SortFunc(all, func(a, b *registered) int {
+		return cmp.Or(cmp.Compare(a.key.module, b.key.module), cmp.Compare(a.key.pool, b.key.pool),
+			cmp.Compare(rank(a.key), rank(b.key)), cmp.Compare(a.key.variant, b.key.variant))
+	})
+	return all
+}
+
+// runningKeys ranks the keys the running configs registered settings for
+// (applyOnStart): 0 for the config in force, 1 for an older one still
+// running; configured reports whether any config runs.
+func runningKeys() (ranks map[stateKey]int, configured bool) {
+	appsMu.Lock()
+	cur, apps := applied, slices.Clone(running)
+	appsMu.Unlock()
+	if cur == nil && len(apps) == 0 {
+		return nil, false
+	}
+	ranks = map[stateKey]int{}
+	for _, a := range apps {
+		if a != cur {
+			for _, k := range a.keys() {
+				ranks[k] = 1
+			}
+		}
+	}
+	if cur != nil {
+		for _, k := range cur.keys() {
+			ranks[k] = 0
+		}
+	}
+	return ranks, true
+}
+
+// keys are the state keys a config registered settings for.
+func (a *App) keys() []stateKey {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ks := make([]stateKey, len(a.pending))
+	for i, p := range a.pending {
+		ks[i] = p.key
+	}
+	return ks
+}
 
 // stateKey names one shared state. Variant separates states of one module
 // and pool that cannot be one (e.g. two Redis connections).
@@ -53,19 +184,19 @@ type stateClaims struct {
 // records the instance's reference. Call it last in Provision: nothing
 // after it may fail.
 func (c *stateClaims) take(key stateKey, build func() (sharedState, error)) (sharedState, error) {
-	v, _, err := sharedStates.LoadOrNew(key, func() (caddy.Destructor, error) { return build() })
+	st, err := sharedStates.loadOrNew(key, build)
 	if err != nil {
 		return nil, err
 	}
 	c.keys = append(c.keys, key)
-	return v.(sharedState), nil
+	return st, nil
 }
 
 // release drops every reference taken, once.
 func (c *stateClaims) release() error {
 	var errs []error
 	for _, k := range c.keys {
-		if _, err := sharedStates.Delete(k); err != nil {
+		if _, err := sharedStates.pool.Delete(k); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -73,32 +204,28 @@ func (c *stateClaims) release() error {
 	return errors.Join(errs...)
 }
 
-// liveStatesOf maps every module serving pool to its live state (the
-// first one when the module has several variants on the pool), without
-// taking a reference: health only looks.
+// liveStatesOf maps every module serving pool to its live state, without
+// taking a reference: health only looks. Of several states of a module on
+// the pool (variants), the preferred one (see visible).
 func liveStatesOf(pool string) map[string]sharedState {
 	out := map[string]sharedState{}
-	sharedStates.Range(func(k, v any) bool {
-		key := k.(stateKey)
-		if _, seen := out[key.module]; key.pool == pool && !seen {
-			out[key.module] = v.(sharedState)
+	for _, r := range sharedStates.visible() {
+		if _, seen := out[r.key.module]; r.key.pool == pool && !seen {
+			out[r.key.module] = r.st
 		}
-		return true
-	})
+	}
 	return out
 }
 
-// liveStates maps every pool to its live state of module (the first one
-// when a pool has several variants).
+// liveStates maps every pool to its live state of module (the preferred
+// one when a pool has several variants).
 func liveStates(module string) map[string]sharedState {
 	out := map[string]sharedState{}
-	sharedStates.Range(func(k, v any) bool {
-		key := k.(stateKey)
-		if _, seen := out[key.pool]; key.module == module && !seen {
-			out[key.pool] = v.(sharedState)
+	for _, r := range sharedStates.visible() {
+		if _, seen := out[r.key.pool]; r.key.module == module && !seen {
+			out[r.key.pool] = r.st
 		}
-		return true
-	})
+	}
 	return out
 }
 

@@ -39,6 +39,7 @@ const DefaultPrefixIndexSize = 4 << 20
 func (c PickerConfig) WithDefaults() PickerConfig {
 	c.Policy = c.Policy.WithDefaults()
 	c.Metrics = c.Metrics.WithDefaults()
+	c.Tracker = c.Tracker.WithDefaults() // what the tracker runs with, so Config shows it
 	if c.PrefixIndexSize == 0 {
 		c.PrefixIndexSize = DefaultPrefixIndexSize
 	}
