@@ -140,14 +140,13 @@ type CacheAwareSettings struct {
 // state of pool that shares its tree (one per Redis connection).
 func CacheAwareShareStats(pool string) []share.Stats {
 	var out []share.Stats
-	sharedStates.Range(func(k, v any) bool {
-		if key := k.(stateKey); key.module == "cache_aware" && key.pool == pool {
-			if sh, ok := v.(*policyState).extra.(*share.Sharer); ok {
+	for _, r := range sharedStates.visible() {
+		if r.key.module == "cache_aware" && r.key.pool == pool {
+			if sh, ok := r.st.(*policyState).extra.(*share.Sharer); ok {
 				out = append(out, sh.Stats())
 			}
 		}
-		return true
-	})
+	}
 	return out
 }
 

@@ -155,14 +155,14 @@ func repairLogger(log *zap.Logger, pool string) func(int64, string) {
 // flowGates maps each pool to the gate of its live shared flow control.
 func flowGates() map[string]*redisgate.Gate {
 	out := map[string]*redisgate.Gate{}
-	sharedStates.Range(func(k, v any) bool {
-		if key := k.(stateKey); key.module == "flow_control" {
-			if g := v.(*flowState).gate; g != nil {
-				out[key.pool] = g
-			}
+	for _, r := range sharedStates.visible() { // the preferred state of a pool first
+		if _, seen := out[r.key.pool]; r.key.module != "flow_control" || seen {
+			continue
 		}
-		return true
-	})
+		if g := r.st.(*flowState).gate; g != nil {
+			out[r.key.pool] = g
+		}
+	}
 	return out
 }
 

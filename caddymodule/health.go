@@ -197,15 +197,10 @@ type staticSource interface {
 // staticUpstreams are the upstreams the policy's last request brought
 // (none before the first), at the URLs the policy reaches them.
 func (st *policyState) staticUpstreams() []lb.Backend {
-	last := st.static.last.Load()
-	if last == nil {
-		return nil
+	if last := st.static.last.Load(); last != nil {
+		return last.set
 	}
-	set := make([]lb.Backend, len(last.dials))
-	for i, d := range last.dials {
-		set[i] = lb.Backend{URL: last.scheme.url(d), Dial: d}
-	}
-	return set
+	return nil
 }
 
 // staticUpstreams are those of the reverse_proxy the handler guards, as

@@ -66,19 +66,6 @@ func (s *stateRegistry) loadOrNew(key stateKey, build func() (sharedState, error
 	return v.(*registered).st, nil
 }
 
-// Range calls f with the key and state of every state readers may see
-// (see visible) until f returns false. It never waits on a state being
-// built. The order is visible's reversed, the preferred state of a module
-// and pool last: a caller that keeps the last one per pool (flowGates)
-// keeps that one.
-func (s *stateRegistry) Range(f func(key, value any) bool) {
-	for _, r := range slices.Backward(s.visible()) {
-		if !f(r.key, r.st) {
-			return
-		}
-	}
-}
-
 // visible lists the built states, ordered by module, pool, then the
 // preferred first: the running config's (the one whose settings are in
 // force), another running config's (the old one, during a reload), then

@@ -100,12 +100,11 @@ func TestHealthShowsOneVariantOfAPoolEveryTime(t *testing.T) {
 	pool := freshPoolName("review-variants")
 	startProxy(t, []map[string]any{grlProxy(pool, addr, "1s"), grlProxy(pool, addr, "2s")}, nil)
 	n := 0
-	sharedStates.Range(func(k, _ any) bool {
-		if key := k.(stateKey); key.module == "global_redis_least" && key.pool == pool {
+	for _, r := range sharedStates.visible() {
+		if r.key.module == "global_redis_least" && r.key.pool == pool {
 			n++
 		}
-		return true
-	})
+	}
 	if n != 2 {
 		t.Fatalf("precondition: %d global_redis_least states on the pool, want 2", n)
 	}

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -21,10 +22,10 @@ type staticSync struct {
 	last atomic.Pointer[appliedStatic]
 }
 
-// appliedStatic is the static list last applied: its dials, and the
-// scheme they were reached with.
+// appliedStatic is the static list last applied, as the backend set it
+// became, and the scheme its URLs were made with.
 type appliedStatic struct {
-	dials  []string
+	set    []lb.Backend
 	scheme upstreamScheme
 }
 
@@ -37,11 +38,8 @@ func (s *staticSync) sync(pool reverseproxy.UpstreamPool, scheme upstreamScheme,
 	if s.same(pool, scheme) {
 		return
 	}
-	last := &appliedStatic{dials: make([]string, len(pool)), scheme: scheme}
-	for i, u := range pool {
-		last.dials[i] = u.Dial
-	}
-	apply(staticBackends(pool, scheme))
+	last := &appliedStatic{set: staticBackends(pool, scheme), scheme: scheme}
+	apply(slices.Clone(last.set))
 	s.last.Store(last)
 }
 
@@ -52,11 +50,11 @@ func (s *staticSync) same(pool reverseproxy.UpstreamPool, scheme upstreamScheme)
 	if last == nil {
 		return false
 	}
-	if len(pool) != len(last.dials) || scheme != last.scheme {
+	if len(pool) != len(last.set) || scheme != last.scheme {
 		return false
 	}
 	for i := range pool {
-		if pool[i].Dial != last.dials[i] {
+		if pool[i].Dial != last.set[i].Dial {
 			return false
 		}
 	}

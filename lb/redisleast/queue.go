@@ -143,7 +143,7 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.W
 		q.waiters.drop(tok) // an earlier try's
 		tok = token(ident, req)
 		wait = q.waiters.add(tok, cands)
-		args = append(args, m.k.tag, cands)
+		args = append(args, m.k.tag)
 		args = append(args, candidates...)
 		// Not cut short by the client: a reply lost to a cancellation
 		// would leave the request queued (or holding a slot) until the
@@ -171,7 +171,7 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.W
 }
 
 // candSep separates a waiter's candidates in {tag}:cands (no replica
-// address holds a newline).
+// address holds a newline); selectQueueScript joins them with it too.
 const candSep = "\n"
 
 // waiterSet routes hand-over notifications to the waiting Selects, and

@@ -191,8 +191,8 @@ end
 //
 // KEYS: load, alive:<id>, inst:<id>, insts, queue, waiters, assigned, cands, idle
 // ARGV: maxInflight (> 0), leaseTTL ms, request id, instance id, offset, tag,
-// the candidates newline-separated (what the waiter may be handed),
-// candidates...
+// candidates... (what the waiter may be handed; kept newline-separated,
+// candSep, in {tag}:cands)
 // Reply: {1, replica, version} selected (directly or handed over at
 // once); {4, "", version} queued: the replica comes by notification;
 // {0, "", version} no candidate is a member; {3, "", version} barred (as
@@ -205,11 +205,11 @@ if prev then return {1, prev, v} end
 local tok = ARGV[4] .. ':' .. ARGV[3]
 if redis.call('HEXISTS', KEYS[6], tok) == 1 then return {4, '', v} end
 local maxIn = tonumber(ARGV[1])
-local n = #ARGV - 7
+local n = #ARGV - 6
 local off = tonumber(ARGV[5])
 local best, bestScore
 for i = 0, n - 1 do
-  local c = ARGV[8 + (i + off) % n]
+  local c = ARGV[7 + (i + off) % n]
   local s = count(KEYS[1], c)
   if s and (best == nil or s < bestScore) then best, bestScore = c, s end
 end
@@ -225,9 +225,9 @@ if bestScore < maxIn and redis.call('LLEN', KEYS[5]) == 0 then
 end
 redis.call('RPUSH', KEYS[5], tok)
 redis.call('HSET', KEYS[6], tok, ARGV[4])
-redis.call('HSET', KEYS[8], tok, ARGV[7])
+redis.call('HSET', KEYS[8], tok, table.concat(ARGV, '\n', 7))
 if redis.call('EXISTS', KEYS[9]) == 1 then -- its candidates are wanted now
-  for i = 8, #ARGV, 256 do redis.call('HDEL', KEYS[9], unpack(ARGV, i, math.min(i + 255, #ARGV))) end
+  for i = 7, #ARGV, 256 do redis.call('HDEL', KEYS[9], unpack(ARGV, i, math.min(i + 255, #ARGV))) end
 end
 dispatch(ARGV[6], maxIn, false)
 local got = redis.call('HGET', KEYS[3], ARGV[3])
