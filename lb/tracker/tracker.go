@@ -50,8 +50,12 @@ type Tracker struct {
 }
 
 type replica struct {
-	addr     string
-	present  bool
+	addr string
+	// present: in the set. Written under the tracker's write lock; read
+	// without it by Release, which takes that lock only for a replica
+	// that left the set (to forget it once idle), not on every request
+	// that brings a count back to 0.
+	present  atomic.Bool
 	inFlight atomic.Int64
 	// lastAcquired is the tracker's acquisition number of the replica's
 	// latest request (0: none yet).
@@ -143,7 +147,7 @@ func (t *Tracker) SetReplicas(addrs []string) {
 		}
 		keep[a] = true
 		r, ok := t.reps[a]
-		if ok && r.present {
+		if ok && r.present.Load() {
 			continue
 		}
 		if ok && r.inFlight.Load() > 0 {
@@ -152,13 +156,15 @@ func (t *Tracker) SetReplicas(addrs []string) {
 			// falls from now on).
 			t.retired[r] = struct{}{}
 		}
-		t.reps[a] = &replica{addr: a, present: true}
+		fresh := &replica{addr: a}
+		fresh.present.Store(true)
+		t.reps[a] = fresh
 	}
 	for a, r := range t.reps {
 		if keep[a] {
 			continue
 		}
-		r.present = false
+		r.present.Store(false) // before the count is read: see Release
 		if r.inFlight.Load() == 0 {
 			delete(t.reps, a)
 		}
@@ -170,7 +176,7 @@ func (t *Tracker) SetReplicas(addrs []string) {
 func (t *Tracker) Load(addr string) (inFlight int, usable bool) {
 	t.mu.RLock()
 	r, ok := t.reps[addr]
-	ok = ok && r.present // present is written under the write lock
+	ok = ok && r.present.Load() // present is written under the write lock
 	t.mu.RUnlock()
 	if !ok {
 		return 0, false
@@ -243,7 +249,7 @@ func (t *Tracker) acquire(addr string, cost int64, usable bool) *Lease {
 	cost = min(max(cost, 0), maxCost)
 	t.mu.RLock()
 	r, ok := t.reps[addr]
-	ok = ok && r.present
+	ok = ok && r.present.Load()
 	if ok {
 		// Under the read lock: SetReplicas cannot forget r now.
 		if usable && r.downUntil.Load() != 0 {
@@ -324,9 +330,12 @@ func (l *Lease) Release(o lb.Outcome) bool {
 		r.hmu.Unlock()
 		t.mu.RUnlock()
 	}
-	if r.inFlight.Add(-1) == 0 {
+	// A replica that left the set is forgotten once idle. SetReplicas
+	// marks it gone and then reads its count; this drops the count and
+	// then reads the mark: one of the two sees both, so it is forgotten.
+	if r.inFlight.Add(-1) == 0 && !r.present.Load() {
 		t.mu.Lock()
-		if !r.present && r.inFlight.Load() == 0 {
+		if !r.present.Load() && r.inFlight.Load() == 0 {
 			if t.reps[r.addr] == r {
 				delete(t.reps, r.addr)
 			} else {
@@ -358,7 +367,7 @@ func (t *Tracker) Snapshot() []ReplicaStats {
 	out := make([]ReplicaStats, 0, len(t.reps)+len(t.retired))
 	stats := func(r *replica) ReplicaStats {
 		return ReplicaStats{Addr: r.addr, InFlight: int(r.inFlight.Load()),
-			Down: now < r.downUntil.Load(), Failures: r.failures.Load(), Present: r.present}
+			Down: now < r.downUntil.Load(), Failures: r.failures.Load(), Present: r.present.Load()}
 	}
 	for _, r := range t.reps {
 		out = append(out, stats(r))

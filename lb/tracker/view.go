@@ -34,7 +34,7 @@ type View struct {
 func (t *Tracker) View(addr string, cutoff time.Time) (View, bool) {
 	t.mu.RLock()
 	r, ok := t.reps[addr]
-	ok = ok && r.present
+	ok = ok && r.present.Load()
 	t.mu.RUnlock()
 	if !ok {
 		return View{}, false
