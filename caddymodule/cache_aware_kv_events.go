@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -290,14 +291,45 @@ func (k *kvListener) Destruct() error {
 // and the index then follows (kvListener.followLocked).
 type kvSetFollower struct {
 	kvCapacity
-	kl *kvListener
-	pk *cacheaware.Picker
+	kl   *kvListener
+	pk   *cacheaware.Picker
+	urls *replicaURLs // nil without the engine tokenizer
 }
 
 // SetBackends implements the picker's set follower.
 func (f kvSetFollower) SetBackends(set []lb.Backend) {
 	f.kvCapacity.SetBackends(set)
+	if f.urls != nil {
+		f.urls.set(set)
+	}
 	f.kl.setReplicas(f.pk, lb.Dials(set))
+}
+
+// replicaURLs are a state's replicas' URLs by dial address, from the set
+// its picker was last given (the managed set, or reverse_proxy's static
+// upstreams with its transport's scheme): the engine tokenizer asks
+// /tokenize there, so a replica reached over TLS is asked over TLS.
+type replicaURLs struct {
+	m atomic.Pointer[map[string]string]
+}
+
+func (u *replicaURLs) set(set []lb.Backend) {
+	m := make(map[string]string, len(set))
+	for _, b := range set {
+		m[b.Dial] = b.URL
+	}
+	u.m.Store(&m)
+}
+
+// of is the URL of the replica at addr; http://addr for one not in the
+// set (yet).
+func (u *replicaURLs) of(addr string) string {
+	if m := u.m.Load(); m != nil {
+		if url, ok := (*m)[addr]; ok {
+			return url
+		}
+	}
+	return "http://" + addr
 }
 
 // setReplicas records pk's new replica set and follows it.
@@ -395,8 +427,12 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capac
 	}
 	var tok kvevents.Tokenizer = kvevents.SimTokenizer{}
 	var engine *kvevents.EngineTokenizer
+	var urls *replicaURLs
 	if o.tokenizer() == kvTokenizerEngine {
-		engine = kvevents.NewEngineTokenizer(o.engineConfig())
+		urls = &replicaURLs{}
+		c := o.engineConfig()
+		c.BaseURL = urls.of
+		engine = kvevents.NewEngineTokenizer(c)
 		tok = engine
 	}
 	kl.mu.Lock()
@@ -422,7 +458,8 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capac
 	pk.SetExact(&kvevents.Prefixes{Index: kl.ix, Tokenizer: tok, FreshFor: time.Duration(o.KVEventsFresh),
 		// a peer's decision names its replica from Redis: only the pool's
 		IsReplica: func(addr string) bool { return slices.Contains(pk.Router().Addrs(), addr) }})
-	pk.SetCapacity(kvSetFollower{kvCapacity: capacity, kl: kl, pk: pk})
+	// the follower gets pk's set now (if it has one) and each later one
+	pk.SetCapacity(kvSetFollower{kvCapacity: capacity, kl: kl, pk: pk, urls: urls})
 	var once sync.Once
 	release = func() {
 		once.Do(func() {

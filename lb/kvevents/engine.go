@@ -79,6 +79,10 @@ type EngineConfig struct {
 	MaxAge time.Duration
 	// Transport makes the requests (default a plain HTTP transport).
 	Transport http.RoundTripper
+	// BaseURL gives the base URL (scheme://host:port) of the replica at a
+	// dial address, where Path is asked (nil: http://addr). A replica the
+	// proxy reaches over TLS answers no plain-HTTP request.
+	BaseURL func(addr string) string
 }
 
 // WithDefaults fills the zero fields.
@@ -542,7 +546,7 @@ var errTooLarge = errors.New("answer too large")
 func (e *EngineTokenizer) ask(addr string, body []byte) (tokens []uint32, reason string) {
 	ctx, cancel := context.WithTimeout(e.ctx, e.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+e.cfg.Path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.baseURL(addr)+e.cfg.Path, bytes.NewReader(body))
 	if err != nil {
 		return nil, TokUnreachable
 	}
@@ -569,6 +573,14 @@ func (e *EngineTokenizer) ask(addr string, body []byte) (tokens []uint32, reason
 		return nil, TokUnreachable
 	}
 	return parseTokenizeAnswer(raw, e.cfg.MaxTokens)
+}
+
+// baseURL is where the replica at addr is asked.
+func (e *EngineTokenizer) baseURL(addr string) string {
+	if e.cfg.BaseURL != nil {
+		return e.cfg.BaseURL(addr)
+	}
+	return "http://" + addr
 }
 
 func isTimeout(ctx context.Context, err error) bool {
