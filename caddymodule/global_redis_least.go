@@ -119,9 +119,8 @@ func (p *GlobalRedisLeast) Provision(ctx caddy.Context) error {
 				log.Error("Redis unreachable at start: serving from this instance's own counts until it answers",
 					zap.String("pool", name), zap.Strings("redis", cfg.Addrs), zap.Error(why))
 			}
-			// Health: the default, its in-flight counts (the pool's, from Redis).
 			return newPolicyState(key, st, policyParts{settings: func() any { return redactedRedisConfig(st.Config()) },
-				closer: st.Close}), nil
+				health: func() stateHealth { return redisLeastHealth(st) }, closer: st.Close}), nil
 		},
 		apply: func(ps *policyState) {
 			st := ps.picker.(*redisleast.Store)
@@ -131,6 +130,19 @@ func (p *GlobalRedisLeast) Provision(ctx caddy.Context) error {
 			}
 		},
 	})
+}
+
+// redisLeastHealth is this instance's view of the pool's replicas: its
+// own leases, and its passive health (down, failures) as load_aware's;
+// ranked below the exact counts of cache_aware and load_aware on a pool
+// they share (docs/api.md).
+func redisLeastHealth(st *redisleast.Store) stateHealth {
+	h := stateHealth{Replicas: []backendHealth{}, Detail: leasesAndDown}
+	for _, r := range st.ReplicaHealth() {
+		h.Replicas = append(h.Replicas, backendHealth{Addr: r.Addr, InFlight: r.InFlight, Down: r.Down,
+			Failures: r.Failures, Draining: !r.Present})
+	}
+	return h
 }
 
 // redactedRedisConfig is cfg as the health report may show it.

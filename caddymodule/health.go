@@ -84,7 +84,8 @@ type healthDetail int
 const (
 	noReplicas      healthDetail = iota
 	inFlightOnly                 // its own in-flight counts
-	inFlightAndDown              // and its passive health (down, failures)
+	leasesAndDown                // this instance's leases (not the pool's counts) and its passive health
+	inFlightAndDown              // the pool's exact in-flight counts and passive health (down, failures)
 	latencyAndSlots              // and latency, slots, dispatch counts
 )
 

@@ -47,9 +47,9 @@ type member struct {
 	c     counters
 	svc   ewma // hold time of successful leases, for RetryAfter
 	// health is this instance's passive health of the replicas (failed
-	// attempts mark one down); its in-flight counts serve only the
-	// half-open probe (one request at a time to a replica whose down
-	// time is over).
+	// attempts mark one down); its in-flight counts serve the half-open
+	// probe (one request at a time to a replica whose down time is over:
+	// probe.go) and the health report (ReplicaHealth).
 	health *tracker.Tracker
 
 	unreachable atomic.Pointer[error] // why Redis was not usable at New

@@ -30,7 +30,7 @@ type Lease struct {
 	ident    *identity // nil: picked locally, never recorded in Redis
 	req      string
 	start    time.Time
-	hl       *tracker.Lease // passive health; nil for a replica the tracker does not know
+	hl       *tracker.Lease // passive health (admit); nil for a replica the tracker does not know
 	batched  bool           // recorded through the batcher (least-request mode)
 	why      string         // the pick's reason when not an exact pick (see reason)
 	released atomic.Bool
@@ -50,7 +50,10 @@ type Lease struct {
 // (ErrQueueTimeout); see queue.go.
 //
 // Candidates this instance marked down after failed attempts (passive
-// health, Config.MaxFails) are left out; none left: lb.ErrAllDown. A
+// health, Config.MaxFails) are left out; none left: lb.ErrAllDown. One
+// whose down time is over takes one request at a time, its probe: a pick
+// that lands on it while another request probes it is undone and made
+// again without it (probe.go), a queued request handed it included. A
 // queued request is only ever handed one of its candidates (less those
 // left out this way); if none of them is a member any more it is refused
 // (errors.Is lb.ErrAllDown; Pick picks again).
@@ -70,13 +73,16 @@ func (s *Store) selectWaiting(ctx context.Context, candidates []string, onWait l
 	if len(candidates) == 0 {
 		return nil, ErrNoCandidates
 	}
-	if candidates = s.healthy(candidates); len(candidates) == 0 {
-		return nil, lb.ErrAllDown
-	}
-	if s.br.isOpen() {
-		return s.fallback(candidates)
-	}
-	return s.mode.pick(ctx, candidates, onWait)
+	return s.pickUsable(candidates, func(cands []string) (*Lease, error) {
+		if s.br.isOpen() {
+			return s.fallback(cands)
+		}
+		l, err := s.mode.pick(ctx, cands, onWait)
+		if l != nil && l.why == lb.ReasonQueued {
+			onWait = nil // told once (lb.Request.Waiter), if health refuses the slot
+		}
+		return l, err
+	})
 }
 
 // Select script replies (selectScript, selectQueueScript).
@@ -176,11 +182,12 @@ func (m *member) lease(addr string, ident *identity, req string) *Lease {
 	return m.handOut(l)
 }
 
-// handOut counts l, held already, as handed out.
+// handOut counts l, held already, as handed out (passive health takes
+// it, or undoes it, once the pick is over: admit).
 func (m *member) handOut(l *Lease) *Lease {
 	m.local.get(l.Addr).Add(1)
 	m.c.selections.Add(1)
-	l.start, l.hl = time.Now(), m.health.Acquire(l.Addr)
+	l.start = time.Now()
 	return l
 }
 
@@ -202,7 +209,7 @@ func (m *member) pickLocal(candidates []string, why *atomic.Uint64) (*Lease, err
 	m.local.get(addr).Add(1)
 	m.c.selections.Add(1)
 	why.Add(1)
-	return &Lease{Addr: addr, Fallback: true, m: m, start: time.Now(), hl: m.health.Acquire(addr)}, nil
+	return &Lease{Addr: addr, Fallback: true, m: m, start: time.Now()}, nil
 }
 
 // healthy is candidates less the replicas passive health has down (the

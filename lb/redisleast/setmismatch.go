@@ -51,11 +51,10 @@ func (s *Store) mismatchPick(ctx context.Context, req *lb.Request, replicas []st
 	if err != nil {
 		return nil, err
 	}
-	if cands = s.healthy(cands); len(cands) == 0 {
-		return nil, lb.ErrAllDown
-	}
-	s.warnMismatch(ctx, cands)
-	return s.pickLocal(cands, &s.c.mismatches)
+	return s.pickUsable(cands, func(cands []string) (*Lease, error) {
+		s.warnMismatch(ctx, cands)
+		return s.pickLocal(cands, &s.c.mismatches)
+	})
 }
 
 // SetLogger sets where the store logs (nil: slog.Default()): at present
