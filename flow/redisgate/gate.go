@@ -446,6 +446,11 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 		return atShareWait * g.Config().Poll, nil
 	case res.held > 0 || want > 0:
 		return g.Config().LeaseTTL / 3, nil // renew the lease
+	case res.total > 0:
+		// Idle while others hold units: ask again at the renewal's pace,
+		// so the pool's figures it shows (pool_held, instances) follow
+		// the others' giving back, not the moment it went idle.
+		return g.Config().LeaseTTL / 3, nil
 	default:
 		return time.Hour, nil // idle: nothing to renew until a request comes
 	}
