@@ -50,21 +50,10 @@ func tokenizeFailures(t *testing.T, pool string, n uint64) map[string]uint64 {
 	}
 }
 
-// kvTokenizeProxy is a reverse_proxy route to the upstream at dial (over
-// TLS with tls) through cache_aware on pool with kv_events at listen.
+// kvTokenizeProxy is oneUpstreamRoute through cache_aware on pool with
+// kv_events at listen.
 func kvTokenizeProxy(pool, listen, dial string, tls bool) map[string]any {
-	transport := map[string]any{"protocol": "http"}
-	if tls {
-		transport["tls"] = map[string]any{"insecure_skip_verify": true}
-	}
-	return map[string]any{"handle": []map[string]any{{
-		"handler":   "reverse_proxy",
-		"upstreams": []map[string]any{{"dial": dial}},
-		"transport": transport,
-		"load_balancing": map[string]any{"selection_policy": map[string]any{
-			"policy": "cache_aware", "pool": pool, "kv_events": listen,
-		}},
-	}}}
+	return oneUpstreamRoute(dial, tls, map[string]any{"policy": "cache_aware", "pool": pool, "kv_events": listen})
 }
 
 // prompted sends a completion of prompt through the proxy at url and

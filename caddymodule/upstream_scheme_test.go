@@ -10,22 +10,26 @@ import (
 	"github.com/sluice-router/sluice/lb/qll"
 )
 
-// tlsQLLProxy is a reverse_proxy route to the TLS upstream at dial (as
-// `to https://dial` writes it: the HTTP transport with a tls block)
-// through queued_least_latency on pool, its engine metrics on.
-func tlsQLLProxy(pool, dial string, tls bool) map[string]any {
+// oneUpstreamRoute is a reverse_proxy route to the upstream at dial, over
+// TLS with tls (as `to https://dial` writes it: the HTTP transport with a
+// tls block), picked by the selection policy given.
+func oneUpstreamRoute(dial string, tls bool, policy map[string]any) map[string]any {
 	transport := map[string]any{"protocol": "http"}
 	if tls {
 		transport["tls"] = map[string]any{"insecure_skip_verify": true}
 	}
 	return map[string]any{"handle": []map[string]any{{
-		"handler":   "reverse_proxy",
-		"upstreams": []map[string]any{{"dial": dial}},
-		"transport": transport,
-		"load_balancing": map[string]any{"selection_policy": map[string]any{
-			"policy": "queued_least_latency", "pool": pool, "state_log_interval": -1,
-		}},
+		"handler":        "reverse_proxy",
+		"upstreams":      []map[string]any{{"dial": dial}},
+		"transport":      transport,
+		"load_balancing": map[string]any{"selection_policy": policy},
 	}}}
+}
+
+// tlsQLLProxy is oneUpstreamRoute through queued_least_latency on pool,
+// its engine metrics on.
+func tlsQLLProxy(pool, dial string, tls bool) map[string]any {
+	return oneUpstreamRoute(dial, tls, map[string]any{"policy": "queued_least_latency", "pool": pool, "state_log_interval": -1})
 }
 
 // scrapeErrorOf waits for pool's queued_least_latency scraper to have
