@@ -25,8 +25,13 @@ func checkHostPort(hp string) error {
 
 // ParseListenAddr validates a listen address: tcp://host:port only, where
 // host is an IP, a host name or * (every interface), and returns the
-// host:port to listen on.
-func ParseListenAddr(addr string) (string, error) {
+// host:port to listen on. Port 0 is refused: engines must be told where
+// to dial, so a configured address names its port.
+func ParseListenAddr(addr string) (string, error) { return parseListenAddr(addr, 1) }
+
+// parseListenAddr is ParseListenAddr with the least port allowed (Listen
+// takes 0: any free port, read back with Listener.Addr).
+func parseListenAddr(addr string, minPort int) (string, error) {
 	rest, ok := strings.CutPrefix(addr, "tcp://")
 	if !ok {
 		return "", fmt.Errorf("kv_events: listen address %q must be tcp://host:port", addr)
@@ -42,8 +47,8 @@ func ParseListenAddr(addr string) (string, error) {
 		return "", fmt.Errorf("kv_events: listen address %q: bad host %q", addr, host)
 	}
 	p, err := strconv.Atoi(port)
-	if err != nil || p < 1 || p > 65535 {
-		return "", fmt.Errorf("kv_events: listen address %q: port must be 1..65535", addr)
+	if err != nil || p < minPort || p > 65535 {
+		return "", fmt.Errorf("kv_events: listen address %q: port must be %d..65535", addr, minPort)
 	}
 	if host == "*" {
 		host = ""

@@ -1,7 +1,8 @@
 package kvevents
 
 import (
-	"sort"
+	"maps"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -25,7 +26,8 @@ type Source struct {
 type Collector struct {
 	sources                         func() map[string][]Source
 	batches, events, gaps, restarts *prometheus.Desc
-	drops, guard, blocks, evicted   *prometheus.Desc
+	drops, eventDrops               *prometheus.Desc
+	guard, blocks, evicted          *prometheus.Desc
 	last                            *prometheus.Desc
 	tokLookups, tokRequests         *prometheus.Desc
 	tokFailures, tokBytes           *prometheus.Desc
@@ -44,14 +46,19 @@ func NewCollector(sources func() map[string][]Source) *Collector {
 	return &Collector{
 		sources:  sources,
 		batches:  prometheus.NewDesc("sluice_kv_events_batches_total", "Engine KV-event batches applied to the exact index.", pool, nil),
-		events:   prometheus.NewDesc("sluice_kv_events_events_total", "Engine KV events (BlockStored, BlockRemoved, AllBlocksCleared) applied to the exact index; an event the index dropped (unknown_parent, too_many) is counted in sluice_kv_events_dropped_total only.", pool, nil),
+		events:   prometheus.NewDesc("sluice_kv_events_events_total", "Engine KV events (BlockStored, BlockRemoved, AllBlocksCleared) applied to the exact index; an event the index dropped (unknown_parent, too_many) is counted in sluice_kv_events_events_dropped_total only.", pool, nil),
 		gaps:     prometheus.NewDesc("sluice_kv_events_gaps_total", "Sequence gaps: the publisher's entries were cleared (events were lost).", pool, nil),
 		restarts: prometheus.NewDesc("sluice_kv_events_restarts_total", "Sequences that went back (a publisher restarted): its entries were cleared.", pool, nil),
-		drops:    prometheus.NewDesc("sluice_kv_events_dropped_total", "Messages or events dropped, by reason.", []string{"pool", "reason"}, nil),
-		guard:    prometheus.NewDesc("sluice_kv_events_connections_cut_total", "ZMQ connections the socket guard cut, by reason (refused, oversize, handshake_timeout, handshake_evicted: the oldest handshake in progress, cut for a newer connection over the limit of handshakes in progress).", []string{"pool", "reason"}, nil),
-		blocks:   prometheus.NewDesc("sluice_kv_events_blocks", "Engine blocks the exact index holds per replica.", []string{"pool", "replica"}, nil),
-		evicted:  prometheus.NewDesc("sluice_kv_events_capacity_evicted_total", "Blocks dropped from the index by its size bounds.", pool, nil),
-		last:     prometheus.NewDesc("sluice_kv_events_last_event_timestamp_seconds", "When the replica's last event batch was applied (Unix time).", []string{"pool", "replica"}, nil),
+		drops: prometheus.NewDesc("sluice_kv_events_dropped_total",
+			"Event messages (batches) dropped whole, none of their events applied, by reason; single events dropped from a message otherwise applied are in sluice_kv_events_events_dropped_total.",
+			[]string{"pool", "reason"}, nil),
+		eventDrops: prometheus.NewDesc("sluice_kv_events_events_dropped_total",
+			"Single events dropped from a message whose other events were applied, by reason (unknown_parent: stored on a block the index does not hold; too_many: the replica's sources, rank and medium, all taken; token_count).",
+			[]string{"pool", "reason"}, nil),
+		guard:   prometheus.NewDesc("sluice_kv_events_connections_cut_total", "ZMQ connections the socket guard cut, by reason (refused, oversize, handshake_timeout, handshake_evicted: the oldest handshake in progress, cut for a newer connection over the limit of handshakes in progress).", []string{"pool", "reason"}, nil),
+		blocks:  prometheus.NewDesc("sluice_kv_events_blocks", "Engine blocks the exact index holds per replica.", []string{"pool", "replica"}, nil),
+		evicted: prometheus.NewDesc("sluice_kv_events_capacity_evicted_total", "Blocks dropped from the index by its size bounds.", pool, nil),
+		last:    prometheus.NewDesc("sluice_kv_events_last_event_timestamp_seconds", "When the replica's last event batch was applied (Unix time).", []string{"pool", "replica"}, nil),
 		tokLookups: prometheus.NewDesc("sluice_kv_events_tokenize_lookups_total",
 			"Prompts looked up in the engine tokenizer's cache, by result (hit: the whole prompt's ids, prefix_hit: a cached prefix, miss: the tree decided).", []string{"pool", "result"}, nil),
 		tokRequests: prometheus.NewDesc("sluice_kv_events_tokenize_requests_total", "Tokenize requests sent to the engines.", pool, nil),
@@ -77,7 +84,7 @@ func NewCollector(sources func() map[string][]Source) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.batches, c.events, c.gaps, c.restarts, c.replays, c.drops, c.guard, c.blocks, c.evicted, c.last,
+	for _, d := range []*prometheus.Desc{c.batches, c.events, c.gaps, c.restarts, c.replays, c.drops, c.eventDrops, c.guard, c.blocks, c.evicted, c.last,
 		c.tokLookups, c.tokRequests, c.tokFailures, c.tokBytes, c.relayPub, c.relayApplied, c.relayDropped, c.relayConnected, c.relayResets, c.relayOversize} {
 		ch <- d
 	}
@@ -99,13 +106,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.replays, s.Replays.TooOld, pool, ReplayTooOld)
 		counter(c.replays, s.Replays.Failed, pool, ReplayFailed)
 		counter(c.evicted, s.CapacityEvicted, pool)
-		reasons := make([]string, 0, len(s.Drops))
-		for r := range s.Drops {
-			reasons = append(reasons, string(r))
+		for _, r := range slices.Sorted(maps.Keys(s.Drops)) {
+			counter(c.drops, s.Drops[r], pool, string(r))
 		}
-		sort.Strings(reasons)
-		for _, r := range reasons {
-			counter(c.drops, s.Drops[Reason(r)], pool, r)
+		for _, r := range slices.Sorted(maps.Keys(s.EventDrops)) {
+			counter(c.eventDrops, s.EventDrops[r], pool, string(r))
 		}
 		if p.guard != nil {
 			g := *p.guard
@@ -158,6 +163,7 @@ type poolSums struct {
 func sumSources(srcs []Source) poolSums {
 	var p poolSums
 	p.stats.Drops = map[Reason]uint64{}
+	p.stats.EventDrops = map[Reason]uint64{}
 	p.stats.Replicas = map[string]ReplicaStats{}
 	for _, src := range srcs {
 		s := src.Index.Stats()
@@ -172,6 +178,9 @@ func sumSources(srcs []Source) poolSums {
 		t.CapacityEvicted += s.CapacityEvicted
 		for r, n := range s.Drops {
 			t.Drops[r] += n
+		}
+		for r, n := range s.EventDrops {
+			t.EventDrops[r] += n
 		}
 		for name, r := range s.Replicas {
 			o := t.Replicas[name]

@@ -21,8 +21,8 @@ import (
 // The engine tokenizer against the real llm-d-inference-sim: its /tokenize
 // (vLLM's shape) runs without --force-dummy-tokenizer (a model it has no
 // tokenizer for uses its own rule), and the ids Sluice gets from it key the
-// blocks the sim's KV events report for the same prompt. Ports: HTTP
-// 9520-9524, ZMQ 5600-5604.
+// blocks the sim's KV events report for the same prompt. Ports: HTTP one
+// free a moment ago (the sim must be told it), ZMQ the listener's.
 
 // warm asks until the tokenizer's background requests have cached an
 // answer for p, and returns it. Each call only reads the cache and, on a
@@ -40,15 +40,12 @@ func warm(t *testing.T, e *EngineTokenizer, p Prompt, whole bool) []uint32 {
 
 func TestEngineTokenizerKeysWhatTheSimCaches(t *testing.T) {
 	bin := llmdSim(t)
-	const pod = "127.0.0.1:9520"
+	httpPort := freePort(t)
+	pod := fmt.Sprintf("127.0.0.1:%d", httpPort)
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5600", Index: ix,
-		Resolve: func(p string) (string, bool) { return p, p == pod }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: func(p string) (string, bool) { return p, p == pod }})
 	defer l.Close()
-	startSimReal(t, bin, 9520, 5600, 256)
+	startSimReal(t, bin, httpPort, portOf(l.Addr()), 256)
 	e := NewEngineTokenizer(EngineConfig{})
 	defer e.Close()
 	held := func(tokens []uint32) int { return ix.Match(ix.Keys(tokens), []string{pod})[0] }
@@ -105,8 +102,9 @@ func TestEngineTokenizerKeysWhatTheSimCaches(t *testing.T) {
 // the whole prompt's ids, whatever the cut splits (here mid-word).
 func TestEngineTokenizerSharedPrefix(t *testing.T) {
 	bin := llmdSim(t)
-	const pod = "127.0.0.1:9521"
-	startSimReal(t, bin, 9521, 5601, 64)
+	httpPort := freePort(t)
+	pod := fmt.Sprintf("127.0.0.1:%d", httpPort)
+	startSimReal(t, bin, httpPort, refusingPort(t), 64) // its events go nowhere
 	e := NewEngineTokenizer(EngineConfig{CutBytes: 100})
 	defer e.Close()
 	shared := prompt("document", 90) // ~900 bytes

@@ -21,11 +21,7 @@ func TestListenerBoundsAnnouncedBytes(t *testing.T) {
 	defer noLeaks(t)
 	const payload = 1 << 20
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5591", Index: ix, Resolve: resolveAll,
-		Limits: Limits{MaxPayloadBytes: payload}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll, Limits: Limits{MaxPayloadBytes: payload}})
 	defer l.Close()
 
 	var before runtime.MemStats
@@ -39,7 +35,7 @@ func TestListenerBoundsAnnouncedBytes(t *testing.T) {
 		}
 	}()
 	for i := 0; i < n; i++ {
-		c, err := net.Dial("tcp", "127.0.0.1:5591")
+		c, err := net.Dial("tcp", l.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +70,7 @@ func TestListenerBoundsAnnouncedBytes(t *testing.T) {
 		_ = c.Close()
 	}
 	conns = nil
-	pub := newPub(t, "tcp://127.0.0.1:5591")
+	pub := newPub(t, endpoint(l))
 	defer pub.Close()
 	prompt := seqTokens(0, 16)
 	seq := uint64(1)

@@ -21,22 +21,19 @@ func TestListenerFailedHandshakesFreeTheirSlots(t *testing.T) {
 	handshakeTimeout = 300 * time.Millisecond
 	defer func() { handshakeTimeout = old }()
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5592", Index: ix, Resolve: resolveAll})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll})
 	defer l.Close()
 
 	// Over the guard's 1,024 connections, with either kind alone.
 	const probes = 2100
 	for i := 0; i < probes; i++ {
-		c, err := net.Dial("tcp", "127.0.0.1:5592")
+		c, err := net.Dial("tcp", l.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if i%2 == 1 {
 			// a wrong greeting: the handshake fails without a read error
-			_, _ = c.Write([]byte("GET / HTTP/1.1\r\nHost: 127.0.0.1:5592\r\nUser-Agent: probe\r\nAccept: */*\r\n\r\n"))
+			_, _ = c.Write([]byte("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: probe\r\nAccept: */*\r\n\r\n"))
 			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 			_, _ = c.Read(make([]byte, 128)) // the server's greeting, then its close
 		}
@@ -48,6 +45,7 @@ func TestListenerFailedHandshakesFreeTheirSlots(t *testing.T) {
 	seq := uint64(1)
 	deadline := time.Now().Add(15 * time.Second)
 	var pub zmq4.Socket
+	var err error // the last dial's
 	for ix.Match(ix.Keys(prompt), []string{"127.0.0.1:9151"})[0] != 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("a real publisher after %d failed handshakes never got through (last dial: %v): guard %+v",
@@ -55,7 +53,7 @@ func TestListenerFailedHandshakesFreeTheirSlots(t *testing.T) {
 		}
 		if pub == nil {
 			pub = zmq4.NewPub(context.Background())
-			if err = pub.Dial("tcp://127.0.0.1:5592"); err != nil {
+			if err = pub.Dial(endpoint(l)); err != nil {
 				_ = pub.Close()
 				pub = nil
 				time.Sleep(50 * time.Millisecond)

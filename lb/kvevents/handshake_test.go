@@ -38,13 +38,10 @@ func TestListenerSilentConnectionsDoNotDelayPublishers(t *testing.T) {
 	old := handshakeTimeout
 	handshakeTimeout = 4 * time.Second
 	defer func() { handshakeTimeout = old }()
-	const addr = "127.0.0.1:5556"
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: "tcp://" + addr, Index: ix, Resolve: resolveAll})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll})
 	defer l.Close()
+	addr := l.Addr().String()
 
 	const silent = 16
 	for i := 0; i < silent; i++ {
@@ -89,13 +86,10 @@ func TestListenerSilentConnectionsDoNotDelayPublishers(t *testing.T) {
 // and 1,024 of them lock every engine out.
 func TestListenerRefusedPeersFreeTheirSlots(t *testing.T) {
 	defer noLeaks(t)
-	const addr = "127.0.0.1:5564"
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: "tcp://" + addr, Index: ix, Resolve: resolveAll})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll})
 	defer l.Close()
+	addr := l.Addr().String()
 
 	const peers = 1100 // over the guard's 1,024 connections
 	for i := 0; i < peers; i++ {
@@ -179,13 +173,10 @@ func readsEOF(c net.Conn, d time.Duration) bool {
 // checks the handshake first and closes such a connection.
 func TestListenerMalformedReadyDoesNotCrash(t *testing.T) {
 	defer noLeaks(t)
-	const addr = "127.0.0.1:5565"
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: "tcp://" + addr, Index: ix, Resolve: resolveAll})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll})
 	defer l.Close()
+	addr := l.Addr().String()
 	for name, meta := range map[string][]byte{
 		"no value length":     {0x01, 'a'},
 		"value length short":  {0x01, 'a', 0, 0},
@@ -225,13 +216,10 @@ func TestListenerPendingHandshakesBounded(t *testing.T) {
 	old := maxPendingHandshakes
 	maxPendingHandshakes = 4
 	defer func() { maxPendingHandshakes = old }()
-	const addr = "127.0.0.1:5567"
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: "tcp://" + addr, Index: ix, Resolve: resolveAll})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll})
 	defer l.Close()
+	addr := l.Addr().String()
 	const silent = 12
 	var conns []net.Conn
 	for i := 0; i < silent; i++ {
@@ -273,15 +261,16 @@ func TestGuardClosesWhatTheLibraryLeaves(t *testing.T) {
 	old := handshakeTimeout
 	handshakeTimeout = 300 * time.Millisecond
 	defer func() { handshakeTimeout = old }()
-	const addr = "127.0.0.1:5568"
+	const bindKey = "127.0.0.1:0" // the key while it binds, as Listen's
 	g := &guardState{lim: defaultGuardLimits(Limits{}.withDefaults())}
-	guardRegistry.Store(addr, g)
-	defer guardRegistry.Delete(addr)
-	ln, err := guardTransportImpl{}.Listen(context.Background(), addr)
+	guardRegistry.Store(bindKey, g)
+	ln, err := guardTransportImpl{}.Listen(context.Background(), bindKey)
+	guardRegistry.Delete(bindKey)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	addr := ln.Addr().String()
 	c := rawHandshake(t, addr, prop("Socket-Type", "PUB"))
 	defer c.Close()
 	sc, err := ln.Accept()
@@ -327,7 +316,7 @@ func TestHandedConnWriteDeadline(t *testing.T) {
 // the replay's goroutine. The replay fails instead.
 func TestReplayMalformedReadyDoesNotCrash(t *testing.T) {
 	defer noLeaks(t)
-	fake, err := net.Listen("tcp", "127.0.0.1:5596")
+	fake, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,10 +337,10 @@ func TestReplayMalformedReadyDoesNotCrash(t *testing.T) {
 		}
 	}()
 	ix := NewIndex(Config{})
-	l := listenReplay(t, ix, 5595, 5596)
+	l := listenReplay(t, ix, portOf(fake.Addr()))
 	defer l.Close()
 	const pod = "127.0.0.1:9195"
-	e := newTestEngine(t, "tcp://127.0.0.1:5595", "kv@"+pod+"@m", 0, 100)
+	e := newTestEngine(t, endpoint(l), "kv@"+pod+"@m", nil, 100)
 	defer e.close()
 	g := runGap(t, ix, e, pod)
 	if r := waitReplays(t, ix, 1); r != (ReplayStats{Failed: 1}) {

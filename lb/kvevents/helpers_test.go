@@ -2,6 +2,8 @@ package kvevents
 
 import (
 	"encoding/binary"
+	"net"
+	"syscall"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -76,3 +78,59 @@ func mustMessage(t testing.TB, topic string, seq uint64, payload []byte) Message
 
 // preq is a parsed completion request for text.
 func preq(text string) *lb.Request { return &lb.Request{Model: "m", Text: text, Parsed: true} }
+
+// Ports: every test binds port 0 and reads back what it got, so two runs
+// of the package on one machine (CI and a developer, two checkouts) never
+// meet on a port.
+
+// anyPort asks Listen for a free loopback port.
+const anyPort = "tcp://127.0.0.1:0"
+
+// listenAny is Listen on a free loopback port (cfg.Addr is ignored).
+func listenAny(t testing.TB, cfg ListenerConfig) *Listener {
+	t.Helper()
+	cfg.Addr = anyPort
+	l, err := Listen(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// endpoint is where a publisher dials l.
+func endpoint(l *Listener) string { return "tcp://" + l.Addr().String() }
+
+// portOf is the port of a bound TCP address.
+func portOf(a net.Addr) int { return a.(*net.TCPAddr).Port }
+
+// freePort is a loopback port that was free a moment ago, for a process
+// that must be told its port (the sim's HTTP server); whatever Sluice's
+// code binds binds port 0 instead.
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return portOf(ln.Addr())
+}
+
+// refusingPort is a loopback port held (bound, never listening) until the
+// test ends: a connection to it is refused, and nothing else can take it.
+func refusingPort(t testing.TB) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
+}

@@ -479,13 +479,13 @@ func (ix *Index) evictOwnTopic(name string, r *replica) {
 	ix.clearRank(r, oldest.rank)
 }
 
-// store applies one BlockStored; false: dropped (counted by reason),
-// the index unchanged.
+// store applies one BlockStored; false: dropped (counted by reason as an
+// event, the rest of its message applies), the index unchanged.
 func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 	blocks := r.sources[src]
 	if blocks == nil {
 		if len(r.sources) >= maxSourcesPerReplica {
-			ix.c.drop(ReasonTooMany)
+			ix.c.dropEvent(ReasonTooMany)
 			return false
 		}
 		blocks = make(map[BlockHash]*entry)
@@ -493,7 +493,7 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 	}
 	bs := ev.BlockSize
 	if bs <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
-		ix.c.drop(ReasonTokenCount) // DecodeMessage never yields one; a hand-made Event might
+		ix.c.dropEvent(ReasonTokenCount) // DecodeMessage never yields one; a hand-made Event might
 		return false
 	}
 	state := ix.keyer.start()
@@ -507,7 +507,7 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 			// the parent is unknown but the first block is known: its keys
 		default:
 			// evicted here, or stored before we listened: the chain is unknown
-			ix.c.drop(ReasonParent)
+			ix.c.dropEvent(ReasonParent)
 			return false
 		}
 	}

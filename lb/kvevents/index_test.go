@@ -87,7 +87,7 @@ func TestIndexRemoveEvicts(t *testing.T) {
 func TestIndexUnknownParentDropped(t *testing.T) {
 	ix := NewIndex(Config{})
 	storeChain(t, ix, "a", topicA, 1, 5, uint64(77), seqTokens(0, 32), 16)
-	if s := ix.Stats(); s.Blocks != 0 || s.Drops[ReasonParent] != 1 {
+	if s := ix.Stats(); s.Blocks != 0 || s.EventDrops[ReasonParent] != 1 || len(s.Drops) != 0 {
 		t.Fatalf("stats: %+v", s)
 	}
 	// the sim's positional "no parent" is 0
@@ -297,7 +297,7 @@ func TestIndexInconsistentEventDropped(t *testing.T) {
 		{Kind: BlockStored, BlockHashes: []BlockHash{IntHash(3)}, BlockSize: 0},
 	}}}
 	ix.Apply("a", m, t0)
-	if s := ix.Stats(); s.Blocks != 0 || s.Drops[ReasonTokenCount] != 2 {
+	if s := ix.Stats(); s.Blocks != 0 || s.EventDrops[ReasonTokenCount] != 2 || len(s.Drops) != 0 {
 		t.Fatalf("stats: %+v", s)
 	}
 }
@@ -345,7 +345,7 @@ func TestIndexReStoredBlockKeepsItsKeys(t *testing.T) {
 	if got := match(ix, prompt, "a"); got[0] != 2 {
 		t.Fatalf("unknown parent: %v", got)
 	}
-	if s := ix.Stats(); s.ReStored != 3 || s.Drops[ReasonParent] != 0 || s.RemovedUnknown != 0 {
+	if s := ix.Stats(); s.ReStored != 3 || s.EventDrops[ReasonParent] != 0 || s.RemovedUnknown != 0 {
 		t.Fatalf("stats: %+v", s)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"log"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,10 +69,15 @@ type ListenerConfig struct {
 	ReplayTimeout time.Duration
 }
 
+// listenMu orders Listen calls: one asking for port 0 is registered under
+// that port only while it binds, then under the port it got.
+var listenMu sync.Mutex
+
 // Listen validates the address, binds it and starts feeding the index.
+// Port 0 binds a free port; Addr says which.
 func Listen(cfg ListenerConfig) (*Listener, error) {
 	addr, ix, resolve, lim := cfg.Addr, cfg.Index, cfg.Resolve, cfg.Limits
-	hp, err := ParseListenAddr(addr)
+	hp, err := parseListenAddr(addr, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -83,6 +89,8 @@ func Listen(cfg ListenerConfig) (*Listener, error) {
 		return nil, err
 	}
 	guard := &guardState{lim: defaultGuardLimits(lim)}
+	listenMu.Lock()
+	defer listenMu.Unlock()
 	if _, dup := guardRegistry.LoadOrStore(hp, guard); dup {
 		return nil, fmt.Errorf("kv_events: %s is already listened on", addr)
 	}
@@ -104,6 +112,7 @@ func Listen(cfg ListenerConfig) (*Listener, error) {
 		msg := strings.ReplaceAll(err.Error(), guardTransport+"://", "tcp://")
 		return nil, fmt.Errorf("kv_events: cannot listen on %s: %s", addr, msg)
 	}
+	hp = registerBoundPort(hp, sock.Addr(), guard)
 	l := &Listener{ix: ix, resolve: resolve, lim: lim, addr: hp, guard: guard, sock: sock, cancel: cancel,
 		done: make(chan struct{}), now: time.Now, ctx: ctx, replayPort: cfg.ReplayPort,
 		replayTimeout: cfg.ReplayTimeout, pending: make(map[seqKey]*replay)}
@@ -116,6 +125,21 @@ func Listen(cfg ListenerConfig) (*Listener, error) {
 
 // Addr is the bound address (its port when 0 was asked).
 func (l *Listener) Addr() net.Addr { return l.sock.Addr() }
+
+// registerBoundPort moves the guard of a listener that asked for port 0
+// to the port it got, so that port's listeners meet it (already listened
+// on) and the next one asking for 0 does not. It returns the key.
+func registerBoundPort(hp string, bound net.Addr, g *guardState) string {
+	host, port, _ := net.SplitHostPort(hp)
+	ta, ok := bound.(*net.TCPAddr)
+	if port != "0" || !ok {
+		return hp
+	}
+	key := net.JoinHostPort(host, strconv.Itoa(ta.Port))
+	guardRegistry.Delete(hp)
+	guardRegistry.Store(key, g)
+	return key
+}
 
 func (l *Listener) run(ctx context.Context) {
 	defer close(l.done)

@@ -12,8 +12,6 @@ import (
 	"go.uber.org/goleak"
 )
 
-// Ports 5550-5599 are this package's for ZMQ.
-
 // noLeaks checks that no goroutine outlives the test, except the writer of
 // the library's PUB socket, which the test's own publishers leave behind
 // (the library does not stop it on Close; Sluice only subscribes).
@@ -61,12 +59,9 @@ func send(t *testing.T, pub zmq4.Socket, topic string, seq uint64, payload []byt
 func TestListenerFeedsIndex(t *testing.T) {
 	defer noLeaks(t)
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5551", Index: ix, Resolve: resolveAll})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll})
 	defer l.Close()
-	pub := newPub(t, "tcp://127.0.0.1:5551")
+	pub := newPub(t, endpoint(l))
 	defer pub.Close()
 
 	prompt := seqTokens(0, 32)
@@ -102,7 +97,7 @@ func TestListenerFeedsIndex(t *testing.T) {
 
 func TestListenerAddressErrors(t *testing.T) {
 	ix := NewIndex(Config{})
-	for _, addr := range []string{"127.0.0.1:5552", "ipc:///tmp/x", "tcp://127.0.0.1", "tcp://:5552", "tcp://127.0.0.1:99999"} {
+	for _, addr := range []string{"127.0.0.1:5552", "ipc:///tmp/x", "tcp://127.0.0.1", "tcp://:5552", "tcp://127.0.0.1:99999", "tcp://127.0.0.1:-1"} {
 		if l, err := Listen(ListenerConfig{Addr: addr, Index: ix, Resolve: resolveAll}); err == nil {
 			l.Close()
 			t.Errorf("%q: want an error", addr)
@@ -110,22 +105,60 @@ func TestListenerAddressErrors(t *testing.T) {
 			t.Errorf("%q: error does not name the directive: %v", addr, err)
 		}
 	}
-	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5553", Index: ix, Resolve: resolveAll})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll})
 	defer l.Close()
-	if _, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5553", Index: ix, Resolve: resolveAll}); err == nil {
-		t.Fatal("second listener on the same address: want an error")
+	if _, err := Listen(ListenerConfig{Addr: endpoint(l), Index: ix, Resolve: resolveAll}); err == nil ||
+		!strings.Contains(err.Error(), "already listened on") {
+		t.Fatalf("second listener on the same address: want already listened on, got %v", err)
 	}
 	// taken by something else
-	busy, err := net.Listen("tcp", "127.0.0.1:5554")
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	if _, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5554", Index: ix, Resolve: resolveAll}); err == nil || !strings.Contains(err.Error(), "tcp://127.0.0.1:5554") {
+	busyAddr := "tcp://" + busy.Addr().String()
+	if _, err := Listen(ListenerConfig{Addr: busyAddr, Index: ix, Resolve: resolveAll}); err == nil || !strings.Contains(err.Error(), busyAddr) {
 		t.Fatalf("busy port: %v", err)
+	}
+}
+
+// Port 0 binds a free port, which Addr gives: each listener its own, and
+// that port is then listened on (a second listener there is refused as
+// one on a configured port is). Configuration still needs a port:
+// engines must be told where to dial.
+func TestListenerOnPortZero(t *testing.T) {
+	defer noLeaks(t)
+	ix := NewIndex(Config{})
+	a := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll})
+	defer a.Close()
+	b := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll})
+	defer b.Close()
+	if pa, pb := portOf(a.Addr()), portOf(b.Addr()); pa == 0 || pb == 0 || pa == pb {
+		t.Fatalf("two listeners on port 0 got ports %d and %d: want two distinct ports", pa, pb)
+	}
+	if _, err := Listen(ListenerConfig{Addr: endpoint(a), Index: ix, Resolve: resolveAll}); err == nil ||
+		!strings.Contains(err.Error(), "already listened on") {
+		t.Fatalf("a listener on the port 0 gave: want already listened on, got %v", err)
+	}
+	pub := newPub(t, endpoint(b))
+	defer pub.Close()
+	prompt := seqTokens(0, 16)
+	seq := uint64(1)
+	waitFor(t, "a publisher's event through the port 0 gave", func() bool {
+		send(t, pub, "kv@127.0.0.1:9150@m", seq, batchPayload(t, vllmStored(anyHashes(1), nil, prompt, 16)))
+		seq++
+		return ix.Match(ix.Keys(prompt), []string{"127.0.0.1:9150"})[0] == 1
+	})
+	_ = a.Close()
+	_ = b.Close()
+	_ = pub.Close()
+	// Closed, its port is no longer taken for a listener.
+	if _, taken := guardRegistry.Load(a.Addr().String()); taken {
+		t.Fatalf("%s still registered after Close", a.Addr())
+	}
+	if _, err := ParseListenAddr(anyPort); err == nil {
+		t.Fatal("a configured address of port 0: want an error")
 	}
 }
 
@@ -147,19 +180,16 @@ func TestListenerGuardsTheSocket(t *testing.T) {
 	defer func() { handshakeTimeout = old }()
 
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5555", Index: ix, Resolve: resolveAll})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll})
 	defer l.Close()
 
-	silent, err := net.Dial("tcp", "127.0.0.1:5555") // never speaks
+	silent, err := net.Dial("tcp", l.Addr().String()) // never speaks
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer silent.Close()
 
-	huge, err := net.Dial("tcp", "127.0.0.1:5555")
+	huge, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +207,7 @@ func TestListenerGuardsTheSocket(t *testing.T) {
 		}
 	}
 
-	pub := newPub(t, "tcp://127.0.0.1:5555")
+	pub := newPub(t, endpoint(l))
 	defer pub.Close()
 	prompt := seqTokens(0, 16)
 	seq := uint64(1)

@@ -15,7 +15,8 @@ import (
 
 // A real publisher: llm-d-inference-sim (built by scripts/llmd-sim.sh, named
 // by SLUICE_LLMD_SIM) dials our SUB socket and publishes what its KV cache
-// stores and evicts. Ports: ZMQ 5560-5569, HTTP 9160-9169.
+// stores and evicts. Ports: ZMQ the listener's (bound on port 0), HTTP
+// one free a moment ago (the sim must be told it).
 
 func llmdSim(t *testing.T) string {
 	bin := os.Getenv("SLUICE_LLMD_SIM")
@@ -117,20 +118,17 @@ func prompt(topic string, n int) string {
 
 func TestLLMDSimPublishesIntoIndex(t *testing.T) {
 	bin := llmdSim(t)
-	for i, format := range []struct {
+	for _, format := range []struct {
 		name  string
 		extra []string
 	}{{"positional", nil}, {"named", []string{"--use-vllm-map-event-format"}}} {
 		t.Run(format.name, func(t *testing.T) {
-			httpPort, zmqPort := 9160+i, 5560+i
+			httpPort := freePort(t)
 			ix := NewIndex(Config{})
 			pods := map[string]bool{}
-			l, err := Listen(ListenerConfig{Addr: fmt.Sprintf("tcp://127.0.0.1:%d", zmqPort), Index: ix,
-				Resolve: func(pod string) (string, bool) { return pod, pods[pod] }})
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := listenAny(t, ListenerConfig{Index: ix, Resolve: func(pod string) (string, bool) { return pod, pods[pod] }})
 			defer l.Close()
+			zmqPort := portOf(l.Addr())
 			pods[fmt.Sprintf("127.0.0.1:%d", httpPort)] = true // read only from here on
 			// 8 blocks of 16 tokens: two 80-token prompts do not fit together.
 			pod := fmt.Sprintf("127.0.0.1:%d", httpPort)
@@ -172,12 +170,17 @@ func TestLLMDSimPublishesIntoIndex(t *testing.T) {
 				t.Fatal("B still fully held")
 			}
 			s := ix.Stats()
-			if s.Drops[ReasonParent] != 0 || s.RemovedUnknown != 0 || s.Gaps != 0 || s.Restarts != 0 || s.UnknownEvents != 0 {
+			if s.EventDrops[ReasonParent] != 0 || s.RemovedUnknown != 0 || s.Gaps != 0 || s.Restarts != 0 || s.UnknownEvents != 0 {
 				t.Fatalf("index disagrees with the engine: %+v", s)
 			}
 			for r, n := range s.Drops {
 				if n != 0 {
 					t.Fatalf("dropped %d messages (%s): %+v", n, r, s)
+				}
+			}
+			for r, n := range s.EventDrops {
+				if n != 0 {
+					t.Fatalf("dropped %d events (%s): %+v", n, r, s)
 				}
 			}
 			t.Logf("%s: %d batches, %d events, %d blocks held", format.name, ix.Stats().Batches, ix.Stats().Events, ix.Stats().Blocks)
@@ -192,16 +195,14 @@ func TestLLMDSimPublishesIntoIndex(t *testing.T) {
 func TestLLMDSimRestartClears(t *testing.T) {
 	bin := llmdSim(t)
 	ix := NewIndex(Config{})
-	const pod = "127.0.0.1:9162"
-	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5562", Index: ix,
-		Resolve: func(p string) (string, bool) { return p, p == pod }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	httpPort := freePort(t)
+	pod := fmt.Sprintf("127.0.0.1:%d", httpPort)
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: func(p string) (string, bool) { return p, p == pod }})
 	defer l.Close()
+	zmqPort := portOf(l.Addr())
 	held := func(tokens []uint32) int { return ix.Match(ix.Keys(tokens), []string{pod})[0] }
 
-	stop := startSim(t, bin, 9162, 5562, 64)
+	stop := startSim(t, bin, httpPort, zmqPort, 64)
 	var old [][]uint32
 	for i := 0; i < 8; i++ {
 		p := prompt(fmt.Sprintf("old%d_", i), 16)
@@ -211,7 +212,7 @@ func TestLLMDSimRestartClears(t *testing.T) {
 	}
 	stop()
 
-	startSim(t, bin, 9162, 5562, 64)
+	startSim(t, bin, httpPort, zmqPort, 64) // its port again: it was the sim's until now
 	p := prompt("new", 32)
 	tk := tokenize(t, pod, p)
 	waitFor(t, "the new prompt's blocks", func() bool { complete(t, pod, p); return held(tk) == 2 })
@@ -234,15 +235,12 @@ func TestLLMDSimRestartClears(t *testing.T) {
 // whole prompt, as the engine does.
 func TestLLMDSimReStoredBlocksKeepTheirKeys(t *testing.T) {
 	bin := llmdSim(t)
-	const httpPort, zmqPort = 9163, 5563
+	httpPort := freePort(t)
 	pod := fmt.Sprintf("127.0.0.1:%d", httpPort)
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: fmt.Sprintf("tcp://127.0.0.1:%d", zmqPort), Index: ix,
-		Resolve: func(p string) (string, bool) { return p, p == pod }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: func(p string) (string, bool) { return p, p == pod }})
 	defer l.Close()
+	zmqPort := portOf(l.Addr())
 	startSim(t, bin, httpPort, zmqPort, 8)
 	held := func(tokens []uint32) int { return ix.Match(ix.Keys(tokens), []string{pod})[0] }
 
@@ -259,7 +257,7 @@ func TestLLMDSimReStoredBlocksKeepTheirKeys(t *testing.T) {
 		complete(t, pod, a)
 		waitFor(t, fmt.Sprintf("round %d: A wholly held again", round), func() bool { return held(ta) == 5 })
 	}
-	if s := ix.Stats(); s.ReStored == 0 || s.Drops[ReasonParent] != 0 {
+	if s := ix.Stats(); s.ReStored == 0 || s.EventDrops[ReasonParent] != 0 {
 		t.Fatalf("stats: %+v", s)
 	}
 }

@@ -1,6 +1,9 @@
 package kvevents
 
-import "time"
+import (
+	"maps"
+	"time"
+)
 
 // counters are the index's running totals, guarded by Index.mu.
 type counters struct {
@@ -10,12 +13,21 @@ type counters struct {
 	capacityEvicted          uint64
 	reStored                 uint64
 	replays                  ReplayStats
-	drops                    map[Reason]uint64
+	drops                    map[Reason]uint64 // whole messages
+	eventDrops               map[Reason]uint64 // single events of an applied message
 }
 
-func newCounters() counters { return counters{drops: make(map[Reason]uint64)} }
+func newCounters() counters {
+	return counters{drops: make(map[Reason]uint64), eventDrops: make(map[Reason]uint64)}
+}
 
+// drop counts a message dropped whole: none of its events applied.
 func (c *counters) drop(r Reason) { c.drops[r]++ }
+
+// dropEvent counts one event dropped from a message whose others applied.
+// Apart from drop: a lost batch of 500 events and one lost event are not
+// the same news.
+func (c *counters) dropEvent(r Reason) { c.eventDrops[r]++ }
 
 // Stats is a snapshot for metrics and health.
 type Stats struct {
@@ -29,7 +41,8 @@ type Stats struct {
 	CapacityEvicted uint64            // blocks dropped by MaxBlocksPerReplica/MaxBlocksTotal
 	ReStored        uint64            // blocks stored again after their removal (keyed as before)
 	Replays         ReplayStats       // gaps met with a replay socket, by outcome (replay.go)
-	Drops           map[Reason]uint64 // messages or events dropped, by reason (none of them in Events)
+	Drops           map[Reason]uint64 // messages dropped whole, by reason (none of their events in Events)
+	EventDrops      map[Reason]uint64 // single events dropped from an applied message, by reason (not in Events)
 	Blocks          int               // engine blocks held, all replicas
 	Replicas        map[string]ReplicaStats
 }
@@ -49,13 +62,11 @@ func (ix *Index) Stats() Stats {
 		Batches: ix.c.batches, Events: ix.c.events, UnknownEvents: ix.c.unknown,
 		Gaps: ix.c.gaps, Restarts: ix.c.restarts, Cleared: ix.c.cleared,
 		RemovedUnknown: ix.c.removedUnknown, CapacityEvicted: ix.c.capacityEvicted, ReStored: ix.c.reStored,
-		Replays:  ix.c.replays,
-		Drops:    make(map[Reason]uint64, len(ix.c.drops)),
-		Blocks:   ix.total,
-		Replicas: make(map[string]ReplicaStats, len(ix.replicas)),
-	}
-	for r, n := range ix.c.drops {
-		s.Drops[r] = n
+		Replays:    ix.c.replays,
+		Drops:      maps.Clone(ix.c.drops),
+		EventDrops: maps.Clone(ix.c.eventDrops),
+		Blocks:     ix.total,
+		Replicas:   make(map[string]ReplicaStats, len(ix.replicas)),
 	}
 	for name, r := range ix.replicas {
 		s.Replicas[name] = ReplicaStats{Blocks: r.n, Keys: len(r.keys), LastEvent: r.lastEvent}

@@ -13,8 +13,6 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// Ports 5570-5579 are the relay tests'.
-
 func relayPool(t *testing.T) string {
 	return strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + fmt.Sprint(time.Now().UnixNano())
 }
@@ -26,15 +24,11 @@ type relayInstance struct {
 	r  *Relay
 }
 
-func newRelayInstance(t *testing.T, tg redistest.Target, pool string, port int) *relayInstance {
+func newRelayInstance(t *testing.T, tg redistest.Target, pool string) *relayInstance {
 	t.Helper()
 	in := &relayInstance{ix: NewIndex(Config{})}
-	l, err := Listen(ListenerConfig{Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port), Index: in.ix, Resolve: resolveAll})
-	if err != nil {
-		t.Fatal(err)
-	}
-	in.l = l
-	in.r = NewRelay(streamrelay.Config{Conn: tg.Conn, Key: RelayKey("", pool)}, l)
+	in.l = listenAny(t, ListenerConfig{Index: in.ix, Resolve: resolveAll})
+	in.r = NewRelay(streamrelay.Config{Conn: tg.Conn, Key: RelayKey("", pool)}, in.l)
 	t.Cleanup(func() {
 		in.r.Close()
 		_ = in.l.Close()
@@ -53,9 +47,9 @@ func TestRelayGivesEveryInstanceTheEvents(t *testing.T) { redistest.Each(t, test
 
 func testRelayEveryInstance(t *testing.T, tg redistest.Target) {
 	pool := relayPool(t)
-	a := newRelayInstance(t, tg, pool, 5570)
-	b := newRelayInstance(t, tg, pool, 5571)
-	pub := newPub(t, "tcp://127.0.0.1:5570")
+	a := newRelayInstance(t, tg, pool)
+	b := newRelayInstance(t, tg, pool)
+	pub := newPub(t, endpoint(a.l))
 	defer pub.Close()
 
 	prompt := seqTokens(0, 32)
@@ -109,8 +103,8 @@ func TestRelayReplaysHistoryIntoAFreshIndexOnly(t *testing.T) {
 
 func testRelayReplay(t *testing.T, tg redistest.Target) {
 	pool := relayPool(t)
-	a := newRelayInstance(t, tg, pool, 5572)
-	pub := newPub(t, "tcp://127.0.0.1:5572")
+	a := newRelayInstance(t, tg, pool)
+	pub := newPub(t, endpoint(a.l))
 	defer pub.Close()
 	prompt := seqTokens(100, 32)
 	const pod = "127.0.0.1:9172"
@@ -125,7 +119,7 @@ func testRelayReplay(t *testing.T, tg redistest.Target) {
 		return st.Published >= 1 && st.Pending == 0
 	})
 
-	late := newRelayInstance(t, tg, pool, 5573)
+	late := newRelayInstance(t, tg, pool)
 	waitFor(t, "the late instance to replay the history", func() bool { return late.holds(prompt, pod) == 2 })
 
 	// An instance whose index applied something already (its socket's
@@ -133,10 +127,7 @@ func testRelayReplay(t *testing.T, tg redistest.Target) {
 	busy := &relayInstance{ix: NewIndex(Config{})}
 	busy.ix.Apply("127.0.0.1:9173", mustMessage(t, "kv@127.0.0.1:9173@m", 1,
 		batchPayload(t, vllmStored(anyHashes(21), nil, seqTokens(500, 16), 16))), time.Now())
-	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5574", Index: busy.ix, Resolve: resolveAll})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listenAny(t, ListenerConfig{Index: busy.ix, Resolve: resolveAll})
 	defer l.Close()
 	r := NewRelay(streamrelay.Config{Conn: tg.Conn, Key: RelayKey("", pool)}, l)
 	defer r.Close()
@@ -161,7 +152,7 @@ func TestRelayDropsHostileRecords(t *testing.T) { redistest.Each(t, testRelayHos
 
 func testRelayHostile(t *testing.T, tg redistest.Target) {
 	pool := relayPool(t)
-	b := newRelayInstance(t, tg, pool, 5575)
+	b := newRelayInstance(t, tg, pool)
 	cl := redistest.Client(t, tg.Conn)
 	key := RelayKey("", pool)
 	add := func(fv ...string) {
@@ -195,8 +186,8 @@ func testRelayHostile(t *testing.T, tg redistest.Target) {
 func TestRelayKeepsOversizedMessagesOutOfRedis(t *testing.T) {
 	tg := redistest.Targets(t)[0]
 	pool := relayPool(t)
-	a := newRelayInstance(t, tg, pool, 5576)
-	pub := newPub(t, "tcp://127.0.0.1:5576")
+	a := newRelayInstance(t, tg, pool)
+	pub := newPub(t, endpoint(a.l))
 	defer pub.Close()
 	const pod = "127.0.0.1:9176"
 	// 16,384 blocks of 16 tokens with ids past 2^16: over 1 MiB of msgpack.

@@ -1,12 +1,9 @@
 package kvevents
 
 import (
-	"context"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/go-zeromq/zmq4"
 )
 
 // A replica removed from the pool (Forget, its pod no longer resolved)
@@ -20,26 +17,15 @@ func TestReplayHeldMessagesOfARemovedReplicaAreDropped(t *testing.T) {
 	var member atomic.Bool
 	member.Store(true)
 	ix := NewIndex(Config{})
-	l, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5593", Index: ix,
-		Resolve:       func(p string) (string, bool) { return p, member.Load() },
-		ReplayPort:    func(string) int { return 5594 },
-		ReplayTimeout: 500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
 	// A replay socket that takes the request and never answers.
-	silent := &testEngine{t: t, silent: true, done: make(chan struct{})}
-	silent.router = zmq4.NewRouter(context.Background())
-	if err := silent.router.Listen("tcp://127.0.0.1:5594"); err != nil {
-		t.Fatal(err)
-	}
-	go silent.serve()
-	defer func() {
-		_ = silent.router.Close()
-		<-silent.done
-	}()
-	e := newTestEngine(t, "tcp://127.0.0.1:5593", "kv@"+pod+"@m", 0, 100)
+	silent, silentPort, stopSilent := newSilentEngine(t)
+	defer stopSilent()
+	l := listenAny(t, ListenerConfig{Index: ix,
+		Resolve:       func(p string) (string, bool) { return p, member.Load() },
+		ReplayPort:    func(string) int { return silentPort },
+		ReplayTimeout: 500 * time.Millisecond})
+	defer l.Close()
+	e := newTestEngine(t, endpoint(l), "kv@"+pod+"@m", nil, 100)
 	defer e.close()
 
 	runGap(t, ix, e, pod) // the message after the gap is held

@@ -16,9 +16,6 @@ import (
 	"github.com/sluice-router/sluice/lb/streamrelay"
 )
 
-// Ports: 5580-5581 and 5584-5588 are these tests' (tests run one at a
-// time); 5582, 5583 and 5589 are integration/kv_events_replay_test.go's.
-
 // testEngine publishes KV events the way vLLM's ZmqEventPublisher does
 // (vllm/distributed/kv_events.py, see replay.go): a PUB that dials the
 // listener, each message also kept in a buffer of the last steps ones,
@@ -54,21 +51,42 @@ type testBuffered struct {
 	payload []byte
 }
 
-// newTestEngine publishes topic to listen; replayPort 0: no ROUTER.
-func newTestEngine(t *testing.T, listen, topic string, replayPort, steps int) *testEngine {
+// newTestEngine publishes topic to listen and answers replays on router
+// (from newReplayRouter; nil: no replay socket).
+func newTestEngine(t *testing.T, listen, topic string, router zmq4.Socket, steps int) *testEngine {
 	t.Helper()
-	e := &testEngine{t: t, topic: topic, pub: newPub(t, listen), steps: steps, done: make(chan struct{})}
-	if replayPort == 0 {
+	e := &testEngine{t: t, topic: topic, pub: newPub(t, listen), router: router, steps: steps, done: make(chan struct{})}
+	if router == nil {
 		close(e.done)
 		return e
 	}
-	e.router = zmq4.NewRouter(context.Background())
-	if err := e.router.Listen(fmt.Sprintf("tcp://127.0.0.1:%d", replayPort)); err != nil {
-		_ = e.pub.Close()
-		t.Fatal(err)
-	}
 	go e.serve()
 	return e
+}
+
+// newReplayRouter binds an engine's replay ROUTER on a free loopback port
+// and returns it with the port, for the listener's ReplayPort.
+func newReplayRouter(t *testing.T) (zmq4.Socket, int) {
+	t.Helper()
+	r := zmq4.NewRouter(context.Background())
+	if err := r.Listen("tcp://127.0.0.1:0"); err != nil {
+		_ = r.Close()
+		t.Fatal(err)
+	}
+	return r, portOf(r.Addr())
+}
+
+// newSilentEngine is a replay socket that takes requests and never
+// answers, on a free loopback port; stop closes it.
+func newSilentEngine(t *testing.T) (silent *testEngine, port int, stop func()) {
+	t.Helper()
+	silent = &testEngine{t: t, silent: true, done: make(chan struct{})}
+	silent.router, port = newReplayRouter(t)
+	go silent.serve()
+	return silent, port, func() {
+		_ = silent.router.Close()
+		<-silent.done
+	}
 }
 
 func be8(v uint64) []byte {
@@ -151,14 +169,11 @@ func (e *testEngine) close() {
 	<-e.done
 }
 
-func listenReplay(t *testing.T, ix *Index, port, replayPort int) *Listener {
+// listenReplay listens on a free loopback port; its engines' replay
+// sockets are on replayPort.
+func listenReplay(t *testing.T, ix *Index, replayPort int) *Listener {
 	t.Helper()
-	l, err := Listen(ListenerConfig{Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port), Index: ix, Resolve: resolveAll,
-		ReplayPort: func(string) int { return replayPort }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll, ReplayPort: func(string) int { return replayPort }})
 }
 
 func holds(ix *Index, tokens []uint32, replica string) int {
@@ -205,10 +220,11 @@ func TestReplayRecoversAGap(t *testing.T) {
 		t.Run(fmt.Sprintf("sim_shape=%v", sim), func(t *testing.T) {
 			defer noLeaks(t)
 			ix := NewIndex(Config{})
-			l := listenReplay(t, ix, 5580, 5581)
+			router, rport := newReplayRouter(t)
+			l := listenReplay(t, ix, rport)
 			defer l.Close()
 			const pod = "127.0.0.1:9180"
-			e := newTestEngine(t, "tcp://127.0.0.1:5580", "kv@"+pod+"@m", 5581, 100)
+			e := newTestEngine(t, endpoint(l), "kv@"+pod+"@m", router, 100)
 			e.simShape, e.extra = sim, true
 			defer e.close()
 
@@ -238,10 +254,11 @@ func TestReplayRecoversAGap(t *testing.T) {
 func TestReplayTooOldClears(t *testing.T) {
 	defer noLeaks(t)
 	ix := NewIndex(Config{})
-	l := listenReplay(t, ix, 5580, 5581)
+	router, rport := newReplayRouter(t)
+	l := listenReplay(t, ix, rport)
 	defer l.Close()
 	const pod = "127.0.0.1:9181"
-	e := newTestEngine(t, "tcp://127.0.0.1:5580", "kv@"+pod+"@m", 5581, 1) // buffer_steps 1
+	e := newTestEngine(t, endpoint(l), "kv@"+pod+"@m", router, 1) // buffer_steps 1
 	defer e.close()
 
 	g := runGap(t, ix, e, pod)
@@ -266,10 +283,15 @@ func TestReplayTooOldClears(t *testing.T) {
 func TestReplayFailsAndCloseStopsIt(t *testing.T) {
 	defer noLeaks(t)
 	ix := NewIndex(Config{})
-	l := listenReplay(t, ix, 5584, 5585)
+	// The engine's replay port: first one that refuses connections, then
+	// a silent socket's.
+	var replayPort atomic.Int64
+	replayPort.Store(int64(refusingPort(t)))
+	l := listenAny(t, ListenerConfig{Index: ix, Resolve: resolveAll,
+		ReplayPort: func(string) int { return int(replayPort.Load()) }})
 	defer l.Close()
 	const pod = "127.0.0.1:9184"
-	e := newTestEngine(t, "tcp://127.0.0.1:5584", "kv@"+pod+"@m", 0, 100)
+	e := newTestEngine(t, endpoint(l), "kv@"+pod+"@m", nil, 100)
 	defer e.close()
 
 	g := runGap(t, ix, e, pod)
@@ -281,16 +303,9 @@ func TestReplayFailsAndCloseStopsIt(t *testing.T) {
 	}
 
 	// A silent replay socket on the port.
-	silent := &testEngine{t: t, silent: true, done: make(chan struct{})}
-	silent.router = zmq4.NewRouter(context.Background())
-	if err := silent.router.Listen("tcp://127.0.0.1:5585"); err != nil {
-		t.Fatal(err)
-	}
-	go silent.serve()
-	defer func() {
-		_ = silent.router.Close()
-		<-silent.done
-	}()
+	silent, silentPort, stopSilent := newSilentEngine(t)
+	defer stopSilent()
+	replayPort.Store(int64(silentPort))
 	lostGap := func(ix *Index, e *testEngine) {
 		waitFor(t, "the prompt again", func() bool {
 			e.publish(batchPayload(t, vllmStored(anyHashes(1, 2), nil, g.prompt[:32], 16)))
@@ -311,13 +326,10 @@ func TestReplayFailsAndCloseStopsIt(t *testing.T) {
 
 	// A listener whose replays may take an hour: Close must stop them.
 	ix2 := NewIndex(Config{})
-	l2, err := Listen(ListenerConfig{Addr: "tcp://127.0.0.1:5584", Index: ix2, Resolve: resolveAll,
-		ReplayPort: func(string) int { return 5585 }, ReplayTimeout: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l2 := listenAny(t, ListenerConfig{Index: ix2, Resolve: resolveAll,
+		ReplayPort: func(string) int { return silentPort }, ReplayTimeout: time.Hour})
 	defer l2.Close()
-	e2 := newTestEngine(t, "tcp://127.0.0.1:5584", "kv@"+pod+"@m", 0, 100)
+	e2 := newTestEngine(t, endpoint(l2), "kv@"+pod+"@m", nil, 100)
 	defer e2.close()
 	// More held messages than the bound: the replay is given up (failed),
 	// the rank cleared, the held messages applied.
@@ -361,15 +373,16 @@ func TestReplayRelayedInOrder(t *testing.T) { redistest.Each(t, testReplayRelaye
 func testReplayRelayed(t *testing.T, tg redistest.Target) {
 	pool := relayPool(t)
 	a := &relayInstance{ix: NewIndex(Config{})}
-	a.l = listenReplay(t, a.ix, 5586, 5588)
+	router, rport := newReplayRouter(t)
+	a.l = listenReplay(t, a.ix, rport)
 	a.r = NewRelay(streamrelay.Config{Conn: tg.Conn, Key: RelayKey("", pool)}, a.l)
 	t.Cleanup(func() {
 		a.r.Close()
 		_ = a.l.Close()
 	})
-	b := newRelayInstance(t, tg, pool, 5587)
+	b := newRelayInstance(t, tg, pool)
 	const pod = "127.0.0.1:9186"
-	e := newTestEngine(t, "tcp://127.0.0.1:5586", "kv@"+pod+"@m", 5588, 100)
+	e := newTestEngine(t, endpoint(a.l), "kv@"+pod+"@m", router, 100)
 	t.Cleanup(e.close)
 
 	g := runGap(t, a.ix, e, pod)
