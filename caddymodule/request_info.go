@@ -206,8 +206,9 @@ func (b *replayBody) Close() error { return b.ri.closer.Close() }
 // Sizes assumed when the body does not tell.
 const (
 	// assumedOutputTokens stands for a request that sets no output limit
-	// (engines then stop at the context length, but most answers are
-	// short).
+	// and whose engine then stops at the context length (a chat), or at a
+	// limit Sluice does not know (/generate): most answers are short. A
+	// completion's engine stops at reqtext.DefaultMaxTokens.
 	assumedOutputTokens = 256
 	// assumedRequestTokens stands for a body Sluice could not parse: at
 	// least, for an inference call's (see estimatedTokens).
@@ -237,6 +238,9 @@ func (ri *requestInfo) estimatedTokens() int64 {
 		return min(max(assumedRequestTokens, size/4+assumedOutputTokens), maxEstimatedTokens)
 	}
 	out := ri.MaxTokens
+	if out <= 0 {
+		out = reqtext.DefaultMaxTokens(ri.Kind)
+	}
 	if out <= 0 {
 		out = assumedOutputTokens
 	}

@@ -50,6 +50,36 @@ func TestUnparsedBodyIsEstimatedConservatively(t *testing.T) {
 	}
 }
 
+// A request without max_tokens is weighed at the output its engine will
+// allow: vLLM (and OpenAI) stop a completion at 16 tokens, so a
+// completions request weighed at 256 held 240 tokens of a token gate it
+// never used; a chat runs to the end of the context, and its answer is
+// assumed as long as most are.
+func TestOutputTokensAssumedFollowTheEndpoint(t *testing.T) {
+	for _, c := range []struct {
+		path, body string
+		out        int64
+	}{
+		{"/v1/completions", `{"prompt":"` + strings.Repeat("x", 400) + `"}`, 16},
+		{"/v1/completions", `{"prompt":[1,2,3],"max_tokens":null}`, 16},
+		{"/v1/completions", `{"prompt":"hi","max_tokens":100}`, 100},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 400) + `"}]}`, 256},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":9}`, 9},
+	} {
+		r, _, _ := newRequest(t)
+		r.Method = http.MethodPost
+		r.URL.Path = c.path
+		r.Body = io.NopCloser(strings.NewReader(c.body))
+		ri := requestInfoFor(r, 1<<20)
+		if !ri.Parsed {
+			t.Fatalf("%s %s: not parsed", c.path, c.body)
+		}
+		if got, want := ri.estimatedTokens(), int64(ri.PromptTokens)+c.out; got != want {
+			t.Errorf("%s %s: estimated %d tokens, want %d (the prompt's %d and %d of output)", c.path, c.body, got, want, ri.PromptTokens, c.out)
+		}
+	}
+}
+
 // A client's huge max_tokens must not make its request weigh more than
 // any model could serve (it closed the token gate for everyone).
 func TestTokenEstimateIsCapped(t *testing.T) {

@@ -83,9 +83,6 @@ func (rp *Replica) parseRequest(w http.ResponseWriter, r *http.Request) (inferen
 	req.IncludeUsage = wr.StreamOptions != nil && wr.StreamOptions.IncludeUsage
 
 	var pc promptCount
-	if rp.cache != nil || rp.eng != nil {
-		pc.text = &textBuilder{b: make([]byte, 0, min(len(body), 1<<16))}
-	}
 	present := false
 	for _, part := range []struct {
 		name string
@@ -102,23 +99,16 @@ func (rp *Replica) parseRequest(w http.ResponseWriter, r *http.Request) (inferen
 	for i, m := range wr.Messages {
 		present = true
 		var msg struct {
-			Role any `json:"role"` // any: a malformed role is not an error, as before
-
 			Content json.RawMessage `json:"content"`
 		}
 		if err := json.Unmarshal(m, &msg); err != nil {
 			return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("messages[%d]: %v", i, err)
 		}
-		pc.text.str("<|")
-		role, _ := msg.Role.(string)
-		pc.text.str(role)
-		pc.text.str("|>\n")
 		if !isAbsent(msg.Content) {
 			if err := pc.add(msg.Content, true); err != nil {
 				return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("messages[%d].content: %v", i, err)
 			}
 		}
-		pc.text.str("\n")
 	}
 	if wr.Messages != nil {
 		present = true
@@ -129,9 +119,9 @@ func (rp *Replica) parseRequest(w http.ResponseWriter, r *http.Request) (inferen
 	}
 	req.PromptTokens = max(1, pc.tokens+pc.chars/4)
 	if rp.cache != nil {
-		req.Prefix = newPromptPrefix(pc.text.b, rp.cache.blockChars, rp.cache.capacity)
+		req.Prefix = newPromptPrefix(promptText(r.URL.Path, body), rp.cache.blockChars, rp.cache.capacity)
 	} else if rp.eng != nil {
-		req.Prefix = newPromptPrefix(pc.text.b, rp.eng.blockChars(), rp.eng.kvBlocks)
+		req.Prefix = newPromptPrefix(promptText(r.URL.Path, body), rp.eng.blockChars(), rp.eng.kvBlocks)
 	}
 
 	out := int64(rp.cfg.MaxTokens)
@@ -158,12 +148,10 @@ func isAbsent(raw json.RawMessage) bool {
 }
 
 // promptCount accumulates prompt size: characters of text (≈ 4 per token)
-// and explicit token ids; and, if text is not nil, the prompt text the
-// prefix cache hashes.
+// and explicit token ids.
 type promptCount struct {
 	chars  int
 	tokens int
-	text   *textBuilder
 }
 
 // add counts a prompt value: a string, a token id, or arrays of those.
@@ -184,20 +172,15 @@ func (pc *promptCount) walk(v any, parts bool, depth int) error {
 	case nil:
 	case string:
 		pc.chars += len(x)
-		pc.text.str(x)
 	case float64:
 		pc.tokens++
-		pc.text.id(x)
 	case []any:
-		wrote := 0
 		for _, e := range x {
 			if m, ok := e.(map[string]any); ok && parts {
 				if _, ok := m["text"].(string); !ok {
-					continue // a non-text content part (image, audio) renders as nothing
+					continue // a non-text content part (image, audio) is not counted
 				}
 			}
-			pc.text.sep(wrote, e)
-			wrote++
 			if err := pc.walk(e, parts, depth+1); err != nil {
 				return err
 			}
@@ -208,7 +191,6 @@ func (pc *promptCount) walk(v any, parts bool, depth int) error {
 		}
 		if t, ok := x["text"].(string); ok {
 			pc.chars += len(t)
-			pc.text.str(t)
 		}
 	default:
 		return fmt.Errorf("unexpected %T", v)

@@ -2,14 +2,15 @@ package sim
 
 import (
 	"hash/maphash"
-	"strconv"
 	"sync"
+
+	"github.com/sluice-router/sluice/lb/reqtext"
 )
 
 // The prefix cache models vLLM's automatic prefix caching on a text
 // approximation of the prompt.
 //
-// The prompt text (see promptText) is cut into consecutive blocks of
+// The prompt text (promptText: the router's rendering) is cut into consecutive blocks of
 // BlockChars characters; only full blocks are cached. Block i's key is a
 // hash of the whole text from the start to the end of block i, so a block
 // matches only if everything before it matches too. A request's cached
@@ -183,36 +184,17 @@ func (c *prefixCache) stats() prefixCacheStats {
 	}
 }
 
-// textBuilder renders the prompt text the prefix cache hashes, in the
-// conventions of the router's request parser (lb/reqtext), so that the
-// router and the replica see the same prefixes: strings as they are; the
-// elements of an array joined by "\n" (strings, nested arrays) or " " (token
-// ids, in decimal); chat messages as "<|role|>\ncontent\n" in order, the
-// text parts of an array content joined by "\n".
-type textBuilder struct {
-	b []byte
-}
-
-// sep writes the separator before element i of an array.
-func (tb *textBuilder) sep(i int, v any) {
-	if tb == nil || i == 0 {
-		return
+// promptText is the prompt text the prefix cache hashes: the router's
+// rendering (lb/reqtext's Text), so that the router and the replica see
+// the same prefixes: a chat's media parts as digests of the part (two
+// images are two prompts), its other text-like parts, tool calls and
+// names; token ids apart from any text. A body the router cannot read
+// (which it routes by load alone) has none, nor has a path it does not
+// know. Like the router's, the text stops at reqtext.MaxTextBytes.
+func promptText(path string, body []byte) []byte {
+	req, err := reqtext.Extract(path, body)
+	if err != nil {
+		return nil
 	}
-	if _, ok := v.(float64); ok {
-		tb.b = append(tb.b, ' ')
-	} else {
-		tb.b = append(tb.b, '\n')
-	}
-}
-
-func (tb *textBuilder) str(s string) {
-	if tb != nil {
-		tb.b = append(tb.b, s...)
-	}
-}
-
-func (tb *textBuilder) id(f float64) {
-	if tb != nil {
-		tb.b = strconv.AppendFloat(tb.b, f, 'f', -1, 64)
-	}
+	return []byte(req.Text)
 }

@@ -346,32 +346,6 @@ func TestPrefixCacheOffByDefault(t *testing.T) {
 	}
 }
 
-func TestPrefixCacheText(t *testing.T) {
-	rp, err := New(Config{PrefixCache: PrefixCache{Blocks: 1 << 20, BlockChars: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct{ path, body, text string }{
-		{"/v1/completions", `{"prompt":"hello"}`, "hello"},
-		{"/v1/completions", `{"prompt":["a","b"]}`, "a\nb"},
-		{"/v1/completions", `{"prompt":[1,22,333]}`, "1 22 333"},
-		{"/generate", `{"text":"hi there"}`, "hi there"},
-		{"/generate", `{"input_ids":[[1,2],[3]]}`, "1 2\n3"},
-		{"/v1/chat/completions", `{"messages":[{"role":"system","content":"S"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"}]}]}`,
-			"<|system|>\nS\n<|user|>\na\nb\n"},
-	} {
-		r := httptest.NewRequest(http.MethodPost, c.path, strings.NewReader(c.body))
-		req, _, err := rp.parseRequest(httptest.NewRecorder(), r)
-		if err != nil {
-			t.Fatalf("%s: %v", c.body, err)
-		}
-		want := newPromptPrefix([]byte(c.text), 1, 1<<20)
-		if req.Prefix.textLen != len(c.text) || !equalKeys(req.Prefix.keys, want.keys) {
-			t.Errorf("%s renders differently from %q (length %d)", c.body, c.text, req.Prefix.textLen)
-		}
-	}
-}
-
 func TestPrefixCacheBadConfig(t *testing.T) {
 	for _, c := range []struct {
 		cfg  Config

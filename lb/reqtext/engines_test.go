@@ -176,7 +176,7 @@ func TestGenerateDialects(t *testing.T) {
 		{"sglang first", "/generate", `{"text":"a","inputs":"b","text_input":"c","parameters":"not read","max_tokens":"nor this","sampling_params":{"max_new_tokens":3}}`,
 			Request{Kind: KindGenerate, Text: "a", MaxTokens: 3}},
 		{"sglang ids first", "/generate", `{"input_ids":[1],"inputs":"b"}`,
-			Request{Kind: KindGenerate, Text: "1", TokenIDs: true}},
+			Request{Kind: KindGenerate, Text: TokenIDsMark + "1", TokenIDs: true}},
 	} {
 		got, err := Extract(c.path, []byte(c.body))
 		if err != nil {
@@ -214,7 +214,7 @@ func short(r Request) Request {
 func TestNegativeZeroTokenIDIsZero(t *testing.T) {
 	a := mustExtract(t, "/v1/completions", `{"prompt":[-0,5]}`)
 	b := mustExtract(t, "/v1/completions", `{"prompt":[0,5]}`)
-	if a.Text != b.Text || a.Text != "0 5" {
+	if a.Text != b.Text || a.Text != TokenIDsMark+"0 5" {
 		t.Fatalf("[-0,5]: %q, [0,5]: %q", a.Text, b.Text)
 	}
 }

@@ -45,8 +45,9 @@ type Request struct {
 	// engine, which applies its chat template; nil for other kinds. At
 	// most the first MaxMessages (Text renders them all).
 	Messages []json.RawMessage
-	// TokenIDs: the prompt was given as token ids (Text is them in
-	// decimal, space-separated; several prompts joined by "\n").
+	// TokenIDs: the prompt was given as token ids (Text is TokenIDsMark,
+	// then them in decimal, space-separated; several prompts joined by
+	// "\n").
 	TokenIDs bool
 }
 
@@ -538,7 +539,8 @@ func isNull(raw json.RawMessage) bool {
 // promptText renders a polymorphic prompt (valid JSON: the scanner checked
 // it): a string; an array of strings (joined by "\n"; null elements are
 // empty, as encoding/json makes them); an array of token ids (decimal,
-// space-separated, so prompts sharing leading ids share a text prefix);
+// space-separated, so prompts sharing leading ids share a text prefix;
+// done puts TokenIDsMark in front);
 // or an array of such arrays (joined by "\n"). Absent or null renders as
 // "". Strings are decoded straight into w: no allocation per element.
 func promptText(w *writer, raw json.RawMessage) error {
@@ -725,9 +727,17 @@ func (w *writer) id(b []byte) {
 	w.b = append(w.b, b...)
 }
 
-// done fills the request's Text, Truncated and PromptTokens.
+// done fills the request's Text, Truncated, TokenIDs and PromptTokens,
+// marking a prompt of token ids (see TokenIDsMark).
 func (w *writer) done(req *Request) {
-	req.Text, req.Truncated = string(w.b), w.cut
 	req.TokenIDs = w.ids > 0 && w.textBytes == 0
 	req.PromptTokens = w.ids + (w.textBytes+3)/4
+	switch {
+	case req.TokenIDs:
+		req.Text, req.Truncated = marked(TokenIDsMark, w.b, w.cut)
+	case startsWithMark(w.b):
+		req.Text, req.Truncated = marked(markEscape, w.b, w.cut)
+	default:
+		req.Text, req.Truncated = string(w.b), w.cut
+	}
 }

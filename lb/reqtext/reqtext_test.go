@@ -78,11 +78,11 @@ func TestCompletions(t *testing.T) {
 	}{
 		{`{"prompt": "Once upon"}`, "Once upon"},
 		{`{"prompt": ["a", "b c"]}`, "a\nb c"},
-		{`{"prompt": [1, 22, 333]}`, "1 22 333"},
-		{`{"prompt": [[1, 2], [1, 3]]}`, "1 2\n1 3"},
+		{`{"prompt": [1, 22, 333]}`, TokenIDsMark + "1 22 333"},
+		{`{"prompt": [[1, 2], [1, 3]]}`, TokenIDsMark + "1 2\n1 3"},
 		{`{"prompt": []}`, ""},
-		{`{"prompt": [-3, 0]}`, "-3 0"},
-		{`{"prompt": [[], [7]]}`, "\n7"},
+		{`{"prompt": [-3, 0]}`, TokenIDsMark + "-3 0"},
+		{`{"prompt": [[], [7]]}`, TokenIDsMark + "\n7"},
 		{`{"prompt": "esc\n\u00e9\"q"}`, "esc\né\"q"},
 		{`{}`, ""},
 	} {
@@ -103,9 +103,9 @@ func TestGenerate(t *testing.T) {
 	}{
 		{`{"text": "What is the capital of France?"}`, "What is the capital of France?"},
 		{`{"text": ["one", "two"]}`, "one\ntwo"},
-		{`{"input_ids": [101, 2054, 2003]}`, "101 2054 2003"},
-		{`{"input_ids": [[101, 7], [101, 8]]}`, "101 7\n101 8"},
-		{`{"text": null, "input_ids": [5]}`, "5"},
+		{`{"input_ids": [101, 2054, 2003]}`, TokenIDsMark + "101 2054 2003"},
+		{`{"input_ids": [[101, 7], [101, 8]]}`, TokenIDsMark + "101 7\n101 8"},
+		{`{"text": null, "input_ids": [5]}`, TokenIDsMark + "5"},
 	} {
 		req := mustExtract(t, "/generate", c.body)
 		if req.Text != c.text || req.Kind != KindGenerate {
@@ -119,7 +119,7 @@ func TestGenerate(t *testing.T) {
 	// Shared leading ids give a shared text prefix.
 	a := mustExtract(t, "/generate", `{"input_ids": [1, 2, 3, 4]}`)
 	b := mustExtract(t, "/generate", `{"input_ids": [1, 2, 3, 99]}`)
-	if !strings.HasPrefix(a.Text, "1 2 3 ") || !strings.HasPrefix(b.Text, "1 2 3 ") {
+	if !strings.HasPrefix(a.Text, TokenIDsMark+"1 2 3 ") || !strings.HasPrefix(b.Text, TokenIDsMark+"1 2 3 ") {
 		t.Fatalf("id prefixes: %q, %q", a.Text, b.Text)
 	}
 }
