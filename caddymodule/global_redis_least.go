@@ -135,12 +135,23 @@ func (p *GlobalRedisLeast) Provision(ctx caddy.Context) error {
 // redisLeastHealth is this instance's view of the pool's replicas: its
 // own leases, and its passive health (down, failures) as load_aware's;
 // ranked below the exact counts of cache_aware and load_aware on a pool
-// they share (docs/api.md).
+// they share (docs/api.md). In queueing mode, the global queue too (read
+// from Redis, within the store's read_timeout), this instance's waiters
+// counted in queue_depth.
 func redisLeastHealth(st *redisleast.Store) stateHealth {
 	h := stateHealth{Replicas: []backendHealth{}, Detail: leasesAndDown}
 	for _, r := range st.ReplicaHealth() {
 		h.Replicas = append(h.Replicas, backendHealth{Addr: r.Addr, InFlight: r.InFlight, Down: r.Down,
 			Failures: r.Failures, Draining: !r.Present})
+	}
+	if d, queueing := st.QueueDepth(context.Background()); queueing {
+		h.QueueDepth = d.Waiting
+		h.GlobalQueue = &globalQueueHealth{Waiting: d.Waiting}
+		if d.Err != nil {
+			h.GlobalQueue.Error = d.Err.Error()
+		} else {
+			h.GlobalQueue.Length = &d.Queued
+		}
 	}
 	return h
 }

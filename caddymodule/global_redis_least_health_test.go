@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -79,4 +80,111 @@ func others(bs []lb.Backend, addr string) []string {
 		}
 	}
 	return out
+}
+
+// grlQueueHealth is the health report's global_queue, as a client reads it.
+type grlQueueHealth struct {
+	QueueDepth  int `json:"queue_depth"`
+	GlobalQueue *struct {
+		Length  *int64 `json:"length"`
+		Waiting *int   `json:"waiting"`
+		Error   string `json:"error"`
+	} `json:"global_queue"`
+}
+
+func readGRLQueueHealth(t *testing.T, pool string) (grlQueueHealth, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	serveHealth(rec, httptest.NewRequest(http.MethodGet, "/_custom_router/health", nil), pool)
+	var body grlQueueHealth
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusOK {
+		t.Fatalf("health %d %s (%v)", rec.Code, rec.Body, err)
+	}
+	return body, rec.Body.String()
+}
+
+// In queueing mode, health showed no queue at all: requests waiting in
+// the pool's global queue (Redis) and this instance's among them are now
+// global_queue's length (read from Redis when asked) and waiting.
+func TestHealthShowsGlobalRedisLeastQueue(t *testing.T) {
+	addr := redistest.Addr(t)
+	cctx := provisionContext(t)
+	pool := freshPoolName("health-grl-queue")
+	bs, err := lb.ParseBackends([]string{"http://127.0.0.1:19441"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb.GetPool(pool).Set(bs)
+	p := &GlobalRedisLeast{Pool: pool, MaxInflight: 1, QueueTimeout: caddy.Duration(time.Minute), LeaseTTL: caddy.Duration(time.Hour),
+		redisConnection: redisConnection{Redis: []string{addr}, KeyPrefix: fmt.Sprintf("health-grl-q-%d", time.Now().UnixNano())}}
+	if err := p.Provision(cctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cleanup()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	held, err := p.state.picker.Pick(ctx, &lb.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(lb.Outcome{Kind: lb.Success})
+	waited := make(chan error, 1)
+	go func() {
+		l, err := p.state.picker.Pick(ctx, &lb.Request{})
+		if err == nil {
+			l.Release(lb.Outcome{Kind: lb.Cancelled})
+		}
+		waited <- err
+	}()
+	// Wait until the second pick is queued: health shows it then.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		body, raw := readGRLQueueHealth(t, pool)
+		if g := body.GlobalQueue; g != nil && g.Length != nil && *g.Length == 1 {
+			if g.Waiting == nil || *g.Waiting != 1 || g.Error != "" || body.QueueDepth != 1 {
+				t.Errorf("health %s: want global_queue length 1, waiting 1, no error, and queue_depth 1", raw)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health %s: want global_queue {length 1, waiting 1} while a pick waits", raw)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Errorf("the queued pick: %v, want context.Canceled", err)
+	}
+	body, raw := readGRLQueueHealth(t, pool)
+	if g := body.GlobalQueue; g == nil || g.Length == nil || *g.Length != 0 || g.Waiting == nil || *g.Waiting != 0 {
+		t.Errorf("health %s: want global_queue length 0, waiting 0 once the waiter left", raw)
+	}
+}
+
+// With Redis unreachable, global_queue says why instead of a length.
+func TestHealthShowsGlobalRedisLeastQueueError(t *testing.T) {
+	redistest.Addr(t) // same skip rules as the other Redis tests
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := l.Addr().String()
+	l.Close() // nothing listens there now: connections are refused
+	cctx := provisionContext(t)
+	pool := freshPoolName("health-grl-queue-err")
+	bs, err := lb.ParseBackends([]string{"http://127.0.0.1:19442"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb.GetPool(pool).Set(bs)
+	p := &GlobalRedisLeast{Pool: pool, MaxInflight: 1, QueueTimeout: caddy.Duration(time.Minute),
+		redisConnection: redisConnection{Redis: []string{gone}}}
+	if err := p.Provision(cctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Cleanup()
+	body, raw := readGRLQueueHealth(t, pool)
+	if g := body.GlobalQueue; g == nil || g.Error == "" || g.Length != nil || g.Waiting == nil || *g.Waiting != 0 {
+		t.Errorf("health %s: want global_queue with an error, no length, waiting 0", raw)
+	}
 }

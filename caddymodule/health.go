@@ -20,6 +20,8 @@ type healthReport struct {
 	Managed    bool            `json:"backends_set"`
 	QueueDepth int             `json:"queue_depth"`
 	Backends   []backendHealth `json:"backends"`
+	// GlobalQueue is global_redis_least's queue, in its queueing mode.
+	GlobalQueue *globalQueueHealth `json:"global_queue,omitempty"`
 	// Settings maps each Sluice module serving the pool to the settings
 	// its shared state runs with now (what the last loaded config gave).
 	Settings map[string]any `json:"settings,omitempty"`
@@ -76,6 +78,17 @@ type stateHealth struct {
 	Detail   healthDetail
 	// Metrics, if set, scrapes the replicas' own metrics, shown per replica.
 	Metrics *modelmetrics.Scraper
+	// GlobalQueue is a queue the pool's instances share (global_redis_least).
+	GlobalQueue *globalQueueHealth
+}
+
+// globalQueueHealth is a queue shared by the pool's instances through
+// Redis: its length, read from Redis when health is asked (absent when
+// the read failed: Error says why), and this instance's requests in it.
+type globalQueueHealth struct {
+	Length  *int64 `json:"length,omitempty"`
+	Waiting int    `json:"waiting"`
+	Error   string `json:"error,omitempty"`
 }
 
 // healthDetail ranks what a state knows of each replica.
@@ -133,6 +146,9 @@ func health(name string) healthReport {
 		rep.Settings[m] = st.Settings()
 		h := st.Health()
 		rep.QueueDepth += h.QueueDepth
+		if rep.GlobalQueue == nil {
+			rep.GlobalQueue = h.GlobalQueue
+		}
 		if h.Detail > view.Detail {
 			view = h
 		}

@@ -119,8 +119,9 @@ func TestReaderDoesNotHoldHugeRecord(t *testing.T) {
 }
 
 // A reader started from now positions itself at the newest record, and
-// when idle checks the newest record for a reset: both read it, and a
-// huge one is cut there too, its id still taken (no reset, no error).
+// when idle checks the newest record for a reset: positioning reads it, a
+// huge one cut there, its id still taken; the check then asks for the id
+// alone (no reset, no error).
 func TestReaderFromNowPastHugeNewest(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, tg redistest.Target) {
 		s := newHostileStream(t, tg)

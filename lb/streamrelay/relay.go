@@ -12,7 +12,9 @@
 // timeout (redisconn.ConnTimeout) fails, and the reader redials.
 // The stream is outside input (anyone with write access to the key): the
 // reader skips a record over the size bounds (Stats.Oversize) and cuts a
-// reply from Redis before the client holds more than ReadBytes of it.
+// reply from Redis before the client holds more than ReadBytes of it (the
+// cut drops the connection, once per such record: while one is the newest,
+// the idle reset check asks a script for the newest id alone).
 // cache_aware's shared tree (lb/cacheaware/share) and the KV-event relay
 // (lb/kvevents) are its users.
 package streamrelay
@@ -373,11 +375,16 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 	// back short, so it would take news for history until the stream's
 	// end came back empty).
 	count, slow := full, int64(0)
+	// huge is the id of a record found alone over ReadBytes (skipped, or
+	// cut from newestID's reply): while it is the last one read, the
+	// reset check asks for the newest id alone (newestIDAlone), so the
+	// record is not read, and the connection not cut, again each second.
+	huge := ""
 	for ctx.Err() == nil {
 		if !positioned {
 			// The newest record's id ("$" would miss what is published
 			// between two reads).
-			id, found, err := r.newestID(ctx, cl)
+			id, found, cut, err := r.newestID(ctx, cl)
 			if err != nil {
 				if !r.wait(ctx, err, &back) {
 					return
@@ -386,6 +393,9 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 			}
 			if found {
 				r.lastID.Store(&id)
+			}
+			if cut {
+				huge = id
 			}
 			positioned = true
 		}
@@ -409,6 +419,7 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 			if id, ok := cut.string(1); ok && idLess(last, id) {
 				r.oversize.Add(1)
 				r.lastID.Store(&id)
+				huge = id
 				count, slow = full, 0
 				continue
 			}
@@ -425,7 +436,7 @@ func (r *Relay) readLoop(ctx context.Context, cl rueidis.Client) {
 		if len(entries) == 0 && last != "0-0" {
 			// The read timed out: see whether the stream was reset under
 			// LastID (one call a second at most, and only when idle).
-			reset, err := r.streamReset(ctx, cl, last)
+			reset, err := r.streamReset(ctx, cl, last, &huge)
 			if err != nil {
 				if !r.wait(ctx, err, &back) {
 					return
@@ -479,37 +490,67 @@ func (r *Relay) readDeadline() time.Duration {
 
 // newestID is the id of the stream's newest record (found false: the key
 // is gone or empty). A newest record over ReadBytes is cut from the reply
-// after its id, the reply's first string. The check goes on the client's
-// pipelined connection, which the cut drops: the publisher's XADDs sent
-// behind it fail and are published again, though Redis ran them (a
-// dedicated connection would avoid that, but rueidis resets one it hands
-// back with DISCARD and UNSUBSCRIBE, which the documented ACL user may not
-// run). Only a hostile newest record costs that; the users take a record
-// twice (a decision applied again, a KV-event message a duplicate).
-func (r *Relay) newestID(ctx context.Context, cl rueidis.Client) (id string, found bool, err error) {
+// after its id, the reply's first string (cut true). The check goes on
+// the client's pipelined connection, which the cut drops: the publisher's
+// XADDs sent behind it fail and are published again, though Redis ran
+// them (a dedicated connection would avoid that, but rueidis resets one it
+// hands back with DISCARD and UNSUBSCRIBE, which the documented ACL user
+// may not run). Only a hostile newest record costs that, once (the reader
+// then asks newestIDAlone); the users take a record twice (a decision
+// applied again, a KV-event message a duplicate).
+func (r *Relay) newestID(ctx context.Context, cl rueidis.Client) (id string, found, cut bool, err error) {
 	es, err := cl.Do(ctx, cl.B().Xrevrange().Key(r.cfg.Key).End("+").Start("-").Count(1).Build()).AsXRange()
-	if cut := asCut(err); cut != nil {
-		if id, ok := cut.string(0); ok {
+	if c := asCut(err); c != nil {
+		if id, ok := c.string(0); ok {
 			if _, _, valid := parseID(id); valid {
-				return id, true, nil
+				return id, true, true, nil
 			}
 		}
 	}
 	if err != nil && !rueidis.IsRedisNil(err) {
-		return "", false, err
+		return "", false, false, err
 	}
 	if len(es) == 0 {
+		return "", false, false, nil
+	}
+	return es[0].ID, true, false, nil
+}
+
+// newestIDScript returns the newest record's id alone (nil when the key
+// is gone or empty): the record stays in Redis, however large. EVALSHA
+// and EVAL are in the documented ACL user's commands.
+var newestIDScript = rueidis.NewLuaScript(`local e = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+if e then return e[1] end
+return false`)
+
+// newestIDAlone is newestID for a stream whose newest record is known to
+// be over ReadBytes. Only then: the plain XREVRANGE needs no scripting.
+func (r *Relay) newestIDAlone(ctx context.Context, cl rueidis.Client) (id string, found bool, err error) {
+	id, err = newestIDScript.Exec(ctx, cl, []string{r.cfg.Key}, nil).ToString()
+	if rueidis.IsRedisNil(err) {
 		return "", false, nil
 	}
-	return es[0].ID, true, nil
+	return id, err == nil, err
 }
 
 // streamReset reports whether the stream holds no record at or after last
 // while last is an id the reader got from it: the key is gone or empty,
 // or its newest id is below last (new ids will be too, so XREAD from last
-// would never return anything again).
-func (r *Relay) streamReset(ctx context.Context, cl rueidis.Client, last string) (bool, error) {
-	id, found, err := r.newestID(ctx, cl)
+// would never return anything again). huge is the id of a record known
+// over ReadBytes (see readLoop); a newest record found so is recorded there.
+func (r *Relay) streamReset(ctx context.Context, cl rueidis.Client, last string, huge *string) (bool, error) {
+	var id string
+	var found bool
+	var err error
+	if last == *huge {
+		id, found, err = r.newestIDAlone(ctx, cl)
+	} else {
+		var cut bool
+		id, found, cut, err = r.newestID(ctx, cl)
+		if cut {
+			*huge = id
+		}
+	}
 	if err != nil || !found {
 		// Gone or emptied: whatever is added next is new.
 		return err == nil, err
