@@ -8,6 +8,7 @@ import (
 	"net/http/httptrace"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -91,7 +92,12 @@ type attempt struct {
 	// waitReads: the config lets the policy read it.
 	waitReq   *http.Request
 	waitReads bool
-	// failed lists the replicas whose attempts at this request failed.
+	// retrying: this Select is reverse_proxy's retry of the previous
+	// attempt (set by startAttempt, read by retry).
+	retrying bool
+	// failed lists the replicas whose attempts at this request failed,
+	// or whose answers reverse_proxy retried (retry_match): a retry
+	// avoids them.
 	failed []string
 	// kept: the placeholders this attempt's outcome reads, as they were
 	// when another policy's attempt on the same request began and
@@ -152,6 +158,9 @@ func (rs *requestState) startAttempt(r *http.Request, repl *caddy.Replacer, key 
 	if a.wasRefused() {
 		return nil
 	}
+	// reverse_proxy's retry loop gives Select the same copy of the
+	// request again; a second reverse_proxy makes its own.
+	a.retrying = a.waitReq != nil && r == a.waitReq
 	a.retry()
 	if a.base.Err() != nil {
 		return nil
@@ -162,13 +171,17 @@ func (rs *requestState) startAttempt(r *http.Request, repl *caddy.Replacer, key 
 // retry releases the previous attempt, if any, as a failure: reverse_proxy
 // only calls Select again after an attempt failed.
 //
-// Unless the replica answered: then the new Select is a second
-// reverse_proxy on the same pool (in handle_response), and the answered
-// attempt is released for what it was.
+// Unless the replica answered: then the new Select is either a second
+// reverse_proxy on the same pool (in handle_response), or reverse_proxy's
+// retry of an answer its retry_match matched ({rp.status_code}, e.g. a
+// 429); the answered attempt is released for what it was. A retry
+// (a.retrying) avoids the replica whatever it answered: the matched
+// answer is the reason to ask another.
 func (a *attempt) retry() {
 	a.mu.Lock()
 	prev, pt := a.lease, a.trace
 	a.lease, a.trace = nil, nil
+	retried := a.retrying
 	o := lb.Outcome{Kind: lb.Failure}
 	if prev != nil {
 		if first, _, _, _ := pt.facts(); first > 0 {
@@ -176,7 +189,7 @@ func (a *attempt) retry() {
 			o, _, kind = a.classify(prev.Replica(), pt, a.kept)
 			a.learnFirstByte(pt, o, kind)
 		}
-		if o.Kind == lb.Failure {
+		if o.Kind == lb.Failure || retried {
 			a.failed = append(a.failed, prev.Replica())
 		}
 	}
@@ -490,6 +503,12 @@ type attemptTrace struct {
 	watchPrev, watchNext *attemptTrace
 	watched              bool
 
+	// The client's upload (clientBody): the transport is waiting for the
+	// client's bytes now; when it last had them, in ns since start (0:
+	// not yet).
+	uploading atomic.Bool
+	uploaded  atomic.Int64
+
 	mu           sync.Mutex
 	firstByte    time.Duration
 	bodyByte     time.Duration // the body's first byte to the client (bodyWatched only)
@@ -610,18 +629,24 @@ func (t *attemptTrace) facts() (first, last time.Duration, transportErr, clientE
 }
 
 // clientBody notes when reading the client's request body fails: the
-// transport then fails the attempt, and that is the client's doing.
+// transport then fails the attempt, and that is the client's doing. It
+// also notes when the transport waits for the client's bytes: that time
+// is the client's, not the replica's first-byte time (clientUntil).
 type clientBody struct {
 	io.ReadCloser
 	t *attemptTrace
 }
 
 func (b *clientBody) Read(p []byte) (int, error) {
+	t := b.t
+	t.uploading.Store(true)
 	n, err := b.ReadCloser.Read(p)
+	t.uploaded.Store(max(int64(time.Since(t.start)), 1))
+	t.uploading.Store(false)
 	if err != nil && err != io.EOF {
-		b.t.mu.Lock()
-		b.t.clientErr = true
-		b.t.mu.Unlock()
+		t.mu.Lock()
+		t.clientErr = true
+		t.mu.Unlock()
 	}
 	return n, err
 }

@@ -364,9 +364,14 @@ func (w *firstByteWatch) fire() {
 	var earliest time.Time
 	for t := w.head; t != nil; {
 		next := t.watchNext
-		if !now.Before(t.deadline) && t.auto && t.usual != nil {
-			// An automatic limit waits for the replica's silence.
-			t.deadline = t.usual.silentUntil(t.limit)
+		if !now.Before(t.deadline) {
+			if t.auto && t.usual != nil {
+				// An automatic limit waits for the replica's silence.
+				t.deadline = t.usual.silentUntil(t.limit)
+			}
+			if until := t.clientUntil(now); until.After(t.deadline) {
+				t.deadline = until
+			}
 		}
 		if !now.Before(t.deadline) {
 			w.unlinkLocked(t)
@@ -384,6 +389,24 @@ func (w *firstByteWatch) fire() {
 	for _, t := range expired {
 		t.expire()
 	}
+}
+
+// clientUntil is the earliest the attempt traced by t may be abandoned
+// for its client's upload: a limit after the transport last had the
+// client's bytes, or after now while it still waits for them. The limit
+// counts the replica's time (as net/http's ResponseHeaderTimeout counts
+// from the request written): a client uploading slowly, or stalling on
+// purpose, made its replica time out and count a failure. A replica that
+// stops taking the body, or takes it and sends nothing, is abandoned a
+// limit after the last bytes it was sent.
+func (t *attemptTrace) clientUntil(now time.Time) time.Time {
+	if t.uploading.Load() {
+		return now.Add(t.limit)
+	}
+	if at := t.uploaded.Load(); at > 0 {
+		return t.start.Add(time.Duration(at) + t.limit)
+	}
+	return time.Time{}
 }
 
 // len is how many attempts wait for their first byte (for tests).
