@@ -274,8 +274,9 @@ type kvHealthReport struct {
 		Mode   string `json:"mode"`
 		Blocks int    `json:"blocks"`
 	} `json:"replicas"`
-	Totals map[string]uint64 `json:"totals"`
-	Drops  map[string]uint64 `json:"drops"`
+	Totals     map[string]uint64 `json:"totals"`
+	Drops      map[string]uint64 `json:"drops"`
+	EventDrops map[string]uint64 `json:"event_drops"`
 }
 
 func (h *kvHealthReport) note() string {
@@ -288,15 +289,18 @@ func (h *kvHealthReport) note() string {
 	for _, k := range []string{"batches", "events", "gaps", "restarts", "cleared", "removed_unknown", "capacity_evicted", "re_stored"} {
 		tot = append(tot, fmt.Sprintf("%s %d", k, h.Totals[k]))
 	}
-	drops := "none"
-	if len(h.Drops) > 0 {
-		var d []string
-		for _, k := range sortedKeys(h.Drops) {
-			d = append(d, fmt.Sprintf("%s %d", k, h.Drops[k]))
+	list := func(m map[string]uint64) string {
+		if len(m) == 0 {
+			return "none"
 		}
-		drops = strings.Join(d, ", ")
+		var d []string
+		for _, k := range sortedKeys(m) {
+			d = append(d, fmt.Sprintf("%s %d", k, m[k]))
+		}
+		return strings.Join(d, ", ")
 	}
-	return fmt.Sprintf("kv_events index at the end: %s; %s; drops: %s", strings.Join(reps, ", "), strings.Join(tot, ", "), drops)
+	return fmt.Sprintf("kv_events index at the end: %s; %s; messages dropped: %s; events dropped: %s",
+		strings.Join(reps, ", "), strings.Join(tot, ", "), list(h.Drops), list(h.EventDrops))
 }
 
 // kvMetricsPath is where the Sluice proxies of kv-events serve Caddy's

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/tls"
 	"sync"
 	"time"
 
@@ -34,9 +35,19 @@ type kvCapacity struct{ s *modelmetrics.Scraper }
 var _ cacheaware.Capacity = kvCapacity{}
 
 func newKVCapacity() kvCapacity {
-	return kvCapacity{s: modelmetrics.New(modelmetrics.Config{Interval: kvCapacityInterval, SettledInterval: kvCapacitySettled,
-		Settled: func(smp modelmetrics.Sample) bool { return smp.Have.KVTokens }})}
+	return kvCapacity{s: modelmetrics.New(kvCapacityConfig(nil))}
 }
+
+// kvCapacityConfig is the scraper's config, reading https:// replicas
+// with tlsCfg (the proxy's).
+func kvCapacityConfig(tlsCfg *tls.Config) modelmetrics.Config {
+	return modelmetrics.Config{Interval: kvCapacityInterval, SettledInterval: kvCapacitySettled,
+		Settled: func(smp modelmetrics.Sample) bool { return smp.Have.KVTokens }, TLS: tlsCfg}
+}
+
+// setTLS makes the scrapes of https:// replicas use tlsCfg (the proxy's,
+// when its config starts).
+func (c kvCapacity) setTLS(tlsCfg *tls.Config) { c.s.Configure(kvCapacityConfig(tlsCfg)) }
 
 // Tokens implements cacheaware.Capacity: the size last read, even when a
 // later scrape failed (a size outlives a slow /metrics). A replica never

@@ -428,10 +428,12 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capac
 	var tok kvevents.Tokenizer = kvevents.SimTokenizer{}
 	var engine *kvevents.EngineTokenizer
 	var urls *replicaURLs
+	engineTransport := tokenizerTransport(o) // nil without the engine tokenizer
 	if o.tokenizer() == kvTokenizerEngine {
 		urls = &replicaURLs{}
 		c := o.engineConfig()
 		c.BaseURL = urls.of
+		c.Transport = engineTransport
 		engine = kvevents.NewEngineTokenizer(c)
 		tok = engine
 	}
@@ -460,10 +462,12 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capac
 		IsReplica: func(addr string) bool { return slices.Contains(pk.Router().Addrs(), addr) }})
 	// the follower gets pk's set now (if it has one) and each later one
 	pk.SetCapacity(kvSetFollower{kvCapacity: capacity, kl: kl, pk: pk, urls: urls})
+	unfollowTLS := followUpstreamTLS(pk, kvEventsTLS(capacity, engineTransport))
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
 			pk.SetExact(nil)
+			unfollowTLS()
 			unrelay()
 			kl.mu.Lock()
 			kl.pickers = slices.DeleteFunc(kl.pickers, func(p *cacheaware.Picker) bool { return p == pk })
@@ -474,6 +478,7 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capac
 			kl.mu.Unlock()
 			if engine != nil {
 				engine.Close()
+				engineTransport.CloseIdleConnections()
 			}
 			_, _ = kvListeners.Delete(hp)
 		})
@@ -505,8 +510,11 @@ type KVEventsStats struct {
 	Listen   string                     `json:"listen"`
 	Replicas map[string]KVEventsReplica `json:"replicas"`
 	Totals   map[string]uint64          `json:"totals"`
-	Drops    map[kvevents.Reason]uint64 `json:"drops,omitempty"`
-	Guard    kvevents.GuardStats        `json:"guard"`
+	// Drops are event messages dropped whole, by reason; EventDrops single
+	// events dropped from a message otherwise applied.
+	Drops      map[kvevents.Reason]uint64 `json:"drops,omitempty"`
+	EventDrops map[kvevents.Reason]uint64 `json:"event_drops,omitempty"`
+	Guard      kvevents.GuardStats        `json:"guard"`
 	// Tokenizer is kv_events_tokenizer; Tokenize the engine tokenizer's
 	// counters (cache hits, requests, failures by reason).
 	Tokenizer string                `json:"tokenizer"`
@@ -529,7 +537,7 @@ type KVEventsReplica struct {
 func kvEventsStats(kl *kvListener, fresh time.Duration) *KVEventsStats {
 	s := kl.ix.Stats()
 	out := &KVEventsStats{Listen: kl.l.Addr().String(), Replicas: map[string]KVEventsReplica{},
-		Drops: s.Drops, Guard: kl.l.GuardStats(), Totals: map[string]uint64{
+		Drops: s.Drops, EventDrops: s.EventDrops, Guard: kl.l.GuardStats(), Totals: map[string]uint64{
 			"batches": s.Batches, "events": s.Events, "unknown_events": s.UnknownEvents, "gaps": s.Gaps,
 			"restarts": s.Restarts, "cleared": s.Cleared, "removed_unknown": s.RemovedUnknown,
 			"capacity_evicted": s.CapacityEvicted, "re_stored": s.ReStored, "blocks": uint64(s.Blocks),

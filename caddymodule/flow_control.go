@@ -215,6 +215,8 @@ func (h *FlowControl) Provision(ctx caddy.Context) error {
 	}
 	if err := applyOnStartChecked(ctx, key, fingerprint, h.findReplicas, func() {
 		st.setFixed(h.Replicas, h.static)
+		mc := mc
+		mc.TLS = upstreamTLS(h.guardedProxy()) // its scrapes read the replicas behind that proxy
 		if err := st.configure(cfg, mc); err != nil {
 			log.Error("cannot apply flow_control settings", zap.String("pool", st.name), zap.Error(err))
 		}

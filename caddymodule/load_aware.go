@@ -117,13 +117,15 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 	}
 	name := poolName(p.Pool)
 	cfg := p.pickerConfig()
+	fingerprint := fmt.Sprintf("%+v", cfg) // without the TLS config: a pointer, new in each load
+	cfg.Metrics.TLS = upstreamTLS(enclosingProxy(ctx))
 	header := orDefault(p.SessionHeader, "X-Session-Token")
 	log := ctx.Logger()
 	return p.provision(ctx, selectorSpec{
 		attempt: p.attemptOptions,
 		module:  "load_aware", pool: name, measure: measureFirstByte,
 		maxBody: p.bodyLimit(), session: header,
-		fingerprint: fmt.Sprintf("%+v", cfg),
+		fingerprint: fingerprint,
 		// The client gets the replica's session token back, where a
 		// scorer will read it.
 		afterPick: func(w http.ResponseWriter, l lb.Lease) {

@@ -150,11 +150,13 @@ func (p *QueuedLeastLatency) Provision(ctx caddy.Context) error {
 		measure = measureAuto
 	}
 	cfg, every := p.config(), p.logInterval()
+	fingerprint := fmt.Sprintf("%+v %v", cfg, every) // without the TLS config: a pointer, new in each load
+	cfg.EngineMetrics.TLS = upstreamTLS(enclosingProxy(ctx))
 	log := ctx.Logger()
 	return p.provision(ctx, selectorSpec{
 		attempt: p.attemptOptions,
 		module:  "queued_least_latency", pool: name, measure: measure,
-		fingerprint: fmt.Sprintf("%+v %v", cfg, every),
+		fingerprint: fingerprint,
 		build: func(key stateKey) (*policyState, error) {
 			s := qll.New(cfg)
 			s.SetWaitObserver(qllCollector.WaitObserver(name))

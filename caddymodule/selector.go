@@ -69,7 +69,9 @@ func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
 	s.log = ctx.Logger()
 	s.module, s.measure, s.maxBody, s.session, s.afterPick = spec.module, spec.measure, spec.maxBody, spec.session, spec.afterPick
 	s.firstByte = time.Duration(spec.attempt.FirstByteTimeout)
-	s.scheme = schemeOfProxy(enclosingProxy(ctx))
+	proxy := enclosingProxy(ctx)
+	s.scheme = schemeOfProxy(proxy)
+	tlsCfg := upstreamTLS(proxy) // for the state's engine reads its picker's config does not reach
 	restorePool(spec.pool, s.log)
 	s.pool = lb.GetPool(spec.pool)
 	key := stateKey{module: spec.module, pool: spec.pool, variant: spec.variant}
@@ -80,7 +82,7 @@ func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
 	}
 	s.state = v.(*policyState)
 	st := s.state
-	if err := applyOnStart(ctx, key, spec.fingerprint, func() { spec.apply(st) }); err != nil {
+	if err := applyOnStart(ctx, key, spec.fingerprint, func() { spec.apply(st); handUpstreamTLS(st.picker, tlsCfg) }); err != nil {
 		return fmt.Errorf("%s: %v", spec.module, err)
 	}
 	readAhead := new(atomic.Bool)
@@ -137,7 +139,8 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	if st.view != nil {
 		st.view.remember(pool)
 	}
-	// A retry avoids the replicas that already failed this request (a
+	// A retry avoids the replicas that already failed this request, or
+	// whose answer reverse_proxy's retry_match sent to another (a
 	// cache-aware policy would otherwise send it back where its prompt
 	// was recorded), unless no other is left.
 	req.Avoid = a.failed

@@ -10,6 +10,16 @@ type outcome struct {
 	smp   Sample
 	fails int       // consecutive failed scrapes; 0 after a success
 	due   time.Time // no round scrapes the target before then; zero after a success (but see Config.Settled)
+	// tlsGen is the scraper's TLS generation when the last failure was
+	// met: one met under an earlier TLS config (an untrusted certificate
+	// before a reload named the CA) says nothing of the replica now.
+	tlsGen uint64
+}
+
+// failedUnderOldTLS reports whether the target backs off for failures met
+// under a TLS config older than generation gen: it is due at once.
+func (o *outcome) failedUnderOldTLS(gen uint64) bool {
+	return o != nil && o.fails > 0 && o.tlsGen != gen
 }
 
 // recoveringBackoff caps, in Intervals, the back-off of a target that

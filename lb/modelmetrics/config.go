@@ -1,6 +1,7 @@
 package modelmetrics
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"time"
@@ -38,8 +39,16 @@ type Config struct {
 	Settled         func(Sample) bool `json:"-"`
 	SettledInterval time.Duration
 	// Client, if set, makes the requests; by default the scraper uses its
-	// own transport (no proxy from the environment), closed when Run ends.
+	// own transport (no proxy from the environment, see Transport), closed
+	// when Run ends.
 	Client *http.Client
+	// TLS is the client TLS config for targets at https:// URLs: the one
+	// the proxy in front of the replicas uses for them (trusted CAs, a
+	// client certificate, a server name); nil: the system's roots and Go's
+	// defaults. Cloned, not changed. Unused with Client. Configure with
+	// another pointer builds a new transport. Not in the JSON (it holds
+	// keys and funcs; health shows the proxy's own settings).
+	TLS *tls.Config `json:"-"`
 }
 
 // WithDefaults fills zero (and negative) fields.

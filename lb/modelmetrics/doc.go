@@ -14,7 +14,8 @@
 //	              vllm:gpu_cache_usage_perc (older vLLM)
 //
 // A metric with several series (per model_name, per engine, …) is summed for
-// the counts and maxed for the usage fraction. Usage values are fractions;
+// the counts and maxed for the usage fraction; a series given twice (same
+// name and labels) counts once, with its first sample. Usage values are fractions;
 // a value above 1 and at most 100 is taken as a percentage and divided by
 // 100, and the result is clamped to [0, 1]. The trtllm_ names of trtllm-serve
 // (1.1) carry only counters and latency histograms, no queue or KV gauges,
@@ -26,6 +27,9 @@
 // replica's own host (a redirect elsewhere is a failed scrape, not that
 // host's load); and the error a failed scrape keeps quotes at most a few
 // hundred bytes of what the replica sent.
+//
+// Replicas at https:// URLs are read with Config.TLS (the TLS settings of
+// the proxy in front of them), over HTTP/1.1.
 //
 // A replica whose last scrape failed (transport error, timeout, non-200,
 // unparsable body, none of the names above) or whose last good scrape is

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -224,7 +225,7 @@ func TestParseOddButValidFormats(t *testing.T) {
 		// A timestamp (even an absurd one) is ignored.
 		{"vllm:num_requests_waiting 3 -99999999999999999\n", 3, 0},
 		// Series of one metric add up, whatever their labels.
-		{strings.Repeat("vllm:num_requests_waiting{x=\"1\"} 1\n", 1000), 1000, 0},
+		{distinctSeries("vllm:num_requests_waiting", "1", 1000), 1000, 0},
 		// Usage: out of range is clamped; the largest series wins.
 		{"vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc{e=\"0\"} -5\nvllm:kv_cache_usage_perc{e=\"1\"} 0.2\n", 0, 0.2},
 		{"vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 150\n", 0, 1},
@@ -241,10 +242,20 @@ func TestParseOddButValidFormats(t *testing.T) {
 		"vllm:num_requests_waiting 1e308\n",
 		"vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc +Inf\n",
 		"vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc NaN\n",
-		strings.Repeat("vllm:num_requests_waiting{x=\"1\"} 9e15\n", 2),
+		distinctSeries("vllm:num_requests_waiting", "9e15", 2),
 	} {
 		if s, err := Parse([]byte(bad)); err == nil {
 			t.Errorf("%.80q: got %+v, want an error", bad, s)
 		}
 	}
+}
+
+// distinctSeries is n series of metric, each with its own label value,
+// all of value v.
+func distinctSeries(metric, v string, n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "%s{x=\"%d\"} %s\n", metric, i, v)
+	}
+	return b.String()
 }

@@ -57,7 +57,8 @@ var ErrNoMetrics = errors.New("modelmetrics: no known model-server metric in the
 // Parse reads the Prometheus text format and returns the load it reports.
 // Comments, unknown metrics, histograms and lines that are not samples of
 // an understood metric are skipped; a malformed or non-finite sample of an
-// understood metric is an error, as is a body with none of them.
+// understood metric is an error, as is a body with none of them. A series
+// given twice counts once, with its first sample (see seriesSet).
 func Parse(body []byte) (Sample, error) {
 	type acc struct {
 		v    float64
@@ -65,6 +66,7 @@ func Parse(body []byte) (Sample, error) {
 	}
 	var accs [len(sources)]acc
 	var s Sample
+	var seen seriesSet
 	for len(body) > 0 {
 		var line []byte
 		if i := bytes.IndexByte(body, '\n'); i >= 0 {
@@ -94,6 +96,9 @@ func Parse(body []byte) (Sample, error) {
 			}
 			continue
 		case sglangMaxTokens:
+			if seen.again(line[:end], after) {
+				continue
+			}
 			if n, ok := kvTokens(after); ok {
 				// One series per rank: tensor-parallel ranks share one
 				// pool and report it alike; the largest is the pool.
@@ -113,6 +118,9 @@ func Parse(body []byte) (Sample, error) {
 		v, err := parseValue(rest)
 		if err != nil {
 			return Sample{}, fmt.Errorf("modelmetrics: %s: %w", name, err)
+		}
+		if seen.again(name, after) {
+			continue // a series given twice: its first sample stands (see seriesSet)
 		}
 		for _, i := range idx {
 			src := &sources[i]

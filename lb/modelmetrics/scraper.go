@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -19,8 +18,11 @@ import (
 type Scraper struct {
 	cfg    atomic.Pointer[Config] // swapped whole by Configure
 	client *http.Client
-	own    *http.Transport // the default transport, closed when Run ends; nil with Config.Client
+	own    *Transport // the default transport, closed when Run ends; nil with Config.Client
 	now    func() time.Time
+	// tlsGen counts the TLS configs own has had: a failure met under an
+	// earlier one does not hold its target back (see outcome.tlsGen).
+	tlsGen atomic.Uint64
 
 	mu      sync.Mutex        // serializes SetTargets and Configure
 	bases   map[string]string // the last SetTargets, to re-target on a new Path
@@ -57,15 +59,13 @@ func New(cfg Config) *Scraper {
 		refresh: make(chan struct{}, 1), refreshSet: map[string]struct{}{}}
 	s.cfg.Store(&cfg)
 	if s.client == nil {
-		// No proxy from the environment: replicas are internal addresses.
-		s.own = &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: cfg.Timeout}).DialContext,
+		s.own = NewTransport(cfg.TLS, TransportOptions{
 			MaxIdleConnsPerHost: 2,
 			IdleConnTimeout:     90 * time.Second,
 			// The headers are bounded like the body (net/http's default
 			// is 10 MiB, per scrape of each replica).
 			MaxResponseHeaderBytes: maxHeaderBytes,
-		}
+		})
 		s.client = &http.Client{Transport: s.own, CheckRedirect: sameHost}
 	}
 	empty := map[string]*target{}
@@ -134,8 +134,11 @@ func (s *Scraper) setTargetsLocked(targets map[string]string) {
 func (s *Scraper) Config() Config { return *s.cfg.Load() }
 
 // Configure applies cfg in place (a config reload): the interval, timeout,
-// staleness and path all take effect at once; samples are kept. The
-// Client is the one given to New.
+// staleness, path and TLS settings all take effect at once; samples are
+// kept. The Client is the one given to New. Another TLS config makes a new
+// transport (the old one's connections are closed) and asks for a round
+// (Refresh) in which targets backing off after failures met under the old
+// config are scraped too: those failures may have been the old config's.
 func (s *Scraper) Configure(cfg Config) {
 	cfg = cfg.WithDefaults()
 	s.mu.Lock()
@@ -148,6 +151,13 @@ func (s *Scraper) Configure(cfg Config) {
 		s.setTargetsLocked(s.bases)
 	}
 	s.mu.Unlock()
+	if s.own != nil && s.own.SetTLS(cfg.TLS) {
+		// After the swap: a scrape that read the new generation goes
+		// through the new transport, so no failure of the old one is
+		// taken for the new config's.
+		s.tlsGen.Add(1)
+		s.Refresh()
+	}
 	if cfg.Interval != old.Interval {
 		select {
 		case s.retick <- struct{}{}:
@@ -254,7 +264,7 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup, want func(*targ
 		if !t.busy.CompareAndSwap(false, true) {
 			continue
 		}
-		if !t.last.Load().dueAt(now, interval) { // read while busy: no scrape can change it
+		if last := t.last.Load(); !last.dueAt(now, interval) && !last.failedUnderOldTLS(s.tlsGen.Load()) { // read while busy: no scrape can change it
 			t.busy.Store(false)
 			continue
 		}
@@ -287,7 +297,7 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup, want func(*targ
 // A failure keeps the last values but sets Err, so the target reads
 // Stale, never idle, and backs the target off.
 func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) *outcome {
-	cfg := s.Config()
+	cfg, gen := s.Config(), s.tlsGen.Load()
 	ctx, cancel := context.WithTimeout(runCtx, cfg.Timeout)
 	defer cancel()
 	v, err := s.fetch(ctx, t)
@@ -301,6 +311,7 @@ func (s *Scraper) scrape(runCtx context.Context, t *target, start time.Time) *ou
 		}
 		next.smp.Err = clipErr(err)
 		next.fails++
+		next.tlsGen = gen
 		wait := cfg.MaxBackoff
 		if !next.smp.At.IsZero() {
 			// It exported metrics before: restarting, not metric-less.
