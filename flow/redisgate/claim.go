@@ -24,15 +24,20 @@ type Keys struct {
 	// Meta is a hash: epoch (when Redis first saw the pool) and gen
 	// (claims so far) let an instance tell that Redis went back in time;
 	// settle is until when (ms) no instance is granted more after it
-	// did. It has no expiry: one small key per pool, so that a pool idle
+	// did; held ("<gen>:<units>") is what the last claim left held, so
+	// that the held hash lost alone shows. It has no expiry: one small key per pool, so that a pool idle
 	// for long is not taken for one whose records were lost.
 	Meta string
 }
 
-// KeysFor are the keys of pool under prefix.
+// KeysFor are the keys of pool under prefix where its capacity is
+// counted in requests (KeysForUnit: in tokens).
 func KeysFor(prefix, pool string) Keys {
-	tag := redisconn.KeyTag(prefix, pool) + ":flow:"
-	return Keys{Held: tag + "held", Want: tag + "want", Since: tag + "since", Live: tag + "live", Meta: tag + "meta"}
+	return keysUnder(redisconn.KeyTag(prefix, pool) + ":flow:")
+}
+
+func keysUnder(base string) Keys {
+	return Keys{Held: base + "held", Want: base + "want", Since: base + "since", Live: base + "live", Meta: base + "meta"}
 }
 
 func (k Keys) list() []string { return []string{k.Held, k.Want, k.Since, k.Live, k.Meta} }
@@ -92,6 +97,9 @@ func (k Keys) list() []string { return []string{k.Held, k.Want, k.Since, k.Live,
 //     lapses within a lease, as a crashed instance's does; demand and
 //     grant times without a lease, and a lease with nothing held or
 //     wanted, are dropped (a live instance writes them again);
+//   - fewer units held than the last claim left (meta's held: claim
+//     count and total), with no claim between, is records lost: the held
+//     hash evicted or deleted alone, which no epoch or count shows;
 //   - a lease or settling time beyond maxAhead leases is cut back to it;
 //     a grant time, epoch, claim count or settling time that is no
 //     number is replaced (a new epoch or count makes instances settle).
@@ -171,6 +179,24 @@ if gen and not count(gen) then
   gen = '0'
 end
 gen = tonumber(gen or '0')
+-- The held hash dropped alone (maxmemory evicted it, an operator's DEL)
+-- loses what instances hold while meta, and so the epoch and claim count,
+-- stay. Each claim records the pool's total held with its claim count
+-- (below); fewer units held at the next claim, with no claim between (an
+-- older Sluice's claim does not record it, and moves the count), is
+-- records lost.
+local heldRec = redis.call('HGET', KEYS[5], 'held')
+if heldRec then
+  local rgen, rsum = string.match(heldRec, '^(%d+):(%d+)$')
+  if rgen and #heldRec <= 40 and tonumber(rgen) == gen then
+    local sum = 0
+    for _, v in ipairs(redis.call('HVALS', KEYS[1])) do sum = sum + (count(v) or 0) end
+    if sum < tonumber(rsum) then
+      lost = true
+      repaired(KEYS[1], string.format('%d of the %s units held gone (evicted or deleted)', tonumber(rsum) - sum, rsum))
+    end
+  end
+end
 local settleRaw = redis.call('HGET', KEYS[5], 'settle')
 local settle = tonumber(settleRaw or '0')
 if settleRaw and not count(settleRaw) then
@@ -401,6 +427,7 @@ else
   redis.call('ZREM', KEYS[4], inst)
   redis.call('HDEL', KEYS[3], inst)
 end
+redis.call('HSET', KEYS[5], 'held', string.format('%d:%d', gen, total - held + new))
 local settlingFlag = 0
 if settling then settlingFlag = 1 end
 local repairNote = table.concat(repairs, '; ', 1, math.min(#repairs, 3))

@@ -136,7 +136,9 @@ type Stats struct {
 // SetLocal.
 type Gate struct {
 	cfgp atomic.Pointer[Config]
-	keys Keys
+	// keys are the pool's records per unit (unitIndex): requests and
+	// tokens are counted apart (unit.go).
+	keys [2]Keys
 
 	local atomic.Pointer[flow.ConcurrencyDetector]
 	// feed is where the controller publishes what it holds and queues.
@@ -146,8 +148,9 @@ type Gate struct {
 	// allowed is what the controller may have in flight (it dispatches
 	// while below it). Redis's record of this instance is never below it
 	// nor below what is in flight, so the pool's total in Redis bounds
-	// what is really in flight.
-	allowed atomic.Int64
+	// what is really in flight. allowedTokens is its unit (setAllowed).
+	allowed       atomic.Int64
+	allowedTokens atomic.Bool
 	// held is what Redis counted for this instance at the last claim.
 	held atomic.Int64
 	// shares are this instance's share of the pool per flow at the last
@@ -157,9 +160,13 @@ type Gate struct {
 	// last claim.
 	instances atomic.Int64
 
-	// seen is what the last answer said of the pool's records
-	// (claimScript); only the claimer goroutine touches it.
-	seen seen
+	// seen is what the last answer said of the pool's records per unit
+	// (claimScript); claimed whether this instance has claimed yet, and
+	// claimedTokens in which unit its record is. Only the claimer
+	// goroutine touches them.
+	seen          [2]seen
+	claimed       bool
+	claimedTokens bool
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -181,7 +188,8 @@ func New(cfg Config) (*Gate, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &Gate{keys: KeysFor(cfg.Conn.KeyPrefix, cfg.Pool), wake: make(chan struct{}, 1),
+	g := &Gate{keys: [2]Keys{KeysForUnit(cfg.Conn.KeyPrefix, cfg.Pool, false), KeysForUnit(cfg.Conn.KeyPrefix, cfg.Pool, true)},
+		wake: make(chan struct{}, 1),
 		feed: flow.NewDemandFeed(), recheck: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	g.cfgp.Store(&cfg)
 	g.stats.Instance = cfg.Instance
@@ -238,11 +246,12 @@ func (g *Gate) Close() {
 func (g *Gate) Saturation(in flow.InFlight) flow.Verdict {
 	v := flow.Verdict{Load: 1, QueueShare: 1 / float64(max(g.instances.Load(), 1)),
 		Shares: g.shares.Load(), Recheck: g.recheck}
-	if limit, tokens := g.poolLimit(); !tokens {
+	limit, tokens := g.poolLimit()
+	if !tokens {
 		v.Capacity = limit
 	}
-	if allowed := g.allowed.Load(); allowed > 0 {
-		v.Load = float64(g.units(in)) / float64(allowed)
+	if allowed := g.allowedIn(tokens); allowed > 0 {
+		v.Load = float64(unitsOf(in, tokens)) / float64(allowed)
 	}
 	return v
 }
@@ -265,15 +274,8 @@ func (g *Gate) Stats() Stats {
 }
 
 func (g *Gate) units(in flow.InFlight) int64 {
-	if _, tokens := g.poolLimit(); tokens {
-		return in.Tokens
-	}
-	return in.Requests
-}
-
-func (g *Gate) limit() int64 {
-	n, _ := g.poolLimit()
-	return n
+	_, tokens := g.poolLimit()
+	return unitsOf(in, tokens)
 }
 
 func (g *Gate) poolLimit() (int64, bool) {
@@ -361,19 +363,29 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	g.mu.Lock()
 	fallback, entitled := g.stats.Fallback, g.stats.Entitled
 	g.mu.Unlock()
-	var inUse, want int64
+	var inUse, want, inOldUnit int64
 	var demand string
 	names := map[string]string{} // flowName → flow id
-	_, tokens := g.poolLimit()
+	capacity, tokens := g.poolLimit()
+	// concurrency_mode switched since this instance's last claim: its
+	// record and allowed count the other unit (unit.go).
+	switching := g.claimed && g.claimedTokens != tokens
 	// Under the controller's lock (see flow.DemandFeed.Read): what is in
 	// flight is exact, and once allowed is lowered no dispatch passes the
 	// old value, so floor below covers every request in flight until the
 	// next claim.
 	g.feed.Read(tokens, func(d flow.Demand) {
-		inUse, want = g.units(d.InFlight), g.units(d.InFlight)+g.units(d.Queued)
+		inUse, want = unitsOf(d.InFlight, tokens), unitsOf(d.InFlight, tokens)+unitsOf(d.Queued, tokens)
 		demand = encodeDemand(d.Flows, tokens)
 		for _, f := range d.Flows {
 			names[flowName(f.FlowID)] = f.FlowID
+		}
+		if switching {
+			// Nothing is dispatched on the old unit's figure from now;
+			// the claim below counts what is in flight in the new one.
+			inOldUnit = unitsOf(d.InFlight, !tokens)
+			g.setAllowed(0, tokens)
+			return
 		}
 		if fallback {
 			return // keep the fallback share until Redis has counted it
@@ -384,16 +396,25 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 			g.allowed.Store(target)
 		}
 	})
-	floor := max(g.allowed.Load(), inUse)
-	capacity := g.limit()
+	if switching {
+		// Instances still on the old unit keep seeing what this one has
+		// in flight, for a lease.
+		if err := g.leaveUnit(ctx, cl, !tokens, inOldUnit); err != nil {
+			return 0, err
+		}
+		g.claimedTokens = tokens
+	}
+	floor := max(g.allowedIn(tokens), inUse)
 
+	u := unitIndex(tokens)
 	cctx, cancel := context.WithTimeout(ctx, g.Config().Conn.ReadTimeout)
-	res, err := claim(cctx, cl, g.keys, g.Config().Instance, floor, want, demand, capacity, g.Config().LeaseTTL, g.seen)
+	res, err := claim(cctx, cl, g.keys[u], g.Config().Instance, floor, want, demand, capacity, g.Config().LeaseTTL, g.seen[u])
 	cancel()
 	if err != nil {
 		return 0, err
 	}
-	g.seen = res.seen
+	g.seen[u] = res.seen
+	g.claimed, g.claimedTokens = true, tokens
 	allowed := min(res.held, res.entitled)
 	if res.contended && res.held == res.entitled && allowed > 0 {
 		// Another instance waits for its share: the next unit that frees
@@ -404,7 +425,7 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	g.held.Store(res.held)
 	g.shares.Store(parseShares(res.shares, names, tokens))
 	g.instances.Store(res.instances)
-	before := g.allowed.Swap(allowed)
+	before := g.setAllowed(allowed, tokens)
 	g.mu.Lock()
 	g.stats.Claims++
 	g.stats.Entitled, g.stats.PoolHeld = res.entitled, res.total
@@ -423,7 +444,7 @@ func (g *Gate) sync(ctx context.Context, cl rueidis.Client) (time.Duration, erro
 	if fallback && g.Config().OnFallback != nil {
 		g.Config().OnFallback(nil)
 	}
-	if allowed > before {
+	if allowed > before || switching {
 		g.signalRecheck()
 	}
 	switch {
@@ -481,23 +502,27 @@ func (g *Gate) fallbackShare() {
 	if share == 0 {
 		share = 1 / float64(max(instances, 1))
 	}
-	limit := g.limit()
+	limit, tokens := g.poolLimit()
 	units := int64(math.Floor(share * float64(limit)))
 	if limit > 0 {
 		units = max(units, 1)
 	}
-	if g.allowed.Swap(units) < units {
+	if g.setAllowed(units, tokens) < units {
 		g.signalRecheck()
 	}
 }
 
-// leave gives back what is not in flight, at shutdown.
+// leave gives back what is not in flight, at shutdown, from the records
+// of the unit this instance last claimed in.
 func (g *Gate) leave(cl rueidis.Client) {
+	tokens := g.claimedTokens
+	if !g.claimed {
+		// a claim whose answer was lost may have left a record
+		_, tokens = g.poolLimit()
+	}
 	var inUse int64
-	g.feed.Read(false, func(d flow.Demand) { inUse = g.units(d.InFlight) })
-	ctx, cancel := context.WithTimeout(context.Background(), g.Config().Conn.ReadTimeout)
-	defer cancel()
-	_, _ = claim(ctx, cl, g.keys, g.Config().Instance, inUse, 0, "", g.limit(), g.Config().LeaseTTL, g.seen)
+	g.feed.Read(false, func(d flow.Demand) { inUse = unitsOf(d.InFlight, tokens) })
+	_ = g.leaveUnit(context.Background(), cl, tokens, inUse)
 }
 
 // signalRecheck tells the controller, through the answer it last got,
