@@ -6,8 +6,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
-
-	"github.com/sluice-router/sluice/lb"
 )
 
 // AdminAPI mounts the backend-set and health operations on Caddy's admin
@@ -48,7 +46,7 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 
 func (a *AdminAPI) listPools(w http.ResponseWriter, r *http.Request) error {
 	if onlyRead(w, r) {
-		writeJSON(w, http.StatusOK, map[string]any{"pools": lb.PoolNames()})
+		writeJSON(w, http.StatusOK, map[string]any{"pools": listedPools()})
 	}
 	return nil
 }

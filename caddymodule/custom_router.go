@@ -109,7 +109,9 @@ func (h *CustomRouter) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("custom_router: backends: %v", err)
 		}
 	}
-	restorePool(h.name, h.log)
+	if err := usePool(ctx, h.name, h.log); err != nil {
+		return fmt.Errorf("custom_router: %v", err)
+	}
 	if len(h.backends) > 0 {
 		// allowed_backends is a setting like any other: once this config
 		// starts, it applies to the set already live (posted under an

@@ -191,7 +191,9 @@ func (h *FlowControl) Provision(ctx caddy.Context) error {
 		h.trusted = append(h.trusted, p.Masked())
 	}
 	h.name = poolName(h.Pool)
-	restorePool(h.name, h.log)
+	if err := usePool(ctx, h.name, h.log); err != nil {
+		return fmt.Errorf("flow_control: %v", err)
+	}
 	cfg, _ := h.flowConfig()
 	cfg = cfg.WithDefaults()
 	mc := modelmetrics.Config{Interval: time.Duration(h.MetricsInterval)}

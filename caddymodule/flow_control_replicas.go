@@ -53,7 +53,7 @@ func (h *FlowControl) findReplicas() error {
 	}
 	name := h.name
 	if mine == nil {
-		if !lb.GetPool(name).Managed() {
+		if !poolWillHaveSet(name) {
 			h.log.Warn("flow_control: no reverse_proxy follows it and its pool has no backend set: "+
 				"max_concurrency bounds everything after it (set replicas N to change that)", zap.String("pool", name))
 		}
@@ -67,7 +67,7 @@ func (h *FlowControl) findReplicas() error {
 			}
 			return nil // follows the pool's backend set
 		}
-		if lb.GetPool(name).Managed() {
+		if poolWillHaveSet(name) {
 			return nil
 		}
 		return fmt.Errorf("flow_control %s: no replicas known: the reverse_proxy after it has dynamic upstreams (%s) "+

@@ -48,7 +48,55 @@ type persistedPool struct {
 var (
 	restoreMu sync.Mutex
 	restored  = map[string]bool{}
+	inUse     = map[string]bool{} // pools a config that started names
 )
+
+// usePool arranges for the config being provisioned to use pool name when
+// it starts: its persisted set is restored then (once per process, unless
+// it has one), and the pool is listed from then on. Not at Provision: a
+// config Caddy refuses later must leave no pool behind, listed or holding
+// a set no running config asked for.
+func usePool(ctx caddy.Context, name string, log *zap.Logger) error {
+	return onConfigStart(ctx, func() {
+		restorePool(name, log)
+		restoreMu.Lock()
+		inUse[name] = true
+		restoreMu.Unlock()
+	})
+}
+
+// listedPools are the pools /sluice/pools names, sorted: those a config
+// that started uses, and those given a set (through the API, or restored
+// for one). A pool a refused config provisioned exists (its modules held
+// it) but is neither.
+func listedPools() []string {
+	restoreMu.Lock()
+	defer restoreMu.Unlock()
+	var names []string
+	for _, name := range lb.PoolNames() {
+		if p, ok := lb.LookupPool(name); inUse[name] || (ok && p.Managed()) {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// poolWillHaveSet reports whether pool name has a backend set, or will
+// have one once the config being started restores it: the start-time
+// checks run before any setting of the config applies, restores included.
+func poolWillHaveSet(name string) bool {
+	if p, ok := lb.LookupPool(name); ok && p.Managed() {
+		return true
+	}
+	restoreMu.Lock()
+	done := restored[name]
+	restoreMu.Unlock()
+	if done {
+		return false // restored before: it had no valid file, or was set since
+	}
+	bs, _, err := readPersisted(name)
+	return err == nil && len(bs) > 0
+}
 
 // restorePool loads the persisted set of pool name once per process, if
 // the pool has no set yet. A missing file is normal; a corrupt one is
@@ -64,27 +112,38 @@ func restorePool(name string, log *zap.Logger) {
 	if p.Managed() {
 		return
 	}
-	path := filepath.Join(poolsDir(), name+".json")
-	data, err := os.ReadFile(path)
-	if os.IsNotExist(err) {
-		return
-	}
+	bs, path, err := readPersisted(name)
 	if err != nil {
-		log.Warn("cannot read persisted backend set", zap.String("pool", name), zap.String("path", path), zap.Error(err))
+		log.Warn("ignoring persisted backend set", zap.String("pool", name), zap.String("path", path), zap.Error(err))
 		return
 	}
-	var pp persistedPool
-	if err := json.Unmarshal(data, &pp); err != nil {
-		log.Warn("ignoring corrupt persisted backend set", zap.String("pool", name), zap.String("path", path), zap.Error(err))
-		return
-	}
-	bs, err := lb.ParseBackends(pp.Backends)
-	if err != nil {
-		log.Warn("ignoring invalid persisted backend set", zap.String("pool", name), zap.String("path", path), zap.Error(err))
+	if bs == nil {
 		return
 	}
 	p.Set(bs)
 	log.Info("restored backend set", zap.String("pool", name), zap.Int("backends", len(bs)), zap.String("path", path))
+}
+
+// readPersisted reads pool name's persisted set and the file's path: nil
+// and no error without a file.
+func readPersisted(name string) ([]lb.Backend, string, error) {
+	path := filepath.Join(poolsDir(), name+".json")
+	data, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, path, nil
+	}
+	if err != nil {
+		return nil, path, fmt.Errorf("cannot read it: %w", err)
+	}
+	var pp persistedPool
+	if err := json.Unmarshal(data, &pp); err != nil {
+		return nil, path, fmt.Errorf("corrupt: %w", err)
+	}
+	bs, err := lb.ParseBackends(pp.Backends)
+	if err != nil {
+		return nil, path, fmt.Errorf("invalid: %w", err)
+	}
+	return bs, path, nil
 }
 
 // persistPool writes the set; failure is logged, not fatal: the set is live

@@ -72,7 +72,9 @@ func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
 	proxy := enclosingProxy(ctx)
 	s.scheme = schemeOfProxy(proxy)
 	tlsCfg := upstreamTLS(proxy) // for the state's engine reads its picker's config does not reach
-	restorePool(spec.pool, s.log)
+	if err := usePool(ctx, spec.pool, s.log); err != nil {
+		return fmt.Errorf("%s: %v", spec.module, err)
+	}
 	s.pool = lb.GetPool(spec.pool)
 	key := stateKey{module: spec.module, pool: spec.pool, variant: spec.variant}
 	s.varKey = fmt.Sprintf("sluice.%s.%s.%s", spec.module, spec.pool, spec.variant)

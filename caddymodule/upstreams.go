@@ -38,7 +38,9 @@ func (u *CustomRouterUpstreams) Provision(ctx caddy.Context) error {
 	if err := validatePoolName(name); err != nil {
 		return fmt.Errorf("dynamic custom_router: %v", err)
 	}
-	restorePool(name, ctx.Logger())
+	if err := usePool(ctx, name, ctx.Logger()); err != nil {
+		return fmt.Errorf("dynamic custom_router: %v", err)
+	}
 	u.pool = lb.GetPool(name)
 	return nil
 }
