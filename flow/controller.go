@@ -73,7 +73,7 @@ type Counters struct {
 	RejectedOther           uint64 // arrived after Close
 	EvictedTTL              uint64
 	EvictedContextCancelled uint64 // includes requests whose ctx was done on arrival
-	EvictedOther            uint64 // queued at Close
+	EvictedOther            uint64 // queued at Close, or its Queued hook panicked
 
 	// Released counts Ticket.Release calls; Dispatched-Released is in flight.
 	Released uint64
@@ -162,8 +162,12 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 	arrival := c.clock.Now()
 	c.counters.Received++
 	obs := c.observer
+	queued := c.queued
 	refuse := func(o Outcome, err error) (*Ticket, error) {
 		c.counters.count(o)
+		if c.queued != queued { // the dispatch below let some in
+			c.publishLocked()
+		}
 		c.mu.Unlock()
 		obs.Enqueued(&req, o.String(), time.Since(start))
 		obs.Finished(&req, o, 0)
@@ -175,6 +179,11 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 	if c.closed {
 		return refuse(RejectedOther, ErrShutdown)
 	}
+	// Those waiting go first, and the gate may have opened since the last
+	// event (a replica's metrics, another instance): dispatch before the
+	// limits are checked, or a band full only of requests the open gate
+	// would take refuses the arrival until the next poll.
+	c.dispatchLocked()
 	// Work-conserving: nobody waits and the pool has room, so go at once.
 	if c.queued == 0 && !saturated(c.askLocked().Load) {
 		t := c.admitLocked(&req, 0)
@@ -196,16 +205,14 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 		victim.err = ErrCapacity
 		c.resolveLocked(victim, RejectedCapacity)
 	}
+	// The gate was closed at the last ask, just above: w waits.
 	w := c.pushLocked(b, req, arrival)
-	c.dispatchLocked() // the gate may have opened since the last event
-	if !w.resolved {
-		w.timer = c.clock.AfterFunc(w.item.Deadline.Sub(arrival), func() { c.evict(w, EvictedTTL, nil) })
-	}
+	w.timer = c.clock.AfterFunc(w.item.Deadline.Sub(arrival), func() { c.evict(w, EvictedTTL, nil) })
 	c.publishLocked()
 	c.mu.Unlock()
 	obs.Enqueued(&req, "Queued", time.Since(start))
 	if req.Queued != nil {
-		req.Queued()
+		c.runQueuedHook(w, req.Queued)
 	}
 
 	select {
@@ -223,6 +230,24 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 		return w.ticket, nil
 	}
 	return nil, w.err
+}
+
+// runQueuedHook runs a queued request's hook. If it panics, the request
+// leaves the queue, or gives back the slot it was dispatched meanwhile,
+// before the panic goes on: nobody would ever release it otherwise, and
+// the pool would run a slot short for good.
+func (c *Controller) runQueuedHook(w *waiter, hook func()) {
+	ok := false
+	defer func() {
+		if !ok {
+			c.evict(w, EvictedOther, ErrShutdown)
+			if w.ticket != nil { // read after evict's lock: set under it
+				w.ticket.Release()
+			}
+		}
+	}()
+	hook()
+	ok = true
 }
 
 // evict takes w out of its queue with outcome o unless something else
@@ -426,7 +451,14 @@ func (c *Controller) dispatchLocked() {
 		if q == nil {
 			q = b.fairness.Next()
 		}
-		c.resolveLocked(q.Head().Value.(*waiter), Dispatched)
+		w := q.Head().Value.(*waiter)
+		if !c.clock.Now().Before(w.item.Deadline) {
+			// Its TTL ran out and its expiry has not taken the lock yet:
+			// it waited its whole TTL, so it gets ErrTTL, not the slot.
+			c.resolveLocked(w, EvictedTTL)
+			continue
+		}
+		c.resolveLocked(w, Dispatched)
 	}
 	c.observer.DispatchCycle(time.Since(start))
 }
@@ -571,6 +603,7 @@ func (c *Controller) Close() {
 			}
 		}
 	}
+	c.publishLocked() // nothing is queued any more
 	close(c.stop)
 	c.mu.Unlock()
 	<-c.polled
