@@ -58,9 +58,21 @@ func (c Config) Validate() error {
 		return errors.New("redis: at least one Redis address is required")
 	}
 	for _, a := range c.Addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
+		_, port, err := net.SplitHostPort(a)
+		if err != nil {
 			return fmt.Errorf("redis: %q is not host:port: %v", a, err)
 		}
+		// A port dialling could never use must fail the load: unreachable
+		// Redis is not an error at load, so a typo would go unnoticed.
+		if p, err := net.LookupPort("tcp", port); err != nil || p == 0 {
+			return fmt.Errorf("redis: %q has no usable port (1-65535)", a)
+		}
+	}
+	// Redis Cluster hashes a key by what lies up to the first '}': one in
+	// the prefix would end every pool's tag there, putting all the
+	// deployment's pools in one slot.
+	if strings.Contains(c.KeyPrefix, "}") {
+		return fmt.Errorf("key_prefix: %q may not contain '}' (it would cut the keys' hash tag)", c.KeyPrefix)
 	}
 	switch {
 	case c.DB < 0:

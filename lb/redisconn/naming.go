@@ -13,7 +13,9 @@ import (
 // KeyTag is the hash tag every key of pool starts with:
 // {sluice:<prefix>:<pool>}. Redis Cluster keeps the keys of one tag in
 // one slot, so one script can touch every key of a pool; prefix keeps
-// deployments that share a Redis apart.
+// deployments that share a Redis apart. Neither may hold '}' (Validate
+// refuses it in the prefix; pool names are letters, digits, '.', '_', '-'),
+// which would end the tag early.
 func KeyTag(prefix, pool string) string { return "{sluice:" + prefix + ":" + pool + "}" }
 
 // InstanceID names one instance's records in Redis: name (default: the
