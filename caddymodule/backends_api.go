@@ -57,6 +57,9 @@ func readSetBackends(w http.ResponseWriter, r *http.Request, allowed func(lb.Bac
 	}
 	for i, b := range bs {
 		err := refuseOwnAddress(b, r)
+		if err := clientStayed(r); err != nil {
+			return nil, http.StatusBadRequest, err
+		}
 		if err == nil && allowed != nil {
 			err = allowed(b)
 		}
@@ -65,6 +68,16 @@ func readSetBackends(w http.ResponseWriter, r *http.Request, allowed func(lb.Bac
 		}
 	}
 	return bs, http.StatusOK, nil
+}
+
+// clientStayed is an error once the call's client has gone: the own-address
+// checks resolve names under the call's context, and a lookup cut short
+// finds no address, which passes. A set checked so is not applied.
+func clientStayed(r *http.Request) error {
+	if err := r.Context().Err(); err != nil {
+		return fmt.Errorf("the client left before the backends were checked (%v); nothing changed", err)
+	}
+	return nil
 }
 
 // applyBackends makes bs the pool's set, persists it and logs the change.

@@ -126,10 +126,7 @@ func (h *CustomRouter) Provision(ctx caddy.Context) error {
 		// starts (a refused config must not give a running one its set).
 		name, log := h.name, h.log
 		err := applyOnStart(ctx, stateKey{module: "custom_router", pool: name}, strings.Join(urls(seed), " "), func() {
-			if pool := lb.GetPool(name); !pool.Managed() {
-				pool.Set(seed)
-				log.Info("backend set seeded from config", zap.String("pool", name), zap.Strings("backends", urls(seed)))
-			}
+			seedPool(name, seed, log)
 		})
 		if err != nil {
 			return fmt.Errorf("custom_router: backends: %v", err)
@@ -137,6 +134,18 @@ func (h *CustomRouter) Provision(ctx caddy.Context) error {
 	}
 	registerMetrics(ctx, h.log)
 	return nil
+}
+
+// seedPool gives pool name the config's seed if it has no set yet. Under
+// setsMu, as every change of a set: a set-backends landing between the
+// check and the change would be overwritten, though a posted set wins.
+func seedPool(name string, seed []lb.Backend, log *zap.Logger) {
+	setsMu.Lock()
+	defer setsMu.Unlock()
+	if pool := lb.GetPool(name); !pool.Managed() {
+		pool.Set(seed)
+		log.Info("backend set seeded from config", zap.String("pool", name), zap.Strings("backends", urls(seed)))
+	}
 }
 
 const hfPrefix = "/_custom_router/"
@@ -294,6 +303,9 @@ func (h *CustomRouter) serveWorkerChange(w http.ResponseWriter, r *http.Request,
 	b, err := lb.ParseBackend(r.URL.Query().Get("url"))
 	if err == nil {
 		err = refuseOwnAddress(b, r)
+	}
+	if err == nil {
+		err = clientStayed(r)
 	}
 	if err == nil {
 		err = h.allowedBackend(b)

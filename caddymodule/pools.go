@@ -108,6 +108,11 @@ func restorePool(name string, log *zap.Logger) {
 		return
 	}
 	restored[name] = true
+	// Under setsMu, as every change of a set: a set-backends landing
+	// between the check and the restore would be replaced by the older
+	// persisted set (restoreMu, then setsMu: never the other way round).
+	setsMu.Lock()
+	defer setsMu.Unlock()
 	p := lb.GetPool(name)
 	if p.Managed() {
 		return

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync/atomic"
 	"testing"
 
@@ -78,5 +79,41 @@ func TestPersistLeavesNoTempFiles(t *testing.T) {
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 || entries[0].Name() != "persist-d.json" {
 		t.Fatalf("dir holds %v, want only persist-d.json", entries)
+	}
+}
+
+// A restore is a change of a set like any other: under setsMu. It checked
+// that the pool had no set, then set the persisted one, outside the lock:
+// a set-backends landing in between was replaced in memory by the older
+// persisted set, while the file kept the newer one.
+func TestARestoreNeverLandsInsideASetChange(t *testing.T) {
+	usePoolsDir(t)
+	name := freshPoolName("restore-race")
+	saved, _ := lb.ParseBackends([]string{"http://10.0.0.9:80"})
+	persistPool(name, saved, zap.NewNop())
+	posted, _ := lb.ParseBackends([]string{"http://10.0.0.1:80"})
+	setsMu.Lock() // a set-backends is changing the set
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		restorePool(name, zap.NewNop())
+	}()
+	restoredInside := false
+	for i := 0; i < 10000 && !restoredInside; i++ {
+		select {
+		case <-done:
+			restoredInside = true
+		default:
+			runtime.Gosched()
+		}
+	}
+	applyBackendsLocked(name, posted, zap.NewNop())
+	setsMu.Unlock()
+	<-done
+	if restoredInside {
+		t.Error("the restore changed the set while a set-backends held setsMu")
+	}
+	if got, _ := lb.GetPool(name).Backends(); len(got) != 1 || got[0].Dial != "10.0.0.1:80" {
+		t.Errorf("set %v after a restore raced a set-backends; want the posted [10.0.0.1:80]", got)
 	}
 }

@@ -89,6 +89,8 @@ func ParseBackend(s string) (Backend, error) {
 		}
 	} else if !validHostname(host) {
 		return Backend{}, fmt.Errorf("%s: host %s is neither an IP address nor a host name", q, quoteClipped(host))
+	} else if endsInANumber(host) {
+		return Backend{}, fmt.Errorf("%s: host %s is an IPv4 address in another form than a.b.c.d (a resolver may dial it as one, unchecked): write it a.b.c.d", q, quoteClipped(host))
 	}
 	// Host names and IPv6 hex digits are case-blind; a zone, an interface
 	// name, is not (Linux's "ETH0" is not "eth0").
@@ -181,6 +183,20 @@ func validZone(z string) bool {
 		}
 	}
 	return true
+}
+
+// endsInANumber reports whether host's last label (after a trailing dot)
+// is a number, decimal or 0x hex: the C resolver's inet_aton, and the URL
+// standard, read such a host as an IPv4 address (2852039166 is
+// 169.254.169.254, 127.1 is 127.0.0.1, 0 is 0.0.0.0). No DNS name ends so:
+// no top-level domain is numeric.
+func endsInANumber(host string) bool {
+	labels := strings.Split(strings.TrimSuffix(host, "."), ".")
+	last := labels[len(labels)-1]
+	if hex, ok := strings.CutPrefix(strings.ToLower(last), "0x"); ok {
+		return strings.Trim(hex, "0123456789abcdef") == ""
+	}
+	return last != "" && strings.Trim(last, "0123456789") == ""
 }
 
 // validHostname reports whether h is a DNS host name: dot-separated labels
