@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 type apiKind int
@@ -23,13 +24,13 @@ const (
 // wireRequest is the union of the request fields the simulator reads from the
 // OpenAI and SGLang request bodies; everything else is ignored.
 type wireRequest struct {
-	Model               string            `json:"model"`
-	Prompt              json.RawMessage   `json:"prompt"`
-	Messages            []json.RawMessage `json:"messages"`
-	Text                json.RawMessage   `json:"text"`
-	InputIDs            json.RawMessage   `json:"input_ids"`
-	MaxTokens           *int64            `json:"max_tokens"`
-	MaxCompletionTokens *int64            `json:"max_completion_tokens"`
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            json.RawMessage `json:"messages"` // counted in place (promptCount.addMessages)
+	Text                json.RawMessage `json:"text"`
+	InputIDs            json.RawMessage `json:"input_ids"`
+	MaxTokens           *int64          `json:"max_tokens"`
+	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
 	SamplingParams      *struct {
 		MaxNewTokens *int64 `json:"max_new_tokens"`
 	} `json:"sampling_params"`
@@ -96,22 +97,11 @@ func (rp *Replica) parseRequest(w http.ResponseWriter, r *http.Request) (inferen
 			return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("field %q: %v", part.name, err)
 		}
 	}
-	for i, m := range wr.Messages {
+	if !isAbsent(wr.Messages) {
 		present = true
-		var msg struct {
-			Content json.RawMessage `json:"content"`
+		if err := pc.addMessages(wr.Messages); err != nil {
+			return inferenceRequest{}, http.StatusBadRequest, err
 		}
-		if err := json.Unmarshal(m, &msg); err != nil {
-			return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("messages[%d]: %v", i, err)
-		}
-		if !isAbsent(msg.Content) {
-			if err := pc.add(msg.Content, true); err != nil {
-				return inferenceRequest{}, http.StatusBadRequest, fmt.Errorf("messages[%d].content: %v", i, err)
-			}
-		}
-	}
-	if wr.Messages != nil {
-		present = true
 	}
 	if !present {
 		return inferenceRequest{}, http.StatusBadRequest,
@@ -154,46 +144,250 @@ type promptCount struct {
 	tokens int
 }
 
-// add counts a prompt value: a string, a token id, or arrays of those.
-// With parts set, objects are content parts whose "text" is counted.
+// add counts a prompt value: a string, a token id, or arrays of those,
+// nested at most 3 deep. With parts set, objects are content parts whose
+// "text" is counted (an array's parts without a text string are skipped).
+// It reads raw in place: decoding it into Go values first allocated some
+// 90 bytes per token id, 45 times the size of a body of token ids.
 func (pc *promptCount) add(raw json.RawMessage, parts bool) error {
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return err
+	if !json.Valid(raw) {
+		return errors.New("invalid JSON")
 	}
-	return pc.walk(v, parts, 0)
+	c := jsonCursor{b: raw}
+	return pc.value(&c, parts, 0)
 }
 
-func (pc *promptCount) walk(v any, parts bool, depth int) error {
+// value counts the value at the cursor (valid JSON) at depth depth.
+func (pc *promptCount) value(c *jsonCursor, parts bool, depth int) error {
+	if c.peek() == '{' {
+		text, isText := c.textPart()
+		switch {
+		case depth > 3 && (!parts || isText):
+			return errors.New("nested too deeply")
+		case !parts:
+			return errors.New("expected a string, a token id or an array of those")
+		case isText:
+			pc.chars += text
+		}
+		return nil
+	}
 	if depth > 3 {
 		return errors.New("nested too deeply")
 	}
-	switch x := v.(type) {
-	case nil:
-	case string:
-		pc.chars += len(x)
-	case float64:
-		pc.tokens++
-	case []any:
-		for _, e := range x {
-			if m, ok := e.(map[string]any); ok && parts {
-				if _, ok := m["text"].(string); !ok {
-					continue // a non-text content part (image, audio) is not counted
-				}
-			}
-			if err := pc.walk(e, parts, depth+1); err != nil {
+	switch c.peek() {
+	case '"':
+		pc.chars += stringLen(c.str())
+	case '[':
+		c.i++
+		if c.peek() == ']' {
+			c.i++
+			return nil
+		}
+		for {
+			if err := pc.value(c, parts, depth+1); err != nil {
 				return err
 			}
-		}
-	case map[string]any:
-		if !parts {
-			return errors.New("expected a string, a token id or an array of those")
-		}
-		if t, ok := x["text"].(string); ok {
-			pc.chars += len(t)
+			if c.peek() == ']' {
+				c.i++
+				return nil
+			}
+			c.i++ // ','
 		}
 	default:
-		return fmt.Errorf("unexpected %T", v)
+		switch lit := c.literal(); lit[0] {
+		case 'n':
+		case 't', 'f':
+			return errors.New("unexpected bool")
+		default:
+			if err := checkNumber(lit); err != nil {
+				return err
+			}
+			pc.tokens++
+		}
+	}
+	return nil
+}
+
+// jsonCursor reads valid JSON in place.
+type jsonCursor struct {
+	b []byte
+	i int
+}
+
+// peek skips white space and returns the next byte (0 at the end).
+func (c *jsonCursor) peek() byte {
+	for ; c.i < len(c.b); c.i++ {
+		switch c.b[c.i] {
+		case ' ', '\t', '\n', '\r':
+		default:
+			return c.b[c.i]
+		}
+	}
+	return 0
+}
+
+// str returns the string at the cursor, quotes included, and moves past it.
+func (c *jsonCursor) str() []byte {
+	start := c.i
+	for c.i++; c.b[c.i] != '"'; c.i++ {
+		if c.b[c.i] == '\\' {
+			c.i++
+		}
+	}
+	c.i++
+	return c.b[start:c.i]
+}
+
+// literal returns the number, true, false or null at the cursor.
+func (c *jsonCursor) literal() []byte {
+	start := c.i
+	for c.i < len(c.b) && !strings.ContainsRune(",]}: \t\n\r", rune(c.b[c.i])) {
+		c.i++
+	}
+	return c.b[start:c.i]
+}
+
+// skip moves past the value at the cursor.
+func (c *jsonCursor) skip() {
+	switch c.peek() {
+	case '"':
+		c.str()
+	case '[', '{':
+		for depth := 0; ; {
+			switch c.b[c.i] {
+			case '"':
+				c.str()
+				continue
+			case '[', '{':
+				depth++
+			case ']', '}':
+				depth--
+			}
+			c.i++
+			if depth == 0 {
+				return
+			}
+		}
+	default:
+		c.literal()
+	}
+}
+
+// textPart reads the object at the cursor and returns the length of its
+// "text" string (the last "text" key wins, as when decoding into a map)
+// and whether it has one.
+func (c *jsonCursor) textPart() (n int, ok bool) {
+	v := c.member("text", false)
+	if len(v) == 0 || v[0] != '"' {
+		return 0, false
+	}
+	return stringLen(v), true
+}
+
+// member reads the object at the cursor and returns the value of its last
+// key name (up to case with fold), or nil.
+func (c *jsonCursor) member(name string, fold bool) (v []byte) {
+	c.i++ // '{'
+	if c.peek() == '}' {
+		c.i++
+		return nil
+	}
+	for {
+		key := c.str()
+		c.peek()
+		c.i++ // ':'
+		start := c.i
+		c.skip()
+		if keyIs(key, name, fold) {
+			v = bytes.TrimSpace(c.b[start:c.i])
+		}
+		if c.peek() == '}' {
+			c.i++
+			return v
+		}
+		c.i++ // ','
+	}
+}
+
+// addMessages counts the content of a chat's messages (raw: valid JSON, not
+// null), read in place: an array of objects (or nulls) whose "content" is
+// matched as encoding/json matches a struct field, case aside.
+func (pc *promptCount) addMessages(raw json.RawMessage) error {
+	c := jsonCursor{b: raw}
+	if c.peek() != '[' {
+		return errors.New(`"messages" must be an array`)
+	}
+	c.i++
+	if c.peek() == ']' {
+		return nil
+	}
+	for i := 0; ; i++ {
+		switch c.peek() {
+		case '{':
+			content := c.member("content", true)
+			if !isAbsent(content) {
+				// Valid JSON already (part of raw): no second check.
+				if err := pc.value(&jsonCursor{b: content}, true, 0); err != nil {
+					return fmt.Errorf("messages[%d].content: %v", i, err)
+				}
+			}
+		case 'n':
+			c.literal()
+		default:
+			return fmt.Errorf("messages[%d]: expected an object", i)
+		}
+		if c.peek() == ']' {
+			return nil
+		}
+		c.i++ // ','
+	}
+}
+
+// plainString reports whether the JSON string raw (quotes included) has no
+// escape and is valid UTF-8: it then decodes to its bytes between quotes.
+func plainString(raw []byte) bool {
+	return bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw)
+}
+
+// stringLen is the length of the decoded JSON string raw (quotes included).
+func stringLen(raw []byte) int {
+	if plainString(raw) {
+		return len(raw) - 2
+	}
+	var s string
+	_ = json.Unmarshal(raw, &s) // valid: escapes and invalid UTF-8 decoded as encoding/json does
+	return len(s)
+}
+
+// keyIs reports whether the JSON string raw decodes to key, or with fold
+// to key up to case as encoding/json matches struct fields (key being
+// ASCII without k or s, whose simple case folding is ASCII's).
+func keyIs(raw []byte, key string, fold bool) bool {
+	if !plainString(raw) {
+		var s string
+		_ = json.Unmarshal(raw, &s)
+		return s == key || fold && strings.EqualFold(s, key)
+	}
+	raw = raw[1 : len(raw)-1]
+	if len(raw) != len(key) {
+		return false
+	}
+	for i := range raw {
+		a, b := raw[i], key[i]
+		if a != b && !(fold && a|0x20 == b|0x20 && 'a' <= b|0x20 && b|0x20 <= 'z') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkNumber rejects a number a float64 cannot hold, as decoding it would.
+func checkNumber(lit []byte) error {
+	if len(lit) <= 15 && bytes.IndexAny(lit, ".eE") < 0 {
+		return nil // an integer of at most 15 digits
+	}
+	if _, err := strconv.ParseFloat(string(lit), 64); err != nil {
+		return fmt.Errorf("number %s does not fit a float64", lit)
 	}
 	return nil
 }

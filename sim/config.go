@@ -144,7 +144,10 @@ type Latency struct {
 // replica). A stall is decided when the request gets its serving slot: the
 // request then holds the slot (it counts as running) for Stall, or until the
 // client goes away or SetFaults is called with StallRate 0, and is then
-// served normally.
+// served normally. With LatencyEngine a stall is decided on arrival and
+// comes before the engine's queue: the stalled request holds no seat and
+// no KV blocks, and counts neither as running nor as waiting. Either way
+// a stream's headers (StreamHeadersImmediate) go out before the stall.
 type Faults struct {
 	// ErrorRate is the probability (0..1) that a request gets ErrorStatus.
 	ErrorRate float64 `json:"error_rate,omitempty"`

@@ -527,20 +527,11 @@ func (e *engine) snapshot() engineSnapshot {
 	}
 }
 
-// serveEngine serves an inference request on the engine: an injected stall
-// first (decided now, before the request joins the engine's queue), then
-// the queue, the batch and the tokens as the steps produce them.
+// serveEngine serves an inference request on the engine: its stream
+// started at once (the default), then an injected stall (decided now,
+// before the request joins the engine's queue), then the queue, the batch
+// and the tokens as the steps produce them.
 func (rp *Replica) serveEngine(w http.ResponseWriter, r *http.Request, req inferenceRequest, api apiKind) {
-	sl := sleeper{ctx: r.Context(), done: rp.done}
-	defer sl.stop()
-	faults, stallRelease := rp.currentFaults()
-	if rp.chance(faults.StallRate) {
-		rp.stalls.Add(1)
-		if err := sl.sleep(faults.Stall, stallRelease); err != nil {
-			rp.abandon(w, err, false)
-			return
-		}
-	}
 	er, fits := rp.eng.newRequest(req.PromptTokens, req.OutputTokens, req.Prefix)
 	if !fits {
 		rp.rejected.Add(1)
@@ -550,7 +541,19 @@ func (rp *Replica) serveEngine(w http.ResponseWriter, r *http.Request, req infer
 				strconv.Itoa(er.total)+" KV blocks, more than the replica's "+strconv.Itoa(rp.eng.kvBlocks))
 		return
 	}
-	started := rp.startStreamEarly(w, req) // after validation, before the queue
+	// After validation, before the stall and the queue: a stalled replica
+	// has accepted the request (as the slot queue's stall comes after it).
+	started := rp.startStreamEarly(w, req)
+	sl := sleeper{ctx: r.Context(), done: rp.done}
+	defer sl.stop()
+	faults, stallRelease := rp.currentFaults()
+	if rp.chance(faults.StallRate) {
+		rp.stalls.Add(1)
+		if err := sl.sleep(faults.Stall, stallRelease); err != nil {
+			rp.abandon(w, err, started)
+			return
+		}
+	}
 	if err := rp.eng.submit(er); err != nil {
 		rp.abandon(w, err, started)
 		return
