@@ -521,7 +521,7 @@ func (r *runner) system(spec sysSpec) {
 		recs[i].Rep = r.rep
 		if k := spec.timeScale; k > 0 && k != 1 {
 			rec := &recs[i]
-			for _, d := range []*time.Duration{&rec.Start, &rec.Latency, &rec.TTFB, &rec.TTFT} {
+			for _, d := range []*time.Duration{&rec.Start, &rec.Latency, &rec.TTFB, &rec.TTFT, &rec.LastToken} {
 				*d = time.Duration(float64(*d) / k)
 			}
 		}

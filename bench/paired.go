@@ -30,6 +30,11 @@ func pairedRatios(systems []Summary) string {
 		system string
 		rate   float64
 		diffs  [][]float64 // per column: (system ÷ base − 1) per rep
+		// notOK, baseNotOK: the requests without a complete 200 answer
+		// in the reps run with round robin, which TTFT (over the OK
+		// ones) leaves out: a system failing requests must not read
+		// faster unseen.
+		notOK, baseNotOK int
 	}
 	var order []*group
 	groups := map[string]*group{}
@@ -44,6 +49,8 @@ func pairedRatios(systems []Summary) string {
 			groups[s.System] = g
 			order = append(order, g)
 		}
+		g.notOK += s.Requests - s.OK
+		g.baseNotOK += b.Requests - b.OK
 		for i, c := range cols {
 			v, vok := s.Extra[c.key]
 			w, wok := b.Extra[c.key]
@@ -60,19 +67,22 @@ func pairedRatios(systems []Summary) string {
 	for _, c := range cols {
 		head = append(head, c.head)
 	}
+	head = append(head, "not ok")
 	var rows [][]string
 	for _, g := range order {
 		row := []string{fmt.Sprintf("%g/s", g.rate), strings.Split(g.system, "@")[0], strconv.Itoa(len(g.diffs[0]))}
 		for _, d := range g.diffs {
 			row = append(row, pairedCell(d))
 		}
+		row = append(row, fmt.Sprintf("%d / %d", g.notOK, g.baseNotOK))
 		rows = append(rows, row)
 	}
 	var b strings.Builder
 	b.WriteString("Paired with Caddy round_robin, rep by rep (same workload, same rate): each figure's difference " +
 		"from round robin's, mean ± standard error over the pairs (a difference under two standard errors is not " +
 		"told apart from none; `caddy_round_robin_again` is round robin against itself, the method's own error). " +
-		"TTFT: lower is better; out tok/s: higher is better.\n\n")
+		"TTFT: lower is better; out tok/s: higher is better. TTFT is over the requests answered 200 in full; " +
+		"`not ok` counts the others (timeouts, errors) in the reps run with round robin, the system's / round robin's.\n\n")
 	mdTable(&b, head, rows)
 	return b.String()
 }

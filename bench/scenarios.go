@@ -812,7 +812,13 @@ func pairedCapacity(slices []pairSlice, all []Record, s *Summary) {
 		if rec.Status != 200 {
 			continue
 		}
+		// The load picked the proxy by the arrival's slice; a request is
+		// sent at or a little after its arrival, so a Start in the other
+		// proxy's slice means it was due in the slice before.
 		k := overheadSliceOf(rec.Start)
+		if k%2 != rec.Proxy && k > 0 {
+			k--
+		}
 		c := perSlice[k]
 		c[rec.Proxy]++
 		perSlice[k] = c

@@ -56,7 +56,11 @@ func summarize(system, desc string, proxies int, replicas []string, recs []Recor
 		if first < 0 || r.Start < first {
 			first = r.Start
 		}
-		last = max(last, r.Start+r.Latency)
+		if !r.Lost() {
+			// The window ends at the last answer: a request given up at
+			// the client timeout got none and must not stretch it.
+			last = max(last, r.Start+r.Latency)
+		}
 		switch {
 		case r.Lost():
 			s.Lost++
