@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -81,24 +80,8 @@ func TestASeedNeverLandsInsideASetChange(t *testing.T) {
 	name := freshPoolName("review-s33-seed")
 	seed, _ := lb.ParseBackends([]string{"http://10.0.0.9:80"})
 	posted, _ := lb.ParseBackends([]string{"http://10.0.0.1:80"})
-	setsMu.Lock() // a set-backends is changing the set
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		seedPool(name, seed, zap.NewNop())
-	}()
-	seededInside := false
-	for i := 0; i < 10000 && !seededInside; i++ {
-		select {
-		case <-done:
-			seededInside = true
-		default:
-			runtime.Gosched()
-		}
-	}
-	applyBackendsLocked(name, posted, zap.NewNop())
-	setsMu.Unlock()
-	<-done
+	seededInside := ranWhileSetsMuHeld(func() { seedPool(name, seed, zap.NewNop()) },
+		func() { applyBackendsLocked(name, posted, zap.NewNop()) })
 	if seededInside {
 		t.Error("the seed changed the set while a set-backends held setsMu")
 	}

@@ -8,18 +8,24 @@ import (
 )
 
 // simReloadConfig is a Caddy config serving inference_sim replica name on
-// a free loopback port; with refuse, a later handler of the same route
-// fails its Validate, so Caddy refuses the whole config after it
-// provisioned the replica.
+// a free loopback port; with refuse, Caddy refuses it after it provisioned
+// the replica (refusedAfter).
 func simReloadConfig(t *testing.T, name string, refuse bool) []byte {
 	t.Helper()
 	handlers := []map[string]any{{"handler": "inference_sim", "name": name}}
 	if refuse {
-		handlers = append(handlers, map[string]any{"handler": "inference_sim", "name": name + "-bad", "concurrency": -1})
+		handlers = refusedAfter(handlers, name)
 	}
+	return oneRouteConfig(t, handlers)
+}
+
+// oneRouteConfig is a Caddy config of one route of handlers on a free
+// loopback port, without the admin endpoint.
+func oneRouteConfig(t *testing.T, handlers []map[string]any) []byte {
+	t.Helper()
 	cfg := map[string]any{
 		"admin": map[string]any{"disabled": true, "config": map[string]any{"persist": false}},
-		"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"sim": map[string]any{
+		"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"test": map[string]any{
 			"listen": []string{"127.0.0.1:0"},
 			"routes": []map[string]any{{"handle": handlers}},
 		}}}},
@@ -29,6 +35,13 @@ func simReloadConfig(t *testing.T, name string, refuse bool) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// refusedAfter appends to handlers one whose Validate fails (an
+// inference_sim named name-bad with concurrency -1), so Caddy refuses the
+// whole config after it provisioned the handlers before it.
+func refusedAfter(handlers []map[string]any, name string) []map[string]any {
+	return append(handlers, map[string]any{"handler": "inference_sim", "name": name + "-bad", "concurrency": -1})
 }
 
 // A refused reload changes nothing that runs: the replica a test (or a

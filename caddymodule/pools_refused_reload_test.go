@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"encoding/json"
 	"slices"
 	"testing"
 
@@ -13,9 +12,8 @@ import (
 
 // poolReloadConfig is a Caddy config whose reverse_proxy takes its
 // upstreams from pool's backend set (dynamic custom_router) and picks with
-// queued_least_latency on the same pool; with refuse, a later handler of
-// the same route fails its Validate, so Caddy refuses the whole config
-// after it provisioned the proxy.
+// queued_least_latency on the same pool; with refuse, Caddy refuses it
+// after it provisioned the proxy (refusedAfter).
 func poolReloadConfig(t *testing.T, pool string, refuse bool) []byte {
 	t.Helper()
 	handlers := []map[string]any{{
@@ -24,20 +22,9 @@ func poolReloadConfig(t *testing.T, pool string, refuse bool) []byte {
 		"load_balancing":    map[string]any{"selection_policy": map[string]any{"policy": "queued_least_latency", "pool": pool}},
 	}}
 	if refuse {
-		handlers = append(handlers, map[string]any{"handler": "inference_sim", "name": pool + "-bad", "concurrency": -1})
+		handlers = refusedAfter(handlers, pool)
 	}
-	cfg := map[string]any{
-		"admin": map[string]any{"disabled": true, "config": map[string]any{"persist": false}},
-		"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"proxy": map[string]any{
-			"listen": []string{"127.0.0.1:0"},
-			"routes": []map[string]any{{"handle": handlers}},
-		}}}},
-	}
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return oneRouteConfig(t, handlers)
 }
 
 // A refused reload changes nothing that runs, the pools Sluice lists
@@ -95,21 +82,10 @@ func TestFlowControlCountsAPersistedSetAtFirstStart(t *testing.T) {
 	goldenTempDirs(t)
 	usePoolsDir(t)
 	config := func(pool string) []byte {
-		handlers := []map[string]any{
+		return oneRouteConfig(t, []map[string]any{
 			{"handler": "flow_control", "pool": pool, "max_concurrency": 1},
 			{"handler": "reverse_proxy", "dynamic_upstreams": map[string]any{"source": "a", "name": "localhost", "port": "9"}},
-		}
-		b, err := json.Marshal(map[string]any{
-			"admin": map[string]any{"disabled": true, "config": map[string]any{"persist": false}},
-			"apps": map[string]any{"http": map[string]any{"servers": map[string]any{"proxy": map[string]any{
-				"listen": []string{"127.0.0.1:0"},
-				"routes": []map[string]any{{"handle": handlers}},
-			}}}},
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
 	}
 	t.Cleanup(func() { _ = caddy.Stop() })
 

@@ -92,28 +92,39 @@ func TestARestoreNeverLandsInsideASetChange(t *testing.T) {
 	saved, _ := lb.ParseBackends([]string{"http://10.0.0.9:80"})
 	persistPool(name, saved, zap.NewNop())
 	posted, _ := lb.ParseBackends([]string{"http://10.0.0.1:80"})
-	setsMu.Lock() // a set-backends is changing the set
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		restorePool(name, zap.NewNop())
-	}()
-	restoredInside := false
-	for i := 0; i < 10000 && !restoredInside; i++ {
-		select {
-		case <-done:
-			restoredInside = true
-		default:
-			runtime.Gosched()
-		}
-	}
-	applyBackendsLocked(name, posted, zap.NewNop())
-	setsMu.Unlock()
-	<-done
+	restoredInside := ranWhileSetsMuHeld(func() { restorePool(name, zap.NewNop()) },
+		func() { applyBackendsLocked(name, posted, zap.NewNop()) })
 	if restoredInside {
 		t.Error("the restore changed the set while a set-backends held setsMu")
 	}
 	if got, _ := lb.GetPool(name).Backends(); len(got) != 1 || got[0].Dial != "10.0.0.1:80" {
 		t.Errorf("set %v after a restore raced a set-backends; want the posted [10.0.0.1:80]", got)
 	}
+}
+
+// ranWhileSetsMuHeld runs change in a goroutine while setsMu is held (by
+// a set change, held, run before the lock is let go) and reports whether
+// change finished meanwhile: it changed a set without the lock. It can
+// miss that on an unlucky schedule (10,000 yields), never report it
+// wrongly.
+func ranWhileSetsMuHeld(change, held func()) bool {
+	setsMu.Lock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		change()
+	}()
+	inside := false
+	for i := 0; i < 10000 && !inside; i++ {
+		select {
+		case <-done:
+			inside = true
+		default:
+			runtime.Gosched()
+		}
+	}
+	held()
+	setsMu.Unlock()
+	<-done
+	return inside
 }
