@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -104,6 +105,9 @@ func (p *LoadAware) Validate() error {
 	if err := checkMetricsTiming("load_aware", p.MetricsInterval, p.MetricsStaleness); err != nil {
 		return err
 	}
+	if err := checkSessionHeader(p.SessionHeader); err != nil {
+		return fmt.Errorf("load_aware: session_header: %v", err)
+	}
 	if p.SessionKey != "" && p.pickerConfig().SessionKey == "" {
 		return fmt.Errorf("load_aware: session_key: resolves to an empty value (an unset environment variable?)")
 	}
@@ -159,6 +163,27 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 			}
 		},
 	})
+}
+
+// checkSessionHeader refuses a session_header HTTP cannot carry: Go's
+// server drops a response header whose name is no token (RFC 9110), and
+// drops or misreads one that frames the message, so affinity would
+// silently never work.
+func checkSessionHeader(name string) error {
+	if name == "" {
+		return nil // the default
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return fmt.Errorf("%q is not an HTTP header name", name)
+		}
+	}
+	switch http.CanonicalHeaderKey(name) {
+	case "Content-Length", "Transfer-Encoding", "Connection", "Host", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Upgrade":
+		return fmt.Errorf("%s is a header HTTP itself uses", name)
+	}
+	return nil
 }
 
 // logScores writes every scorer's score per replica at debug level.

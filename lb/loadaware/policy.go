@@ -88,7 +88,9 @@ func (p *Policy) Configure(cfg Config) {
 		p.evictOldestLocked()
 	}
 	if p.cfg.SLO == 0 {
-		p.shift = 0
+		// Off: nothing is observed meanwhile, so the EWMA would be
+		// of an old period when the mode is turned on again.
+		p.shift, p.ttft = 0, 0
 	}
 }
 
