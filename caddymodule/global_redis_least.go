@@ -53,7 +53,8 @@ type GlobalRedisLeast struct {
 	// (default 3), and the probe interval while switched (default 1s).
 	BreakerFailures int            `json:"breaker_failures,omitempty" sluice:"min=1"`
 	BreakerBackoff  caddy.Duration `json:"breaker_backoff,omitempty"`
-	// InstanceID names this instance in Redis (default: random per start).
+	// InstanceID names this instance in Redis (default: the host name, or
+	// "sluice" without one, with a random suffix per start).
 	InstanceID string `json:"instance_id,omitempty"`
 
 	// Passive health, kept by each instance for itself: max_fails,
