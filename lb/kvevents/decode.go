@@ -70,13 +70,15 @@ func IntHash(v uint64) BlockHash {
 	return BlockHash(b[:])
 }
 
-// Event is one decoded engine event.
+// Event is one decoded engine event. A BlockStored may come without
+// token ids (vLLM's CPU offloading connector): its message's other events
+// apply, and the index skips it (counted as token_count).
 type Event struct {
 	Kind        Kind
 	BlockHashes []BlockHash // BlockStored, BlockRemoved
 	Parent      BlockHash   // BlockStored; NoHash when nil
-	TokenIDs    []uint32    // BlockStored: len == len(BlockHashes)*BlockSize
-	BlockSize   int         // BlockStored
+	TokenIDs    []uint32    // BlockStored: len == len(BlockHashes)*BlockSize, or none (see below)
+	BlockSize   int         // BlockStored; 0 with no TokenIDs
 	LoraID      int64       // BlockStored; meaningful when HasLora
 	HasLora     bool
 	Medium      string // "GPU", "CPU", ... or empty
@@ -391,6 +393,13 @@ func (r *reader) event() (ev Event, known bool, err error) {
 	if !f.has[fTokens] || !f.has[fBlockSize] {
 		return ev, false, fail(ReasonMalformed, "BlockStored without token_ids or block_size")
 	}
+	if len(f.tokens) == 0 && len(f.hashes) > 0 {
+		// vLLM's CPU offloading connector stores blocks without token ids
+		// (block_size 0 or its own), in the GPU's batches: an event the
+		// index cannot key and skips, not a malformed message (dropped
+		// whole, its sequence showed as a gap and cleared the rank).
+		return ev, true, nil
+	}
 	if f.blockSize < 1 || f.blockSize > r.lim.MaxBlockSize {
 		return ev, false, fail(ReasonBlockSize, "block_size %d outside 1..%d", f.blockSize, r.lim.MaxBlockSize)
 	}
@@ -514,12 +523,11 @@ func (r *reader) field(f *fields, slot int) error {
 	case fTokens:
 		f.tokens, err = r.tokens()
 	case fBlockSize:
+		// Checked in event, once it is known whether the event has tokens
+		// (an offloaded block's may be 0).
 		var v int64
 		v, err = r.int()
-		if err == nil && (v < 1 || v > int64(r.lim.MaxBlockSize)) {
-			err = fail(ReasonBlockSize, "block_size %d outside 1..%d", v, r.lim.MaxBlockSize)
-		}
-		f.blockSize = int(v)
+		f.blockSize = int(max(min(v, math.MaxInt32), math.MinInt32))
 	case fLora:
 		var v int
 		v, f.hasLora, err = r.optInt()

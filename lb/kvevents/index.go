@@ -482,6 +482,13 @@ func (ix *Index) evictOwnTopic(name string, r *replica) {
 // store applies one BlockStored; false: dropped (counted by reason as an
 // event, the rest of its message applies), the index unchanged.
 func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
+	// Before the source is made: an offloaded block without token ids
+	// (see Event) must not take one of the replica's source slots.
+	bs := ev.BlockSize
+	if bs <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
+		ix.c.dropEvent(ReasonTokenCount)
+		return false
+	}
 	blocks := r.sources[src]
 	if blocks == nil {
 		if len(r.sources) >= maxSourcesPerReplica {
@@ -490,11 +497,6 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 		}
 		blocks = make(map[BlockHash]*entry)
 		r.sources[src] = blocks
-	}
-	bs := ev.BlockSize
-	if bs <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
-		ix.c.dropEvent(ReasonTokenCount) // DecodeMessage never yields one; a hand-made Event might
-		return false
 	}
 	state := ix.keyer.start()
 	if ev.Parent != NoHash {
