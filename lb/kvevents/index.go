@@ -165,10 +165,16 @@ func (ix *Index) Pressure(replicas []string) []float64 {
 // entry is one engine block: the keys it completes (evicted with it) and
 // the keying state after it (its children chain from there).
 type entry struct {
-	hash       BlockHash
-	src        source
-	keys       []uint64
-	state      chain
+	hash  BlockHash
+	src   source
+	keys  []uint64
+	state chain
+	// copies: engine blocks stored under this hash and not yet removed.
+	// vLLM does not de-duplicate: two requests that fill the same prefix
+	// at once each cache their own block under one hash, with a
+	// BlockStored each and a BlockRemoved each when evicted; the prefix
+	// stays cached until the last goes.
+	copies     int
 	prev, next *entry
 }
 
@@ -400,7 +406,9 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 		case BlockRemoved:
 			blocks := r.sources[src]
 			for _, h := range ev.BlockHashes {
-				if e := blocks[h]; e != nil {
+				if e := blocks[h]; e != nil && e.copies > 1 {
+					e.copies--
+				} else if e != nil {
 					ix.bury(r, e)
 					ix.remove(r, e)
 				} else {
@@ -514,6 +522,15 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 		}
 	}
 	for i, h := range ev.BlockHashes {
+		if old := blocks[h]; old != nil {
+			// Another copy of a block held (see entry.copies): the same
+			// prefix, so the same keys; it is the newest now.
+			old.copies++
+			state = old.state
+			ix.touch(r, old)
+			r.countStore(now, false)
+			continue
+		}
 		var keys []uint64
 		if t := r.tombs[tombKey{src, h}]; t != nil {
 			// Stored again: the keys it had. The next block chains from it.
@@ -525,10 +542,7 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 			keys, state = ix.keyer.extend(state, ev.TokenIDs[i*bs:(i+1)*bs], nil)
 			r.countStore(now, false)
 		}
-		if old := blocks[h]; old != nil {
-			ix.remove(r, old)
-		}
-		e := &entry{hash: h, src: src, keys: keys, state: state}
+		e := &entry{hash: h, src: src, keys: keys, state: state, copies: 1}
 		blocks[h] = e
 		for _, k := range keys {
 			r.keys[k]++
@@ -549,6 +563,22 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 		ix.enforce(r)
 	}
 	return true
+}
+
+// touch makes e the replica's newest entry (the last the bounds drop).
+func (ix *Index) touch(r *replica, e *entry) {
+	if r.tail == e {
+		return
+	}
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		r.head = e.next
+	}
+	e.next.prev = e.prev
+	e.prev, e.next = r.tail, nil
+	r.tail.next = e
+	r.tail = e
 }
 
 func (ix *Index) remove(r *replica, e *entry) {

@@ -204,7 +204,13 @@ func TestIndexRestoreSameBlock(t *testing.T) {
 	if s := ix.Stats(); s.Replicas["a"].Blocks != 1 {
 		t.Fatalf("after re-store: %+v", s)
 	}
+	// Two copies under one hash (vLLM does not de-duplicate): one
+	// removal leaves the other, the second removes the block.
 	ix.Apply("a", mustMessage(t, topicA, 3, batchPayload(t, vllmRemoved(1))), t0)
+	if s := ix.Stats(); s.Replicas["a"].Blocks != 1 || match(ix, p, "a")[0] != 1 {
+		t.Fatalf("after one copy's removal: %+v", s)
+	}
+	ix.Apply("a", mustMessage(t, topicA, 4, batchPayload(t, vllmRemoved(1))), t0)
 	if s := ix.Stats(); s.Replicas["a"].Blocks != 0 || s.RemovedUnknown != 0 || match(ix, p, "a")[0] != 0 {
 		t.Fatalf("after removal: %+v", s)
 	}

@@ -66,12 +66,19 @@ func TestListenerFeedsIndex(t *testing.T) {
 
 	prompt := seqTokens(0, 32)
 	topic := "kv@127.0.0.1:9150@m"
-	// PUB drops messages until the subscription reaches it: resend (each a
-	// new sequence number) until one lands.
+	// PUB drops messages until the subscription reaches it: resend a
+	// removal of a block never stored (each a new sequence number) until
+	// one lands, then store once (a store sent twice is two copies of the
+	// block, which one removal would not take out).
 	seq := uint64(1)
 	waitFor(t, "the first batch", func() bool {
-		send(t, pub, topic, seq, batchPayload(t, vllmStored(anyHashes(1, 2), nil, prompt, 16)))
+		send(t, pub, topic, seq, batchPayload(t, vllmRemoved(77)))
 		seq++
+		return ix.Stats().Batches > 0
+	})
+	send(t, pub, topic, seq, batchPayload(t, vllmStored(anyHashes(1, 2), nil, prompt, 16)))
+	seq++
+	waitFor(t, "the stored batch", func() bool {
 		return ix.Match(ix.Keys(prompt), []string{"127.0.0.1:9150"})[0] == 2
 	})
 	send(t, pub, topic, seq, batchPayload(t, vllmRemoved(2)))

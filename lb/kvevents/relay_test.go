@@ -56,11 +56,17 @@ func testRelayEveryInstance(t *testing.T, tg redistest.Target) {
 	const pod = "127.0.0.1:9170"
 	topic := "kv@" + pod + "@m"
 	seq := uint64(1)
+	// Until the subscription reaches the publisher, a removal of a block
+	// never stored; then the store once (sent twice it would be two
+	// copies of each block, which one removal would not take out).
 	waitFor(t, "the first batch on a", func() bool {
-		send(t, pub, topic, seq, batchPayload(t, vllmStored(anyHashes(1, 2), nil, prompt, 16)))
+		send(t, pub, topic, seq, batchPayload(t, vllmRemoved(77)))
 		seq++
-		return a.holds(prompt, pod) == 2
+		return a.ix.Stats().Batches > 0
 	})
+	send(t, pub, topic, seq, batchPayload(t, vllmStored(anyHashes(1, 2), nil, prompt, 16)))
+	seq++
+	waitFor(t, "a to hold both blocks", func() bool { return a.holds(prompt, pod) == 2 })
 	waitFor(t, "b to hold both blocks", func() bool { return b.holds(prompt, pod) == 2 })
 	send(t, pub, topic, seq, batchPayload(t, vllmRemoved(2)))
 	waitFor(t, "b to forget the removed block", func() bool { return b.holds(prompt, pod) == 1 })
