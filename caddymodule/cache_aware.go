@@ -254,15 +254,20 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 //	}
 func (p *CacheAware) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return parseModule(d, "cache_aware", nil, p, func(opt string, vals []string) (bool, error) {
-		// An explicit 0 is a value, not "default": stored as -1.
-		if (opt == "cache_threshold" || opt == "balance_abs_threshold") && len(vals) == 1 && vals[0] == "0" {
-			if opt == "cache_threshold" {
-				p.CacheThreshold = -1
-			} else {
-				p.BalanceAbsThreshold = -1
-			}
-			return true, nil
+		if opt != "cache_threshold" && opt != "balance_abs_threshold" {
+			return false, nil
 		}
-		return false, nil
+		if err := setOption(p, opt, vals); err != nil {
+			return true, err
+		}
+		// An explicit 0 is a value, not "default": stored as -1. Checked
+		// on the parsed number, so "0.0" or "00" is a zero too.
+		if opt == "cache_threshold" && p.CacheThreshold == 0 {
+			p.CacheThreshold = -1
+		}
+		if opt == "balance_abs_threshold" && p.BalanceAbsThreshold == 0 {
+			p.BalanceAbsThreshold = -1
+		}
+		return true, nil
 	})
 }

@@ -114,6 +114,35 @@ const RoomPressure = 0.05
 // is room. With capacity (nil: none known), a miss fills the caches in
 // proportion to their sizes (see roomKeys).
 func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, pressure PressureFunc, capacity CapacityFunc) Decision {
+	d := r.decide(model, text, load, exact, pressure, capacity)
+	r.count(d)
+	return d
+}
+
+// count adds d to the decision counters. The Picker counts a decision
+// only once its replica is acquired: a pick that lost its choice and
+// picks again routes one request, not two.
+func (r *Router) count(d Decision) {
+	switch d.Reason {
+	case CacheHit:
+		r.hits.Add(1)
+		switch {
+		case d.Exact:
+			r.exactHits.Add(1)
+		case d.Moved:
+			r.moves.Add(1)
+		case d.Affinity:
+			r.affinityHits.Add(1)
+		}
+	case Miss:
+		r.misses.Add(1)
+	case Imbalance:
+		r.imbalanced.Add(1)
+	}
+}
+
+// decide is PickExact without counting the decision.
+func (r *Router) decide(model, text string, load LoadFunc, exact ExactFunc, pressure PressureFunc, capacity CapacityFunc) Decision {
 	text = validText(text)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -157,12 +186,10 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 	}
 	turn := r.rr.Add(1)
 	if text == "" {
-		r.misses.Add(1)
 		return Decision{Addr: choose(usable, loads, nil, turn).addr, Reason: Miss}
 	}
 
 	if maxL-minL > r.cfg.BalanceAbsThreshold && float64(maxL) > r.cfg.BalanceRelThreshold*float64(minL) {
-		r.imbalanced.Add(1)
 		return Decision{Addr: choose(usable, loads, nil, turn).addr, Reason: Imbalance}
 	}
 
@@ -194,8 +221,6 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 	if exact != nil {
 		ecand, erate := bestExact(usable, exact, ebuf[:0])
 		if erate > r.cfg.CacheThreshold && (len(cand) == 0 || erate >= d.MatchRate) {
-			r.hits.Add(1)
-			r.exactHits.Add(1)
 			d.MatchRate, d.Exact = erate, true
 			d.Addr, d.Reason = choose(ecand, loads, nil, turn).addr, CacheHit
 			return d
@@ -208,7 +233,6 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 	// holder is scored by the tree's rate, a fresh one by its engine's
 	// (below the threshold); the highest first, then the least loaded.
 	if d.MatchRate > r.cfg.CacheThreshold && len(cand)+len(affinity) > 0 {
-		r.hits.Add(1)
 		if len(cand) > 0 {
 			d.Addr = choose(cand, loads, nil, turn).addr
 		} else {
@@ -217,10 +241,8 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 				return -int(rate * (1 << 20)) // higher exact rate first
 			}, turn)
 			if to := r.relieve(home, usable, loads, pressure, turn); to != nil {
-				r.moves.Add(1)
 				d.Addr, d.Moved = to.addr, true
 			} else {
-				r.affinityHits.Add(1)
 				d.Addr, d.Affinity = home.addr, true
 			}
 		}
@@ -228,7 +250,6 @@ func (r *Router) PickExact(model, text string, load LoadFunc, exact ExactFunc, p
 		return d
 	}
 
-	r.misses.Add(1)
 	smallest := func(rep *replica) int { return rep.chars }
 	if r.cfg.MissPolicy == MissSmallestTree {
 		d.Addr, d.Reason = choose(usable, loads, smallest, turn).addr, Miss

@@ -125,7 +125,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 	exact, pressure, routed := p.lookupExact(req)
 	capacity := p.capacityFunc()
 	for tries := 0; tries < pickTries; tries++ {
-		d := p.router.PickExact(req.Model, text, load, exact, pressure, capacity)
+		d := p.router.decide(req.Model, text, load, exact, pressure, capacity)
 		switch {
 		case d.Reason == NoUsable:
 			return nil, lb.ErrAllDown
@@ -138,6 +138,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		if l == nil {
 			continue // removed, down, or its probe taken since: pick again
 		}
+		p.router.count(d)
 		if routed != nil {
 			routed(d.Addr)
 		}
