@@ -9,8 +9,8 @@ import "testing"
 func TestReviewS33DuplicateCopiesStayUntilTheLastRemoval(t *testing.T) {
 	ix := NewIndex(Config{})
 	p := seqTokens(0, 32)
-	storeChain(t, ix, "a", topicA, 1, 1, nil, p, 16) // request 1: blocks 1, 2
-	storeChain(t, ix, "a", topicA, 2, 1, nil, p, 16) // request 2, same step: its own copies
+	storeChain(t, ix, "a", topicA, 1, 1, nil, p, 16)                                 // request 1: blocks 1, 2
+	storeChain(t, ix, "a", topicA, 2, 1, nil, p, 16)                                 // request 2, same step: its own copies
 	ix.Apply("a", mustMessage(t, topicA, 3, batchPayload(t, vllmRemoved(2, 1))), t0) // one copy of each evicted
 	if got := match(ix, p, "a")[0]; got != 2 {
 		t.Fatalf("after one copy's removal: match %d, want 2 (the engine still holds the other copy)", got)
