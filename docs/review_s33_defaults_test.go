@@ -1,7 +1,6 @@
 package docs
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -30,42 +29,23 @@ import (
 // (option → cell) per table, in the page's order.
 func optionDefaults(t *testing.T, path string) []map[string]string {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	var tables []map[string]string
-	in, fenced := false, false
-	header := regexp.MustCompile(`^\|\s*option\s*\|\s*default\s*\|`)
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if strings.HasPrefix(line, "```") {
-			fenced = !fenced
-		}
-		switch {
-		case fenced || !strings.HasPrefix(line, "|"):
-			in = false
-		case header.MatchString(line):
-			in = true
+	optionTableRows(t, path, defaultsTable, func(table, _ int, cells []string) {
+		for len(tables) <= table {
 			tables = append(tables, map[string]string{})
-		case in:
-			cells := strings.Split(strings.ReplaceAll(line, `\|`, "/"), "|")
-			if len(cells) < 4 {
-				continue
-			}
-			if m := cellOption.FindAllStringSubmatch(cells[1], -1); len(m) == 1 {
-				tables[len(tables)-1][m[0][1]] = strings.TrimSpace(cells[2])
-			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
+		if len(cells) < 4 {
+			return
+		}
+		if m := cellOption.FindAllStringSubmatch(cells[1], -1); len(m) == 1 {
+			tables[table][m[0][1]] = strings.TrimSpace(cells[2])
+		}
+	})
 	return tables
 }
+
+// defaultsTable is the header of an option table with defaults.
+var defaultsTable = regexp.MustCompile(`^\|\s*option\s*\|\s*default\s*\|`)
 
 // codeSpan is the first `…` of a cell.
 var codeSpan = regexp.MustCompile("`([^`]+)`")

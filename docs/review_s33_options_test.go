@@ -36,17 +36,17 @@ var optionPages = map[string][]string{
 // `username`, `password` names both).
 var cellOption = regexp.MustCompile("`([a-z_][a-z0-9_]*)")
 
-// documentedOptions are the options the page's option tables name (tables
-// whose header's first column is "option"), with the line of each.
-func documentedOptions(t *testing.T, path string) map[string]int {
+// optionTableRows calls row with the cells of each row of the page's
+// tables whose header line matches header (outside code fences; "\|"
+// inside a cell read as "/"), the table's index among those and the line.
+func optionTableRows(t *testing.T, path string, header *regexp.Regexp, row func(table, line int, cells []string)) {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	out := map[string]int{}
-	in, fenced := false, false
+	table, in, fenced := -1, false, false
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for n := 1; sc.Scan(); n++ {
@@ -57,23 +57,37 @@ func documentedOptions(t *testing.T, path string) map[string]int {
 		switch {
 		case fenced || !strings.HasPrefix(line, "|"):
 			in = false
-		case regexp.MustCompile(`^\|\s*option\s*\|`).MatchString(line):
+		case header.MatchString(line):
 			in = true
+			table++
 		case in:
-			cells := strings.Split(strings.ReplaceAll(line, `\|`, "/"), "|")
-			if len(cells) < 3 {
-				continue
-			}
-			for _, m := range cellOption.FindAllStringSubmatch(cells[1], -1) {
-				if _, dup := out[m[1]]; !dup {
-					out[m[1]] = n
-				}
-			}
+			row(table, n, strings.Split(strings.ReplaceAll(line, `\|`, "/"), "|"))
 		}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// anyOptionTable is the header of an option table: its first column is
+// "option".
+var anyOptionTable = regexp.MustCompile(`^\|\s*option\s*\|`)
+
+// documentedOptions are the options the page's option tables name, with
+// the line of each.
+func documentedOptions(t *testing.T, path string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	optionTableRows(t, path, anyOptionTable, func(_, line int, cells []string) {
+		if len(cells) < 3 {
+			return
+		}
+		for _, m := range cellOption.FindAllStringSubmatch(cells[1], -1) {
+			if _, dup := out[m[1]]; !dup {
+				out[m[1]] = line
+			}
+		}
+	})
 	return out
 }
 
