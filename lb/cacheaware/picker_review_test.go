@@ -24,10 +24,11 @@ func (h *probeHook) Tokens(string) (int, bool) {
 	return 1000, true
 }
 
-// A replica whose down time is over takes one probe at a time: a pick
-// that read it usable but acquires it after another pick's probe went
-// goes elsewhere, not send a second request to a replica that just failed.
-func TestOnlyOneProbeAtATimeWhenPicksRace(t *testing.T) {
+// pickerWithARecovering is a picker over a:1 and b:1 where a:1 failed and
+// its down time is over (it takes one probe) and b:1 holds two requests
+// until the test ends: a is the lighter, chosen first.
+func pickerWithARecovering(t *testing.T) *Picker {
+	t.Helper()
 	p := NewPicker(Config{}, tracker.Config{FailDuration: time.Nanosecond})
 	p.SetReplicas([]string{"a:1", "b:1"})
 	p.Tracker().Acquire("a:1").Release(lb.Outcome{Kind: lb.Failure})
@@ -36,10 +37,18 @@ func TestOnlyOneProbeAtATimeWhenPicksRace(t *testing.T) {
 			break
 		}
 	}
-	for range 2 { // a is the lighter: chosen first
+	for range 2 {
 		busy := p.Tracker().Acquire("b:1")
-		defer busy.Release(ok)
+		t.Cleanup(func() { busy.Release(ok) })
 	}
+	return p
+}
+
+// A replica whose down time is over takes one probe at a time: a pick
+// that read it usable but acquires it after another pick's probe went
+// goes elsewhere, not send a second request to a replica that just failed.
+func TestOnlyOneProbeAtATimeWhenPicksRace(t *testing.T) {
+	p := pickerWithARecovering(t)
 	var probe lb.Lease
 	p.SetCapacity(&probeHook{fn: func() {
 		// Another request, without a prompt (it neither asks for a size

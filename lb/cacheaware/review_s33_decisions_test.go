@@ -2,45 +2,20 @@ package cacheaware
 
 import (
 	"context"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/sluice-router/sluice/lb"
 	"github.com/sluice-router/sluice/lb/tracker"
 )
-
-// onceHook is a capacity source that runs fn the first time the router
-// asks it for a size: between a pick's choice and its acquire.
-type onceHook struct {
-	once sync.Once
-	fn   func()
-}
-
-func (h *onceHook) Tokens(string) (int, bool) {
-	h.once.Do(h.fn)
-	return 1000, true
-}
 
 // sluice_cache_aware_decisions_total counts requests routed, one decision
 // each: a pick whose first choice was lost before its acquire (here a
 // recovering replica's one probe, taken by another request meanwhile)
 // and that then went elsewhere is one decision, not two.
 func TestARepickCountsOneDecision(t *testing.T) {
-	p := NewPicker(Config{}, tracker.Config{FailDuration: time.Nanosecond})
-	p.SetReplicas([]string{"a:1", "b:1"})
-	p.Tracker().Acquire("a:1").Release(lb.Outcome{Kind: lb.Failure})
-	for { // 1ns of down time: over at once
-		if _, usable := p.Tracker().Load("a:1"); usable {
-			break
-		}
-	}
-	for range 2 { // a is the lighter: chosen first
-		busy := p.Tracker().Acquire("b:1")
-		defer busy.Release(ok)
-	}
+	p := pickerWithARecovering(t)
 	var probe lb.Lease
-	p.SetCapacity(&onceHook{fn: func() {
+	p.SetCapacity(&probeHook{fn: func() {
 		l, err := p.Pick(context.Background(), &lb.Request{})
 		if err != nil {
 			t.Errorf("the pick taking the probe: %v", err)
