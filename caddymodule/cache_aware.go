@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"crypto/tls"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -178,6 +179,7 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 			var kvStats func() *KVEventsStats
 			run := pk.Run
 			var capacity *kvCapacity
+			var setTLS func(*tls.Config)
 			if kv.enabled() {
 				c := newKVCapacity()
 				capacity, run = &c, c.run(pk.Run)
@@ -187,11 +189,11 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 				}
 				// it sets c as pk's capacity source, through which the
 				// index follows pk's replica set
-				release, stats, err := attachKVEvents(pool, kv, pk, c, relayConn)
+				release, stats, tls, err := attachKVEvents(pool, kv, pk, c, relayConn)
 				if err != nil {
 					return nil, err
 				}
-				closers, kvStats = append(closers, release), stats
+				closers, kvStats, setTLS = append(closers, release), stats, tls
 			}
 			var sh *share.Sharer
 			if p.shared() {
@@ -215,7 +217,7 @@ func (p *CacheAware) Provision(ctx caddy.Context) error {
 				}
 				return s
 			}
-			parts := policyParts{settings: settings, health: health, run: run, closer: func() {
+			parts := policyParts{settings: settings, health: health, run: run, setTLS: setTLS, closer: func() {
 				for _, c := range closers {
 					c()
 				}

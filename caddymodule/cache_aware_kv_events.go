@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"crypto/tls"
 	"fmt"
 	"slices"
 	"sync"
@@ -401,10 +402,10 @@ func (k *kvListener) resolve(pod string) (string, bool) {
 // capacity (kvSetFollower). With conn (the tree shared through Redis), the
 // events the listener receives are relayed to the pool's other instances
 // and theirs applied here.
-func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capacity kvCapacity, conn *redisconn.Config) (release func(), stats func() *KVEventsStats, err error) {
+func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capacity kvCapacity, conn *redisconn.Config) (release func(), stats func() *KVEventsStats, setTLS func(*tls.Config), err error) {
 	hp, err := kvevents.ParseListenAddr(o.KVEvents)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var kl *kvListener
 	v, _, err := kvListeners.LoadOrNew(hp, func() (caddy.Destructor, error) {
@@ -418,12 +419,12 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capac
 		return k, nil
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	kl = v.(*kvListener)
 	if kl.pool != pool {
 		_, _ = kvListeners.Delete(hp)
-		return nil, nil, fmt.Errorf("kv_events %s is already the listener of pool %q", o.KVEvents, kl.pool)
+		return nil, nil, nil, fmt.Errorf("kv_events %s is already the listener of pool %q", o.KVEvents, kl.pool)
 	}
 	var tok kvevents.Tokenizer = kvevents.SimTokenizer{}
 	var engine *kvevents.EngineTokenizer
@@ -462,12 +463,10 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capac
 		IsReplica: func(addr string) bool { return slices.Contains(pk.Router().Addrs(), addr) }})
 	// the follower gets pk's set now (if it has one) and each later one
 	pk.SetCapacity(kvSetFollower{kvCapacity: capacity, kl: kl, pk: pk, urls: urls})
-	unfollowTLS := followUpstreamTLS(pk, kvEventsTLS(capacity, engineTransport))
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
 			pk.SetExact(nil)
-			unfollowTLS()
 			unrelay()
 			kl.mu.Lock()
 			kl.pickers = slices.DeleteFunc(kl.pickers, func(p *cacheaware.Picker) bool { return p == pk })
@@ -500,7 +499,9 @@ func attachKVEvents(pool string, o kvEventsOptions, pk *cacheaware.Picker, capac
 		}
 		return s
 	}
-	return release, stats, nil
+	// The proxy's TLS config, handed by the selector when a config starts:
+	// the KV cache size scrapes and /tokenize read the replicas with it.
+	return release, stats, kvEventsTLS(capacity, engineTransport), nil
 }
 
 // KVEventsStats is what health shows of the exact index: per replica,

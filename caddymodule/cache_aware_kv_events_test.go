@@ -25,7 +25,7 @@ import (
 func TestKVPeerSpeculationOnlyForPoolReplicas(t *testing.T) {
 	pk := cacheaware.NewPicker(cacheaware.Config{}, tracker.Config{})
 	pk.SetReplicas([]string{"10.0.0.1:8000", "10.0.0.2:8000"})
-	release, stats, err := attachKVEvents("kvpeer", kvEventsOptions{KVEvents: "tcp://" + freeKVAddr(t),
+	release, stats, _, err := attachKVEvents("kvpeer", kvEventsOptions{KVEvents: "tcp://" + freeKVAddr(t),
 		KVEventsTokenizer: kvTokenizerLLMDSim}, pk, newKVCapacity(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -229,7 +229,7 @@ func TestKVReplacedStateTakesOutOnlyItsReplicas(t *testing.T) {
 	opts := kvEventsOptions{KVEvents: "tcp://" + freeKVAddr(t), KVEventsTokenizer: kvTokenizerLLMDSim}
 	old := cacheaware.NewPicker(cacheaware.Config{}, tracker.Config{})
 	old.SetReplicas([]string{a, b})
-	releaseOld, stats, err := attachKVEvents("kvreload", opts, old, newKVCapacity(), nil)
+	releaseOld, stats, _, err := attachKVEvents("kvreload", opts, old, newKVCapacity(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestKVReplacedStateTakesOutOnlyItsReplicas(t *testing.T) {
 	storeKVBlock(t, kl, b, 1, kvPromptB)
 
 	next := cacheaware.NewPicker(cacheaware.Config{}, tracker.Config{})
-	releaseNext, _, err := attachKVEvents("kvreload", opts, next, newKVCapacity(), nil)
+	releaseNext, _, _, err := attachKVEvents("kvreload", opts, next, newKVCapacity(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestKVMetricsOfAPoolWithTwoListeners(t *testing.T) {
 		pk := cacheaware.NewPicker(cacheaware.Config{}, tracker.Config{})
 		pk.SetReplicas(set)
 		addr := freeKVAddr(t)
-		release, _, err := attachKVEvents(pool, kvEventsOptions{KVEvents: "tcp://" + addr, KVEventsTokenizer: kvTokenizerLLMDSim},
+		release, _, _, err := attachKVEvents(pool, kvEventsOptions{KVEvents: "tcp://" + addr, KVEventsTokenizer: kvTokenizerLLMDSim},
 			pk, newKVCapacity(), nil)
 		if err != nil {
 			t.Fatal(err)

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/tls"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
@@ -46,6 +47,11 @@ type policyParts struct {
 	// extra is the policy's own companion state (e.g. a log loop, the
 	// sharing of a tree).
 	extra any
+	// setTLS, if set, gives the state's engine reads that its picker's
+	// config does not reach (cache_aware's kv_events: KV cache size
+	// scrapes, /tokenize) the enclosing proxy's TLS config when a config
+	// starts.
+	setTLS func(*tls.Config)
 }
 
 // backendSetter is implemented by pickers that need more than the dial

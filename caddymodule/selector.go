@@ -84,7 +84,12 @@ func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
 	}
 	s.state = v.(*policyState)
 	st := s.state
-	if err := applyOnStart(ctx, key, spec.fingerprint, func() { spec.apply(st); handUpstreamTLS(st.picker, tlsCfg) }); err != nil {
+	if err := applyOnStart(ctx, key, spec.fingerprint, func() {
+		spec.apply(st)
+		if st.setTLS != nil {
+			st.setTLS(tlsCfg)
+		}
+	}); err != nil {
 		return fmt.Errorf("%s: %v", spec.module, err)
 	}
 	readAhead := new(atomic.Bool)

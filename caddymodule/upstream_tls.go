@@ -2,9 +2,7 @@ package caddymodule
 
 import (
 	"crypto/tls"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -55,48 +53,6 @@ func (h *FlowControl) guardedProxy() *reverseproxy.Handler {
 		}
 	})
 	return rp
-}
-
-// upstreamTLSFollowers are the engine readers of a policy's state that
-// its picker's own config does not reach (cache_aware's KV cache size
-// scraper and engine tokenizer), by the state's picker: the selector
-// hands them its proxy's TLS config when its config starts, so a reload
-// that changes the tls block reaches them and a refused one does not.
-var upstreamTLSFollowers = struct {
-	mu sync.Mutex
-	m  map[any][]*tlsFollower
-}{m: map[any][]*tlsFollower{}}
-
-type tlsFollower struct{ apply func(*tls.Config) }
-
-// followUpstreamTLS makes apply receive the TLS configs handed to
-// picker's state from now on; stop ends it.
-func followUpstreamTLS(picker any, apply func(*tls.Config)) (stop func()) {
-	f := &tlsFollower{apply: apply}
-	fs := &upstreamTLSFollowers
-	fs.mu.Lock()
-	fs.m[picker] = append(fs.m[picker], f)
-	fs.mu.Unlock()
-	return func() {
-		fs.mu.Lock()
-		defer fs.mu.Unlock()
-		if rest := slices.DeleteFunc(fs.m[picker], func(g *tlsFollower) bool { return g == f }); len(rest) > 0 {
-			fs.m[picker] = rest
-		} else {
-			delete(fs.m, picker)
-		}
-	}
-}
-
-// handUpstreamTLS gives c to the followers of picker's state.
-func handUpstreamTLS(picker any, c *tls.Config) {
-	fs := &upstreamTLSFollowers
-	fs.mu.Lock()
-	followers := slices.Clone(fs.m[picker])
-	fs.mu.Unlock()
-	for _, f := range followers {
-		f.apply(c)
-	}
 }
 
 // tokenizerTransport is the transport of cache_aware's engine tokenizer
