@@ -127,7 +127,7 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 	log := ctx.Logger()
 	return p.provision(ctx, selectorSpec{
 		attempt: p.attemptOptions,
-		module:  "load_aware", pool: name, measure: measureFirstByte,
+		module:  "load_aware", pool: name, measure: measureAuto,
 		maxBody: p.bodyLimit(), session: header,
 		fingerprint: fingerprint,
 		// The client gets the replica's session token back, where a

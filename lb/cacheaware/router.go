@@ -20,6 +20,14 @@ import (
 // least recently used text goes first whichever model it belongs to, which
 // one recency list across all trees gives exactly.
 //
+// Model names count too, in their own tally under the same bound: a tree
+// costs its name's runes plus one (its root), and eviction goes on until
+// both the text and the names are within MaxTreeSize. The name comes from
+// the client, so without this a flood of distinct names, each with a
+// short prompt, grew the map and its roots far past the bound (a million
+// one-character prompts: ~440 MB). A separate tally rather than one sum
+// leaves the text's bound as it was for a pool's few real models.
+//
 // Concurrency: one RWMutex covers all trees, so the global recency list
 // needs no lock ordering. Pick only reads (RLock, Picks run in parallel);
 // Insert, eviction and replica removal write. Every write is short: an
@@ -35,6 +43,7 @@ type Router struct {
 	roots    map[*node]string // root → model, to delete an emptied tree
 	lru      holding          // sentinel of the router-wide recency list
 	size     int              // runes of all node labels
+	names    int              // treeCost of every tree
 	nodes    int
 	replicas map[string]*replica // present replicas by address
 	order    []*replica          // present replicas, in set order
@@ -180,25 +189,32 @@ func (r *Router) Insert(model, text, addr string) {
 	text = cutRunes(text, r.cfg.MaxTreeSize)
 	root := r.trees[model]
 	if root == nil {
+		cost := treeCost(model)
+		if cost > r.cfg.MaxTreeSize {
+			return // the name alone would pass the bound
+		}
+		r.names += cost
 		// A copy: the key may be cut from a client's model name of
 		// megabytes, which the tree must not keep alive (a tree costs
-		// only its text against MaxTreeSize).
+		// only its key's runes against MaxTreeSize).
 		model = strings.Clone(model)
 		root = &node{}
 		r.trees[model] = root
 		r.roots[root] = model
 	}
 	r.insertLocked(root, text, rep)
-	// The new path is at the front of the list and fits the bound, so this
-	// evicts other text first and never the path itself.
+	// The new path is at the front of the list and fits the bound, as does
+	// its tree's name, so this evicts other text (and other trees) first
+	// and never the path itself.
 	r.evictLocked(r.cfg.MaxTreeSize, -1)
 }
 
-// evictLocked drops least recently used holdings until size <= target or
-// limit holdings were dropped (limit < 0: no limit). It reports whether
-// the target was reached.
+// evictLocked drops least recently used holdings until both size and
+// names are <= target or limit holdings were dropped (limit < 0: no
+// limit). It reports whether the target was reached. A tree whose last
+// holding goes is deleted, which frees its name.
 func (r *Router) evictLocked(target, limit int) bool {
-	for n := 0; r.size > target; n++ {
+	for n := 0; r.size > target || r.names > target; n++ {
 		if n == limit || r.lru.gprev == &r.lru {
 			return false
 		}
@@ -261,6 +277,7 @@ type Stats struct {
 	MaxChars     int            // the bound (MaxTreeSize)
 	Nodes        int            // nodes, all models
 	Models       int            // models with a non-empty tree
+	ModelChars   int            // runes charged for the trees: each model name's plus one; bounded by MaxChars too
 	ReplicaChars map[string]int // runes of the nodes each present replica holds
 
 	Hits, Misses, Imbalanced uint64 // Pick decisions by reason
@@ -276,7 +293,7 @@ func (r *Router) Stats() Stats {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	s := Stats{
-		Chars: r.size, MaxChars: r.cfg.MaxTreeSize, Nodes: r.nodes, Models: len(r.trees),
+		Chars: r.size, MaxChars: r.cfg.MaxTreeSize, Nodes: r.nodes, Models: len(r.trees), ModelChars: r.names,
 		ReplicaChars: make(map[string]int, len(r.order)),
 		Hits:         r.hits.Load(), Misses: r.misses.Load(), Imbalanced: r.imbalanced.Load(),
 		ExactHits: r.exactHits.Load(), AffinityHits: r.affinityHits.Load(), Moves: r.moves.Load(),
@@ -288,12 +305,14 @@ func (r *Router) Stats() Stats {
 	return s
 }
 
-// validText makes text valid UTF-8 so rune counting and rune-boundary
-// matching agree (JSON-decoded strings already are).
 // maxModelBytes bounds a model name used as a tree's key: the name comes
-// from the client. (The number of trees is bounded already: a tree lives
-// only while it holds text, and text counts against MaxTreeSize.)
+// from the client. (The number of trees is bounded by treeCost.)
 const maxModelBytes = 128
+
+// treeCost is what a model's tree costs against MaxTreeSize, in the names
+// tally: its key's runes and one for its root, so that even an empty or
+// one-rune name costs its share of the tree's fixed memory.
+func treeCost(key string) int { return utf8.RuneCountInString(key) + 1 }
 
 // modelKey is the tree key for a client-given model name: valid UTF-8, at
 // most maxModelBytes (cut on a rune boundary).
@@ -309,6 +328,8 @@ func modelKey(model string) string {
 	return model[:cut]
 }
 
+// validText makes text valid UTF-8 so rune counting and rune-boundary
+// matching agree (JSON-decoded strings already are).
 func validText(s string) string {
 	if utf8.ValidString(s) {
 		return s

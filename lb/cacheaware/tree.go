@@ -202,8 +202,9 @@ func (r *Router) drop(h *holding) int {
 	r.size -= int(n.runes)
 	r.nodes--
 	if p.parent == nil && len(p.kids) == 0 {
-		// An empty tree goes, so request-supplied model names cannot grow
-		// the map without bound.
+		// An empty tree goes and frees its name's cost, so
+		// request-supplied model names cannot grow the map without bound.
+		r.names -= treeCost(r.roots[p])
 		delete(r.trees, r.roots[p])
 		delete(r.roots, p)
 	}

@@ -84,11 +84,16 @@ func check(t *testing.T, r *Router) {
 			walk(kid, false)
 		}
 	}
+	names := 0
 	for m, root := range r.trees {
 		if r.roots[root] != m || len(root.kids) == 0 || len(root.holders) != 0 {
 			t.Fatalf("bad root for model %q", m)
 		}
+		names += utf8.RuneCountInString(m) + 1
 		walk(root, true)
+	}
+	if names != r.names || r.names > r.cfg.MaxTreeSize {
+		t.Fatalf("model names cost %d, recorded %d, bound %d", names, r.names, r.cfg.MaxTreeSize)
 	}
 	if len(r.roots) != len(r.trees) {
 		t.Fatalf("roots map out of sync")

@@ -412,7 +412,12 @@ func (p *Picker) lease(l *tracker.Lease, slo time.Duration) lb.Lease {
 	return &ttftLease{Lease: l, policy: p.policy}
 }
 
-// ttftLease feeds adaptive mode with each success's time to first byte.
+// ttftLease feeds adaptive mode with each streamed success's time to
+// first byte. An outcome not marked Streamed carries a time to last byte,
+// and a non-streamed answer's first byte comes only when the generation
+// is done: either would read seconds of healthy generation as a slow
+// first token and move weight off the affinity scorers, so neither is
+// fed.
 type ttftLease struct {
 	*tracker.Lease
 	policy *Policy
@@ -422,7 +427,7 @@ func (l *ttftLease) Release(out lb.Outcome) bool {
 	if !l.Lease.Release(out) {
 		return false
 	}
-	if out.Kind == lb.Success {
+	if out.Kind == lb.Success && out.Streamed {
 		l.policy.ObserveTTFT(out.Latency)
 	}
 	return true
