@@ -49,6 +49,15 @@ const (
 	// costs more than the replica's whole answer. Against a generation
 	// or an image of a tenth of a second and more it changes nothing.
 	noticeableDelay = 0.002 // seconds
+	// minBusySamples: requests sent beside others that must be seen
+	// before their mean may void the solo baseline (see observe): one
+	// small request is no evidence.
+	minBusySamples = 5
+	// inflatedBaseline: a solo baseline this many times the mean latency
+	// of requests sent beside others is void (see observe). Not less: a
+	// first solo sample of a request twice the usual size is common, and
+	// voiding the baseline costs a drain to one request in flight.
+	inflatedBaseline = 4
 )
 
 // concurrencyLimit learns how many requests one replica serves at once
@@ -91,6 +100,10 @@ type concurrencyLimit struct {
 	// and of the whole duration (the same for plain responses).
 	solo, soloTotal [kinds]float64
 	soloN           [kinds]int
+	// Per kind, over requests sent beside others (k >= 2): EWMAs of the
+	// timed latency and of the whole duration (see observe).
+	busy, busyTotal [kinds]float64
+	busyN           [kinds]int
 	// level[k] is the EWMA of the slowdown of requests sent at k in
 	// flight (0: none seen); grown on demand up to maxLimit+1.
 	level []float64
@@ -158,6 +171,28 @@ func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int)
 		}
 		c.soloN[kind]++
 	}
+	if k >= 2 && latency > 0 {
+		if c.busyN[kind] == 0 {
+			c.busy[kind], c.busyTotal[kind] = latency, total
+		} else {
+			c.busy[kind] = soloAlpha*latency + (1-soloAlpha)*c.busy[kind]
+			c.busyTotal[kind] = soloAlpha*total + (1-soloAlpha)*c.busyTotal[kind]
+		}
+		c.busyN[kind]++
+		// A request beside others is served no faster than alone, on
+		// average: a baseline several times what such requests take is
+		// a cold start (a first request that compiled or loaded) or an
+		// outlier. Kept, a one-at-a-time server whose first request took
+		// 20× its service read every request up to 20 in flight as
+		// unslowed and was sent 20 at once for good: under load no
+		// request ran alone again to correct it. (Plus the machine's
+		// jitter: a replica answering in microseconds is not voided by
+		// one stall of its own.)
+		if c.soloN[kind] > 0 && c.busyN[kind] >= minBusySamples && inflatedBaseline*(c.busy[kind]+noticeableDelay) < c.solo[kind] {
+			c.rebase(kind)
+			return
+		}
+	}
 	base, whole := c.solo[kind], c.soloTotal[kind]
 	if !(base > 0) || !(whole > 0) || !(latency > 0) || k < 1 || k > maxLimit {
 		return // no baseline for this kind yet: nothing to compare with
@@ -201,6 +236,20 @@ func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int)
 			c.grow(c.limit+1/(c.limit*float64(int(1)<<min(c.failures, maxProbeBackoff))), cap)
 		}
 	}
+}
+
+// rebase starts the limit over from one slot, for a baseline of the
+// given kind found far above what requests beside others take: the
+// baseline and what was learned against it are void. The limit stays at
+// one (no slow start on first bytes) until the next request of the kind
+// that runs alone sets a new baseline; the requests sent before teach
+// nothing (they have no baseline to be compared with).
+func (c *concurrencyLimit) rebase(kind int) {
+	c.solo[kind], c.soloTotal[kind], c.soloN[kind] = 0, 0, 0
+	c.busyN[kind] = 0
+	c.limit, c.growing = 1, false
+	c.level = c.level[:0]
+	c.failedAt, c.failures = 0, 0
 }
 
 // refused learns from a request the replica refused as overloaded (429)
