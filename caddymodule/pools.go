@@ -57,7 +57,9 @@ var (
 // config Caddy refuses later must leave no pool behind, listed or holding
 // a set no running config asked for.
 func usePool(ctx caddy.Context, name string, log *zap.Logger) error {
-	return onConfigStart(ctx, func() {
+	// Keyed by the pool: the running configs' keys tell which pools they
+	// use (listedPools), so a pool a reload dropped is no longer listed.
+	return applyOnStart(ctx, stateKey{pool: name}, "", func() {
 		restorePool(name, log)
 		restoreMu.Lock()
 		inUse[name] = true
@@ -70,11 +72,19 @@ func usePool(ctx caddy.Context, name string, log *zap.Logger) error {
 // for one). A pool a refused config provisioned exists (its modules held
 // it) but is neither.
 func listedPools() []string {
+	ranks, configured := runningKeys() // before restoreMu: Start takes appsMu, then restoreMu
 	restoreMu.Lock()
 	defer restoreMu.Unlock()
+	used := func(name string) bool {
+		if !configured {
+			return inUse[name] // modules provisioned without a config
+		}
+		_, ok := ranks[stateKey{pool: name}]
+		return ok
+	}
 	var names []string
 	for _, name := range lb.PoolNames() {
-		if p, ok := lb.LookupPool(name); inUse[name] || (ok && p.Managed()) {
+		if p, ok := lb.LookupPool(name); used(name) || (ok && p.Managed()) {
 			names = append(names, name)
 		}
 	}
