@@ -214,7 +214,7 @@ func (s *selector) request(rs *requestState, a *attempt, r *http.Request) *lb.Re
 		ri := rs.requestInfoFor(r, s.maxBody)
 		req.Model, req.Text, req.Parsed, req.Tokens = ri.Model, ri.Text, ri.Parsed, ri.estimatedTokens()
 		if ri.Parsed {
-			req.Messages, req.TokenIDs = ri.Messages, ri.TokenIDs
+			req.Messages, req.TokenIDs, req.CacheSalt = ri.Messages, ri.TokenIDs, ri.CacheSalt
 		}
 	} else if hasSmallBody(r) && (s.readsAhead() || rs.body.ReadCloser != nil) {
 		rs.readBody(r, smallBodyBytes) // body_read_ahead.go

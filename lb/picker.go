@@ -78,6 +78,9 @@ type Request struct {
 	Tokens int64
 	// Session is the client's session token, if it sent one.
 	Session string
+	// CacheSalt is the request's cache_salt (vLLM): the engine reuses only
+	// blocks cached under the same salt.
+	CacheSalt string
 	// Unavailable lists replicas the proxy itself will not use right now
 	// (Caddy's active or passive health checks, max_requests). A policy
 	// never picks them.

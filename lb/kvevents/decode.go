@@ -33,6 +33,13 @@ import (
 // int (Python hash, possibly negative) or bytes (vLLM's sha256 ExternalBlockHash).
 // The sim sends parent_block_hash 0 for "no parent" in the positional form;
 // the index treats a parent it does not know as unknown, and 0 as the root.
+//
+// lora_name (vLLM; lora_id alone in SGLang and older vLLM) and extra_keys
+// (vLLM: one entry per block, nil or the keys vLLM hashed into that block
+// besides its tokens: the LoRA name, then (mm identifier, offset) pairs,
+// then the request's cache_salt on its first block, then a prompt-embeds
+// hash) say that a block is not the base model's plain text block with
+// those tokens: see Event.Extra and the index's store.
 
 // Kind is the type of one engine KV event.
 type Kind uint8
@@ -82,7 +89,24 @@ type Event struct {
 	LoraID      int64       // BlockStored; meaningful when HasLora
 	HasLora     bool
 	Medium      string // "GPU", "CPU", ... or empty
+	LoraName    string // BlockStored: the LoRA adapter's name (vLLM's lora_name); empty when none
+	// Extra is a BlockStored's extra_keys, one per block; nil when it has
+	// none at all (the base model's text blocks).
+	Extra []ExtraKeys
 }
+
+// ExtraKeys is what the index needs of one block's extra_keys entry: its
+// strings, in order, at most two (the LoRA name, then the cache_salt),
+// and whether it holds anything else, which Sluice cannot reproduce from
+// a request (a multimodal identifier, a prompt-embeds hash, a third
+// string, a string over 256 bytes, an entry of another shape).
+type ExtraKeys struct {
+	Strings []string
+	Other   bool
+}
+
+// maxExtraStrings: vLLM puts at most two strings in one block's keys.
+const maxExtraStrings = 2
 
 // Batch is one decoded payload.
 type Batch struct {
@@ -170,7 +194,11 @@ const (
 	ReasonHash        Reason = "hash"         // a hash that is not an int or bytes within bounds
 	ReasonUnknownPod  Reason = "unknown_pod"  // the topic's pod is no replica of the pool
 	ReasonParent      Reason = "unknown_parent"
-	ReasonDuplicate   Reason = "duplicate" // the sequence number of the message before, again
+	// ReasonExtraKeys: a BlockStored whose blocks' hashes hold keys no
+	// request's token ids give (a multimodal identifier, prompt embeds):
+	// those blocks are held without keys, never matched (Index.store).
+	ReasonExtraKeys Reason = "extra_keys"
+	ReasonDuplicate Reason = "duplicate" // the sequence number of the message before, again
 	// ReasonReplay: a replay answer that is not the asked topic's next
 	// message (another topic or rank, a sequence before the one asked) or
 	// not in the replay protocol's shape.
@@ -360,7 +388,7 @@ func (r *reader) event() (ev Event, known bool, err error) {
 	if err != nil {
 		return ev, false, err
 	}
-	var f fields
+	f := fields{extraLen: -1}
 	switch {
 	case isArray(c):
 		err = r.positional(&f)
@@ -407,7 +435,18 @@ func (r *reader) event() (ev Event, known bool, err error) {
 		return ev, false, fail(ReasonTokenCount, "%d token ids for %d blocks of %d", len(f.tokens), len(f.hashes), f.blockSize)
 	}
 	ev.Parent, ev.TokenIDs, ev.BlockSize = f.parent, f.tokens, f.blockSize
-	ev.LoraID, ev.HasLora = f.lora, f.hasLora
+	ev.LoraID, ev.HasLora, ev.LoraName = f.lora, f.hasLora, f.loraName
+	switch {
+	case f.extraBad || f.extraLen >= 0 && f.extraLen != len(f.hashes):
+		// Not one entry per block: what each block's keys are is unknown,
+		// so none is taken for a plain text block.
+		ev.Extra = make([]ExtraKeys, len(f.hashes))
+		for i := range ev.Extra {
+			ev.Extra[i].Other = true
+		}
+	case f.extra != nil:
+		ev.Extra = f.extra
+	}
 	return ev, true, nil
 }
 
@@ -419,6 +458,8 @@ const (
 	fBlockSize
 	fLora
 	fMedium
+	fLoraName
+	fExtra
 	nFields
 )
 
@@ -431,12 +472,16 @@ type fields struct {
 	lora      int64
 	hasLora   bool
 	medium    string
+	loraName  string
+	extra     []ExtraKeys // nil while every entry so far was nil
+	extraLen  int         // extra_keys' entries; -1: nil or absent
+	extraBad  bool        // extra_keys neither nil nor a list
 	has       [nFields]bool
 }
 
 // Positional slots after the tag, per event kind.
 var (
-	storedOrder  = []int{fHashes, fParent, fTokens, fBlockSize, fLora, fMedium}
+	storedOrder  = []int{fHashes, fParent, fTokens, fBlockSize, fLora, fMedium, fLoraName, fExtra}
 	removedOrder = []int{fHashes, fMedium}
 )
 
@@ -478,6 +523,8 @@ var namedSlots = map[string]int{
 	"block_size":        fBlockSize,
 	"lora_id":           fLora,
 	"medium":            fMedium,
+	"lora_name":         fLoraName,
+	"extra_keys":        fExtra,
 }
 
 func (r *reader) named(f *fields) error {
@@ -534,8 +581,123 @@ func (r *reader) field(f *fields, slot int) error {
 		f.lora = int64(v)
 	case fMedium:
 		f.medium, err = r.optShortString()
+	case fLoraName:
+		err = r.loraName(f)
+	case fExtra:
+		err = r.extraKeys(f)
 	}
 	return err
+}
+
+// maxLoraName bounds an adapter's name: one longer is not an error (the
+// message's other events apply) but its blocks are not keyed.
+const maxLoraName = 1024
+
+func (r *reader) loraName(f *fields) error {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return err
+	}
+	if c == msgpcode.Nil {
+		return r.d.DecodeNil()
+	}
+	if !msgpcode.IsString(c) {
+		return fail(ReasonMalformed, "lora_name is not a string (code %#x)", c)
+	}
+	s, err := r.d.DecodeString()
+	if err != nil {
+		return err
+	}
+	if len(s) > maxLoraName {
+		f.extraBad = true
+		return nil
+	}
+	f.loraName = s
+	return nil
+}
+
+// extraKeys reads extra_keys: nil, or one entry per block. Its entries
+// count in MaxBlocksPerBatch with the hashes (each costs a byte on the
+// wire and more decoded); an entry stays unallocated until one is not nil.
+func (r *reader) extraKeys(f *fields) error {
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return err
+	}
+	if c == msgpcode.Nil {
+		return r.d.DecodeNil()
+	}
+	if !isArray(c) {
+		f.extraBad = true
+		return r.skip(0)
+	}
+	n, err := r.d.DecodeArrayLen()
+	if err != nil {
+		return err
+	}
+	if n > r.lim.MaxBlocksPerEvent {
+		return fail(ReasonTooMany, "%d extra_keys in an event, limit %d", n, r.lim.MaxBlocksPerEvent)
+	}
+	if r.blocks += n; r.blocks > r.lim.MaxBlocksPerBatch {
+		return fail(ReasonTooMany, "over %d blocks in a batch", r.lim.MaxBlocksPerBatch)
+	}
+	f.extraLen = n
+	for i := 0; i < n; i++ {
+		e, err := r.extraEntry()
+		if err != nil {
+			return err
+		}
+		if f.extra == nil && (e.Other || len(e.Strings) > 0) {
+			f.extra = make([]ExtraKeys, i, min(n, 1024))
+		}
+		if f.extra != nil {
+			f.extra = append(f.extra, e)
+		}
+	}
+	return nil
+}
+
+// extraEntry reads one block's extra keys (see ExtraKeys).
+func (r *reader) extraEntry() (ExtraKeys, error) {
+	var e ExtraKeys
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return e, err
+	}
+	if c == msgpcode.Nil {
+		return e, r.d.DecodeNil()
+	}
+	if !isArray(c) {
+		e.Other = true
+		return e, r.skip(1)
+	}
+	n, err := r.d.DecodeArrayLen()
+	if err != nil {
+		return e, err
+	}
+	for i := 0; i < n; i++ {
+		c, err := r.d.PeekCode()
+		if err != nil {
+			return e, err
+		}
+		if !msgpcode.IsString(c) || len(e.Strings) == maxExtraStrings {
+			e.Other = true
+			if err := r.skip(2); err != nil {
+				return e, err
+			}
+			continue
+		}
+		s, err := r.d.DecodeString()
+		if err != nil {
+			return e, err
+		}
+		if len(s) > maxShortString {
+			e.Other = true
+			continue
+		}
+		e.Strings = append(e.Strings, s)
+	}
+	return e, nil
 }
 
 func (r *reader) hashes() ([]BlockHash, error) {

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"math"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -61,7 +62,40 @@ type Index struct {
 	// (see tomb).
 	tombHead, tombTail *tomb
 	tombs              int // their weight (see weight), what maxTombs bounds
+	// adapters: the LoRA adapters' names the events named lately, so a
+	// request whose model is one is keyed as the adapter's (KeysFor).
+	adapters adapterSet
 }
+
+// maxAdapters bounds the adapters' names remembered: the names come from
+// the publishers (outside input).
+const maxAdapters = 1024
+
+// adapterSet is a bounded set of recently seen names: two generations of
+// at most maxAdapters/2 each; a full current one becomes the previous,
+// dropping the previous's names not seen since (a name seen again moves
+// to the current one).
+type adapterSet struct {
+	cur, prev map[string]struct{}
+}
+
+func (a *adapterSet) add(name string) {
+	if _, ok := a.cur[name]; ok {
+		return
+	}
+	if a.cur == nil || len(a.cur) >= maxAdapters/2 {
+		a.prev, a.cur = a.cur, make(map[string]struct{})
+	}
+	a.cur[name] = struct{}{}
+}
+
+func (a *adapterSet) has(name string) bool {
+	_, inCur := a.cur[name]
+	_, inPrev := a.prev[name]
+	return inCur || inPrev
+}
+
+func (a *adapterSet) len() int { return len(a.cur) + len(a.prev) }
 
 // tomb remembers an engine block the engine removed: its hash, keys and
 // keying state. An engine's block hash names the whole prefix up to that
@@ -199,8 +233,66 @@ func NewIndex(cfg Config) *Index {
 // BlockSize is the key block size in tokens.
 func (ix *Index) BlockSize() int { return ix.cfg.BlockSize }
 
-// Keys returns the Sluice keys of every full block of tokens, to pass to Match.
+// Keys returns the Sluice keys of every full block of tokens of the base
+// model, to pass to Match.
 func (ix *Index) Keys(tokens []uint32) []uint64 { return ix.keyer.keys(tokens) }
+
+// KeysFor returns the keys of a request's tokens: under its LoRA adapter
+// when model is the name of one the engines' events named (vLLM's OpenAI
+// server takes an adapter's name as the request's model), else the base
+// model's; with salt (the request's cache_salt) under that salt. An
+// engine reuses neither namespace's blocks for the other.
+func (ix *Index) KeysFor(model, salt string, tokens []uint32) []uint64 {
+	ns := namespace{salt: salt}
+	if model != "" {
+		ix.mu.Lock()
+		if ix.adapters.has(model) {
+			ns.adapter = "n" + model
+		}
+		ix.mu.Unlock()
+	}
+	return ix.keyer.keysIn(ns, tokens)
+}
+
+// adapterOf is the namespace's adapter of a BlockStored: its LoRA name, or
+// its id when it gives none (vLLM's ids start at 1: 0 and below are taken
+// for none).
+func adapterOf(ev *Event) string {
+	switch {
+	case ev.LoraName != "":
+		return "n" + ev.LoraName
+	case ev.HasLora && ev.LoraID > 0:
+		return "i" + strconv.FormatInt(ev.LoraID, 10)
+	}
+	return ""
+}
+
+// extraKeyed says whether block i's extra keys are ones Sluice reproduces
+// from a request, and returns the cache_salt among them: the event's
+// adapter name (vLLM puts it first in every block's), then, on the first
+// block of a sequence (first), one string, the request's cache_salt.
+// Anything else (a multimodal identifier, a prompt-embeds hash) makes the
+// block's hash one no request's token ids give.
+func extraKeyed(ev *Event, i int, first bool) (salt string, ok bool) {
+	if ev.Extra == nil {
+		return "", true
+	}
+	e := ev.Extra[i]
+	if e.Other {
+		return "", false
+	}
+	s := e.Strings
+	if ev.LoraName != "" && len(s) > 0 && s[0] == ev.LoraName {
+		s = s[1:]
+	}
+	switch {
+	case len(s) == 0:
+		return "", true
+	case len(s) == 1 && first:
+		return s[0], true
+	}
+	return "", false
+}
 
 // Match returns, per replica, how many leading keys it holds: its longest
 // cached prefix in blocks of BlockSize tokens.
@@ -488,7 +580,14 @@ func (ix *Index) evictOwnTopic(name string, r *replica) {
 }
 
 // store applies one BlockStored; false: dropped (counted by reason as an
-// event, the rest of its message applies), the index unchanged.
+// event, the rest of its message applies), the index unchanged, except
+// for extra_keys: the blocks from the first whose extra keys Sluice cannot
+// reproduce on are held without keys (their removal and children are
+// then known, and the children keyless too), the event counted dropped.
+//
+// A chain starts at its namespace's root (keys.go): the event's adapter
+// and its first block's cache_salt, so an adapter's or a salted request's
+// blocks never count for the base model's requests.
 func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 	// Before the source is made: an offloaded block without token ids
 	// (see Event) must not take one of the replica's source slots.
@@ -506,22 +605,37 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 		blocks = make(map[BlockHash]*entry)
 		r.sources[src] = blocks
 	}
-	state := ix.keyer.start()
+	state, fromRoot := ix.keyer.start(), true
 	if ev.Parent != NoHash {
 		switch p := blocks[ev.Parent]; {
 		case p != nil:
-			state = p.state
+			state, fromRoot = p.state, false
 		case ev.Parent == IntHash(0):
 			// the sim's positional form says "no parent" with 0
 		case len(ev.BlockHashes) > 0 && r.tombs[tombKey{src, ev.BlockHashes[0]}] != nil:
 			// the parent is unknown but the first block is known: its keys
+			fromRoot = false
 		default:
 			// evicted here, or stored before we listened: the chain is unknown
 			ix.c.dropEvent(ReasonParent)
 			return false
 		}
 	}
+	if ev.LoraName != "" {
+		ix.adapters.add(ev.LoraName)
+	}
+	unkeyed := false
+	if fromRoot && len(ev.BlockHashes) > 0 {
+		salt, ok := extraKeyed(ev, 0, true)
+		state = chain{last: ix.keyer.rootOf(namespace{adapter: adapterOf(ev), salt: salt}), dead: !ok}
+		unkeyed = !ok
+	}
 	for i, h := range ev.BlockHashes {
+		if i > 0 || !fromRoot {
+			if _, ok := extraKeyed(ev, i, false); !ok {
+				state.dead, unkeyed = true, true
+			}
+		}
 		if old := blocks[h]; old != nil {
 			// Another copy of a block held (see entry.copies): the same
 			// prefix, so the same keys; it is the newest now.
@@ -561,6 +675,10 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 		// Block by block, not after the batch: one batch may carry far
 		// more blocks than the bounds (up to the 16 MiB payload).
 		ix.enforce(r)
+	}
+	if unkeyed {
+		ix.c.dropEvent(ReasonExtraKeys)
+		return false
 	}
 	return true
 }

@@ -28,11 +28,42 @@ func newKeyer(blockSize int, seed uint64) keyer {
 	return keyer{blockSize: blockSize, root: xxhash.Sum64(b[:])}
 }
 
+// namespace is what, besides the tokens, the engine hashed into a chain
+// of blocks that Sluice can reproduce: the LoRA adapter ("n" and its name,
+// or "i" and its id when the engine gives no name) and the request's
+// cache_salt. Blocks of different namespaces never share keys: the
+// engine cannot reuse one's for the other.
+type namespace struct {
+	adapter string
+	salt    string
+}
+
+// rootOf is the root key of a namespace's chains; the base model's (no
+// adapter, no salt) is the root itself.
+func (k keyer) rootOf(ns namespace) uint64 {
+	if ns == (namespace{}) {
+		return k.root
+	}
+	var d xxhash.Digest
+	d.Reset()
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], k.root)
+	_, _ = d.Write(b[:])
+	for _, s := range []string{ns.adapter, ns.salt} {
+		binary.LittleEndian.PutUint64(b[:], uint64(len(s))) // length first: no two pairs hash alike
+		_, _ = d.Write(b[:])
+		_, _ = d.WriteString(s)
+	}
+	return d.Sum64()
+}
+
 // chain is the keying state at an engine block boundary: the last full key
-// and the tokens after it that do not yet fill one of our blocks.
+// and the tokens after it that do not yet fill one of our blocks. A dead
+// chain is one Sluice cannot key (see Event.Extra): nor any block after.
 type chain struct {
 	last    uint64
 	pending []uint32
+	dead    bool
 }
 
 func (k keyer) start() chain { return chain{last: k.root} }
@@ -40,6 +71,9 @@ func (k keyer) start() chain { return chain{last: k.root} }
 // extend feeds tokens after c and returns the keys completed and the new
 // state; c is not modified (its pending slice may be shared).
 func (k keyer) extend(c chain, tokens []uint32, keys []uint64) ([]uint64, chain) {
+	if c.dead {
+		return keys, c
+	}
 	buf := make([]uint32, 0, len(c.pending)+len(tokens))
 	buf = append(append(buf, c.pending...), tokens...)
 	last := c.last
@@ -73,8 +107,12 @@ func (k keyer) key(parent uint64, tokens []uint32) uint64 {
 	return d.Sum64()
 }
 
-// keys returns the keys of every full block of a token sequence.
-func (k keyer) keys(tokens []uint32) []uint64 {
-	out, _ := k.extend(k.start(), tokens, make([]uint64, 0, len(tokens)/k.blockSize))
+// keys returns the keys of every full block of a token sequence of the
+// base model.
+func (k keyer) keys(tokens []uint32) []uint64 { return k.keysIn(namespace{}, tokens) }
+
+// keysIn returns the keys of every full block of a token sequence in ns.
+func (k keyer) keysIn(ns namespace, tokens []uint32) []uint64 {
+	out, _ := k.extend(chain{last: k.rootOf(ns)}, tokens, make([]uint64, 0, len(tokens)/k.blockSize))
 	return out
 }

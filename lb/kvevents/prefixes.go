@@ -71,7 +71,10 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 		return nil, nil, nil
 	}
 	total = max(total, len(tokens))
-	keys := p.Index.Keys(tokens)
+	// Under the request's adapter when its model names one (a LoRA
+	// adapter's blocks are no use to the base model, nor the reverse),
+	// and its cache_salt.
+	keys := p.Index.KeysFor(req.Model, req.CacheSalt, tokens)
 	if len(keys) == 0 {
 		return nil, nil, nil // shorter than one block: the tree decides
 	}
@@ -118,7 +121,7 @@ func (p *Prefixes) SpeculatePeer(model, text, addr string) {
 	if !ok || len(tokens) == 0 {
 		return
 	}
-	if keys := p.Index.Keys(tokens); len(keys) > 0 {
+	if keys := p.Index.KeysFor(model, "", tokens); len(keys) > 0 {
 		p.Index.Speculate(addr, keys, p.now(), ttl)
 	}
 }

@@ -49,6 +49,10 @@ type Request struct {
 	// then them in decimal, space-separated; several prompts joined by
 	// "\n").
 	TokenIDs bool
+	// CacheSalt is vLLM's cache_salt: the engine hashes it into the
+	// request's first KV block, so no request with another salt (or none)
+	// reuses its blocks. "" when absent or not a string.
+	CacheSalt string
 }
 
 // Extract parses body according to path. Paths it does not know give Kind
@@ -129,6 +133,17 @@ func (s *scanner) shared(key []byte, req *Request, model *[]byte) bool {
 		s.str(model, "model")
 	case is(key, "stream"):
 		s.boolean(&req.Stream, "stream")
+	case is(key, "cache_salt"):
+		// Only read for routing: a body whose salt is not a string is
+		// the engine's to refuse, not a reason to route it by load alone.
+		req.CacheSalt = ""
+		if s.peek() == '"' {
+			if raw, escaped := s.rawString(); s.err == nil {
+				req.CacheSalt = decode(raw, escaped)
+			}
+		} else {
+			s.skip(1)
+		}
 	default:
 		return false
 	}
