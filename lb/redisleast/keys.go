@@ -26,6 +26,10 @@ import "github.com/sluice-router/sluice/lb/redisconn"
 //	{tag}:cands         HASH token → the waiter's candidates, newline-separated: the only
 //	                    replicas it may be handed (its instance's pool less the replicas
 //	                    its request excluded and those down by passive health)
+//	{tag}:qseq          HASH token → its place in the queue's order, "#" the counter: kept
+//	                    while the token waits or holds the slot it was handed, so a
+//	                    hand-over its instance's health refuses goes back to that place
+//	                    (requeueQueueScript)
 //	{tag}:idle          HASH member → "1": members no queued waiter lists among its
 //	                    candidates (dispatch leaves them out: see dispatchFn)
 //	{tag}:notify:<id>   pub/sub channel of instance <id>: "<request id> <replica>" per hand-over

@@ -37,8 +37,12 @@ func (m *member) pickUsable(candidates []string, pick func([]string) (*Lease, er
 // admit takes l's passive-health lease; false when health refuses it, l
 // then released (its counts, Redis's included, undone). A replica the
 // tracker does not know (not in the set) has no health to keep: its
-// lease goes without.
+// lease goes without. A lease admitted already (the queue admits what it
+// hands over, see admitHanded) is not admitted again.
 func (m *member) admit(l *Lease) bool {
+	if l.hl != nil {
+		return true
+	}
 	if l.hl = m.health.AcquireUsable(l.Addr, 0); l.hl != nil {
 		return true
 	}

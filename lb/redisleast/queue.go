@@ -37,6 +37,12 @@ import (
 //     may not use the free slot keeps its place; one none of whose
 //     candidates is a member any more is refused, and Store.Pick picks
 //     for it again (see dispatchFn).
+//   - A hand-over its instance's passive health refuses (the replica went
+//     down, or its one probe is taken, after the waiter queued) is given
+//     back, and the waiter takes its old place again ({tag}:qseq), less
+//     that replica (admitHanded, requeueQueueScript): it is not put behind
+//     those that queued after it, and its QueueTimeout still counts from
+//     its arrival.
 //   - Each instance holds one subscription (a dedicated client) to its
 //     channel and routes "<request id> <replica>" to the waiting Select.
 //   - A waiter that gives up (client gone, QueueTimeout) runs the cancel
@@ -197,6 +203,23 @@ func (w *waiterSet) add(tok, cands string) chan string {
 	return ch
 }
 
+// requeued moves the waiter old to the token tok, with new candidates
+// (requeue); the old token's deliveries are dropped from now on.
+func (w *waiterSet) requeued(old, tok, cands string) chan string {
+	ch := make(chan string, 1)
+	w.mu.Lock()
+	delete(w.m, old)
+	w.m[tok] = waiter{ch, cands}
+	w.mu.Unlock()
+	return ch
+}
+
+func (w *waiterSet) cands(tok string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.m[tok].cands
+}
+
 func (w *waiterSet) drop(tok string) {
 	w.mu.Lock()
 	delete(w.m, tok)
@@ -281,7 +304,16 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 				m.tombs.add(ident, []string{req}, time.Now())
 				return nil, errNoMemberLeft
 			}
-			return q.handed(ident, req, tok, rep, start), nil
+			for {
+				l, next, err := q.admitHanded(ident, req, tok, rep, start)
+				if next == nil {
+					return l, err
+				}
+				req, tok, ch = next.req, token(ident, next.req), next.ch
+				if rep = next.addr; rep == "" {
+					break // back in its place: wait on
+				}
+			}
 		case <-ctx.Done():
 			return q.giveUp(ctx, ident, req, start, gaveUpCancelled)
 		case <-t.C:
@@ -293,6 +325,98 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 			t.Reset(time.Until(start.Add(m.conf().QueueTimeout)))
 		}
 	}
+}
+
+// requeued is a waiter put back in its place under a new request id
+// (requeue): addr is the slot the queue handed it at once, "" if none.
+type requeued struct {
+	req, addr string
+	ch        chan string
+}
+
+// admitHanded takes the slot rep the queue handed the waiter req if
+// passive health lets it (admit; the lease carries the health lease);
+// refused, the waiter goes back to its place in the queue less rep
+// (requeue): next says under which request id it waits now. A waiter
+// whose last candidate this was ends with lb.ErrAllDown, the slot
+// released.
+func (q *globalQueue) admitHanded(ident *identity, req, tok, rep string, start time.Time) (*Lease, *requeued, error) {
+	m := q.m
+	hl := m.health.AcquireUsable(rep, 0)
+	if hl == nil {
+		if _, known := m.health.View(rep, time.Time{}); !known {
+			return q.handed(ident, req, tok, rep, start), nil, nil // no health to keep
+		}
+		return q.requeue(ident, req, tok, rep)
+	}
+	l := q.handed(ident, req, tok, rep, start)
+	l.hl = hl
+	return l, nil, nil
+}
+
+// requeue puts the waiter req, handed rep which its health refused, back
+// in its place in the queue without rep (requeueQueueScript), under a new
+// request id so that a late copy of the old hand-over (recheck) cannot
+// reach it.
+func (q *globalQueue) requeue(ident *identity, req, tok, rep string) (*Lease, *requeued, error) {
+	m := q.m
+	var cands []string
+	for _, c := range strings.Split(q.waiters.cands(tok), candSep) {
+		if c != rep && c != "" {
+			cands = append(cands, c)
+		}
+	}
+	m.own.mu.RLock()
+	if cands = m.healthy(cands); len(cands) == 0 {
+		// nothing left to wait for: the slot goes to the next waiter
+		q.waiters.drop(tok)
+		l := m.lease(rep, ident, req)
+		m.own.mu.RUnlock()
+		l.Release(lb.Outcome{Kind: lb.Cancelled})
+		return nil, nil, lb.ErrAllDown
+	}
+	defer m.own.mu.RUnlock()
+	floor := ident.acked.Load()
+	next := strconv.FormatUint(m.seq.Add(1), 36)
+	ch := q.waiters.requeued(tok, token(ident, next), strings.Join(cands, candSep))
+	args := append([]string{strconv.Itoa(m.conf().MaxInflight), m.k.tag, ident.id, req, rep, next}, cands...)
+	res := m.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
+		return requeueQueueScript.Exec(ctx, m.rc(),
+			[]string{m.k.load, m.k.gone, ident.inst, m.k.queue, m.k.waiters, m.k.assigned, m.k.cands, m.k.idle}, args)
+	})
+	arr, err := res.ToArray()
+	if err == nil && len(arr) != 3 {
+		err = errBadReply
+	}
+	if err != nil {
+		// Unknown whether it ran: the lost-select releases end the old
+		// request's slot and take the new one out of the queue (or
+		// release what it was handed) once Redis answers; this request
+		// is served from this instance's own counts, as any pick Redis
+		// does not answer.
+		q.waiters.drop(token(ident, next))
+		m.queueRelease(ident, req)
+		m.queueRelease(ident, "?"+next)
+		l, err := m.fallback(cands)
+		return l, nil, err
+	}
+	m.noteVersion(ident, floor, versionOf(arr, 2))
+	code, _ := arr[0].AsInt64()
+	addr, _ := arr[1].ToString()
+	switch code {
+	case pickLeased:
+		return nil, &requeued{req: next, addr: addr, ch: ch}, nil
+	case pickQueued:
+		return nil, &requeued{req: next, ch: ch}, nil
+	}
+	// 2: the slot was no longer its own (reaped: its identity was taken
+	// for dead); 3: refused, none of its candidates a member any more.
+	// Either way it picks again, as a new request (Store.Pick).
+	q.waiters.drop(token(ident, next))
+	if code == 3 {
+		m.tombs.add(ident, []string{next}, time.Now())
+	}
+	return nil, nil, errNoMemberLeft
 }
 
 // handed makes the lease of a slot the queue gave this request: from
@@ -322,7 +446,7 @@ func (q *globalQueue) giveUp(ctx context.Context, ident *identity, req string, s
 	m.own.mu.RLock()
 	floor := ident.acked.Load()
 	res := m.call(context.Background(), func(ctx context.Context) rueidis.RedisResult {
-		return cancelQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.assigned, m.k.cands, ident.inst}, []string{tok})
+		return cancelQueueScript.Exec(ctx, m.rc(), []string{m.k.queue, m.k.waiters, m.k.assigned, m.k.cands, ident.inst}, []string{tok, m.k.tag})
 	})
 	arr, err := res.ToArray()
 	if err == nil && len(arr) != 3 {
@@ -350,7 +474,17 @@ func (q *globalQueue) giveUp(ctx context.Context, ident *identity, req string, s
 	}
 	if l != nil {
 		if why != gaveUpCancelled {
-			return l, nil // dispatched just in time
+			// dispatched just in time; refused by health (admit releases
+			// it), the request does not queue again for another
+			// QueueTimeout
+			if m.admit(l) {
+				return l, nil
+			}
+			if why == gaveUpClosed {
+				return nil, lb.ErrShutdown
+			}
+			q.queueTimeouts.Add(1)
+			return nil, ErrQueueTimeout
 		}
 		l.Release(lb.Outcome{Kind: lb.Cancelled}) // hands it to the next waiter
 		q.queueCancels.Add(1)

@@ -64,9 +64,16 @@ import "github.com/redis/rueidis"
 // version's {tag}:avoid entry for it goes with it). Returns how many it
 // handed.
 const dispatchFn = `
+-- enqueue gives tok the next place in the queue's order ({tag}:qseq).
+local function enqueue(tag, tok)
+  local k = tag .. ':qseq'
+  local s = (tonumber(redis.call('HGET', k, '#')) or 0) + 1
+  redis.call('HSET', k, '#', s, tok, s)
+end
+
 local function dispatch(tag, maxIn, full)
   local load, queue, waiters, assigned = tag .. ':load', tag .. ':queue', tag .. ':waiters', tag .. ':assigned'
-  local candsKey, idleKey = tag .. ':cands', tag .. ':idle'
+  local candsKey, idleKey, seqKey = tag .. ':cands', tag .. ':idle', tag .. ':qseq'
   local idle = {}
   if not full then
     local kv = redis.call('HGETALL', idleKey)
@@ -101,6 +108,7 @@ local function dispatch(tag, maxIn, full)
     if not inst then
       drop = true
       redis.call('HDEL', candsKey, head)
+      redis.call('HDEL', seqKey, head)
     else
       -- no entry (lost, or queued by an older version): its candidates
       -- are unknown, so it is refused and its instance picks again
@@ -138,6 +146,7 @@ local function dispatch(tag, maxIn, full)
         local req = string.match(head, ':([^:]*)$')
         local ikey = tag .. ':inst:' .. inst
         if refused then
+          redis.call('HDEL', seqKey, head)
           if redis.call('HEXISTS', ikey, req) == 0 then redis.call('HSET', ikey, req, '') end
           redis.call('PUBLISH', tag .. ':notify:' .. inst, req .. ' ')
         elseif redis.call('HEXISTS', ikey, req) == 0 then
@@ -147,6 +156,8 @@ local function dispatch(tag, maxIn, full)
           redis.call('SADD', tag .. ':insts', inst)
           redis.call('HSET', assigned, head, f.m)
           redis.call('PUBLISH', tag .. ':notify:' .. inst, req .. ' ' .. f.m)
+          -- its seq stays until the slot is released: a hand-over its
+          -- instance's health refuses goes back to this place (requeue)
           n = n + 1
           f.n = f.n + 1
           if f.n >= maxIn then
@@ -157,6 +168,8 @@ local function dispatch(tag, maxIn, full)
               j = j + 1
             end
           end
+        else -- barred: its select was given up as lost
+          redis.call('HDEL', seqKey, head)
         end
       end
     end
@@ -224,6 +237,7 @@ if bestScore < maxIn and redis.call('LLEN', KEYS[5]) == 0 then
   return {1, best, v}
 end
 redis.call('RPUSH', KEYS[5], tok)
+enqueue(ARGV[6], tok)
 redis.call('HSET', KEYS[6], tok, ARGV[4])
 redis.call('HSET', KEYS[8], tok, table.concat(ARGV, '\n', 7))
 if redis.call('EXISTS', KEYS[9]) == 1 then -- its candidates are wanted now
@@ -252,6 +266,7 @@ for i = 4, #ARGV do
   if string.sub(id, 1, 1) == '?' then id, lost = string.sub(id, 2), true end
   local tok = me .. ':' .. id
   redis.call('HDEL', KEYS[6], tok)
+  redis.call('HDEL', ARGV[2] .. ':qseq', tok)
   if redis.call('HDEL', KEYS[5], tok) == 1 then
     redis.call('LREM', KEYS[4], 1, tok)
     redis.call('HDEL', KEYS[7], tok)
@@ -272,20 +287,23 @@ return bump(KEYS[3])
 // or its QueueTimeout passed).
 //
 // KEYS: queue, waiters, assigned, cands, inst:<id> (the waiter's)
-// ARGV: token
+// ARGV: token, tag
 // Reply: {0, "", version} it was still queued and is removed;
 // {1, replica, version} it was handed a slot meanwhile (the caller owns
 // that lease); {2, "", version} neither (dropped by dispatch: its instance
 // looked dead, or it was barred).
 var cancelQueueScript = rueidis.NewLuaScript(versionFn + bumpFn + `
 local v = bump(KEYS[5])
+local seqKey = ARGV[2] .. ':qseq'
 if redis.call('HDEL', KEYS[2], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[1], 1, ARGV[1])
   redis.call('HDEL', KEYS[4], ARGV[1])
+  redis.call('HDEL', seqKey, ARGV[1])
   return {0, '', v}
 end
 local a = redis.call('HGET', KEYS[3], ARGV[1])
-if a then return {1, a, v} end
+if a then return {1, a, v} end -- its seq goes with the release
+redis.call('HDEL', seqKey, ARGV[1])
 return {2, '', v}
 `)
 
@@ -303,6 +321,7 @@ redis.call('DEL', KEYS[4]) -- first: decr's recount must not count them
 local n = 0
 for i = 1, #kv, 2 do
   redis.call('HDEL', KEYS[6], ARGV[1] .. ':' .. kv[i])
+  redis.call('HDEL', ARGV[3] .. ':qseq', ARGV[1] .. ':' .. kv[i])
   if kv[i] ~= '#' and kv[i] ~= '!' and kv[i + 1] ~= '' then
     decr(KEYS[1], KEYS[2], kv[i + 1])
     n = n + 1
@@ -336,13 +355,17 @@ for i = 7, 6 + 2 * nw, 2 do
   local tok = me .. ':' .. ARGV[i]
   if redis.call('HEXISTS', KEYS[7], tok) == 0 and redis.call('HEXISTS', KEYS[4], ARGV[i]) == 0 then
     redis.call('RPUSH', KEYS[6], tok)
+    enqueue(ARGV[5], tok) -- at the tail: a place of its own
     redis.call('HSET', KEYS[7], tok, me)
     redis.call('HSET', KEYS[9], tok, ARGV[i + 1])
     redis.call('DEL', KEYS[10]) -- its candidates may be idle members
     added = added + 1
   end
 end
-for i = 1, #dropped do redis.call('HDEL', KEYS[8], me .. ':' .. dropped[i]) end
+for i = 1, #dropped do
+  redis.call('HDEL', KEYS[8], me .. ':' .. dropped[i])
+  redis.call('HDEL', ARGV[5] .. ':qseq', me .. ':' .. dropped[i])
+end
 local left = 0
 local w = redis.call('HGETALL', KEYS[7])
 for i = 1, #w, 2 do
@@ -350,6 +373,7 @@ for i = 1, #w, 2 do
     redis.call('HDEL', KEYS[7], w[i])
     redis.call('LREM', KEYS[6], 1, w[i])
     redis.call('HDEL', KEYS[9], w[i])
+    redis.call('HDEL', ARGV[5] .. ':qseq', w[i])
     left = left + 1
   end
 end
@@ -374,7 +398,10 @@ return bump(KEYS[4])
 `)
 
 // kickQueueScript dispatches whatever is free (a safety net run by the
-// background loop and when the breaker closes) and reports the queue.
+// background loop and when the breaker closes) and reports the queue. It
+// also forgets the places ({tag}:qseq) of tokens neither waiting nor
+// handed a slot, which only an older version's scripts leave behind (they
+// know nothing of them): read whole only when there are such.
 //
 // KEYS: queue, waiters, load
 // ARGV: maxInflight, tag
@@ -382,5 +409,76 @@ return bump(KEYS[4])
 // cancelled tokens, waiting counts live waiters only.
 var kickQueueScript = rueidis.NewLuaScript(countFn + dispatchFn + `
 local n = dispatch(ARGV[2], tonumber(ARGV[1]), false)
+local seqKey, assigned = ARGV[2] .. ':qseq', ARGV[2] .. ':assigned'
+if redis.call('HLEN', seqKey) > 1 + redis.call('HLEN', KEYS[2]) + redis.call('HLEN', assigned) then
+  local kv = redis.call('HGETALL', seqKey)
+  for i = 1, #kv, 2 do
+    if kv[i] ~= '#' and redis.call('HEXISTS', KEYS[2], kv[i]) == 0 and redis.call('HEXISTS', assigned, kv[i]) == 0 then
+      redis.call('HDEL', seqKey, kv[i])
+    end
+  end
+end
 return {n, redis.call('LLEN', KEYS[1]), redis.call('HLEN', KEYS[2])}
+`)
+
+// requeueQueueScript puts back in the queue a waiter whose instance
+// refused the slot it was handed (passive health has the replica down, or
+// its one probe is taken): the slot is released and dispatched, and the
+// waiter, under a new request id, takes its old place ({tag}:qseq: before
+// the first token that queued after it), less that replica. Queueing it
+// again at the tail would let every request that queued after it go
+// first, each time its instance refuses a slot.
+//
+// KEYS: load, gone, inst:<id>, queue, waiters, assigned, cands, idle
+// ARGV: maxInflight, tag, instance id, request id handed the slot,
+// replica refused, new request id, candidates... (not empty)
+// Reply: as selectQueueScript for the new request id; {2, "", version}
+// the slot is no longer the request's (reaped, or released): nothing
+// done.
+var requeueQueueScript = rueidis.NewLuaScript(countFn + decr + dispatchFn + versionFn + bumpFn + `
+local v = bump(KEYS[3])
+local me, old, req = ARGV[3], ARGV[4], ARGV[6]
+if redis.call('HGET', KEYS[3], old) ~= ARGV[5] then return {2, '', v} end
+local oldTok, tok = me .. ':' .. old, me .. ':' .. req
+redis.call('HDEL', KEYS[3], old)
+redis.call('HDEL', KEYS[6], oldTok)
+decr(KEYS[1], KEYS[2], ARGV[5])
+local seqKey = ARGV[2] .. ':qseq'
+local s = tonumber(redis.call('HGET', seqKey, oldTok))
+redis.call('HDEL', seqKey, oldTok)
+local at -- its place: before the first token that queued after it
+if s then
+  redis.call('HSET', seqKey, tok, s)
+  local last = redis.call('LINDEX', KEYS[4], -1)
+  if last and (tonumber(redis.call('HGET', seqKey, last)) or 0) > s then
+    -- the queue is in seq order (tokens without one, an older version's,
+    -- are passed over); rebuilt with the commands the others use (the
+    -- permission check covers them), on this rare path only
+    local all = redis.call('LPOP', KEYS[4], redis.call('LLEN', KEYS[4]))
+    for i = 1, #all, 256 do
+      local seqs = redis.call('HMGET', seqKey, unpack(all, i, math.min(i + 255, #all)))
+      for k = 1, #seqs do
+        local o = tonumber(seqs[k])
+        if o and o > s then at = i + k - 1 break end
+      end
+      if at then break end
+    end
+    at = at or #all + 1
+    table.insert(all, at, tok)
+    for i = 1, #all, 256 do redis.call('RPUSH', KEYS[4], unpack(all, i, math.min(i + 255, #all))) end
+  end
+else
+  enqueue(ARGV[2], tok)
+end
+if not at then redis.call('RPUSH', KEYS[4], tok) end
+redis.call('HSET', KEYS[5], tok, me)
+redis.call('HSET', KEYS[7], tok, table.concat(ARGV, '\n', 7))
+if redis.call('EXISTS', KEYS[8]) == 1 then
+  for i = 7, #ARGV, 256 do redis.call('HDEL', KEYS[8], unpack(ARGV, i, math.min(i + 255, #ARGV))) end
+end
+dispatch(ARGV[2], tonumber(ARGV[1]), false)
+local got = redis.call('HGET', KEYS[3], req)
+if got and got ~= '' then return {1, got, v} end
+if redis.call('HEXISTS', KEYS[5], tok) == 1 then return {4, '', v} end
+return {3, '', v}
 `)
