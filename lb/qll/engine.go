@@ -290,6 +290,22 @@ func (e *engineView) waitingAllowed() int {
 	return fullBuffer(e.running)
 }
 
+// saysRoom reports whether the replica's fresh sample says it has room:
+// nothing waits in it, its KV cache is not full, and it is not known to
+// serve one at a time. Then the learned limit takes no sample for full
+// (see concurrencyLimit.observe): latency says how busy the machine is,
+// the engine's queue whether the replica is. When the machine the proxy
+// and the replicas run on slows every request alike (other processes, a
+// starved CPU), each latency read against a solo baseline from before
+// looked like a replica past its knee: four instant simulated replicas
+// that reported empty queues were cut to 3-7 slots each, and 36% of the
+// requests were evicted from the edge queue with 503s while round robin
+// served 85% of them. A one-at-a-time server still shows itself: its
+// second request waits in it.
+func (e *engineView) saysRoom(now time.Time) bool {
+	return !e.until.IsZero() && !now.After(e.until) && !e.single && !e.full && e.waiting == 0
+}
+
 // wantsSample reports whether a fresh sample could give r more slots:
 // it exports its queue and is not known to serve one at a time.
 func (e *engineView) wantsSample() bool { return !e.until.IsZero() && !e.single }

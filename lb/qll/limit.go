@@ -156,8 +156,10 @@ func (c *concurrencyLimit) grow(to float64, cap int) {
 // observe learns from one successful request of the given kind, sent when
 // k requests (itself included) were in flight on the replica, whose timed
 // latency (first byte of a stream, last byte otherwise) and whole duration
-// (0: unknown) are in seconds. cap (> 0) bounds the limit.
-func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int) {
+// (0: unknown) are in seconds. cap (> 0) bounds the limit. room: the
+// replica's own metrics say it has room (engineView.saysRoom), so no
+// sample reads as full.
+func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int, room bool) {
 	if !(total >= latency) {
 		total = latency
 	}
@@ -213,7 +215,7 @@ func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int)
 	s := c.record(k, slowdown)
 	at := c.slots()
 	full := false
-	if k >= 2 {
+	if k >= 2 && !room {
 		j, sj := c.reference(k)
 		full = (float64(k)/s-float64(j)/sj)/float64(k-j) < minMarginalGain
 	}
@@ -224,8 +226,12 @@ func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int)
 		c.full(k, float64(c.knee(k, float64(k)/s)))
 	case k >= at:
 		// Used up to its limit with room: allow one more.
-		if c.failedAt > 0 && k >= c.failedAt {
-			c.failedAt, c.failures = 0, 0 // what failed before works now
+		if c.failedAt > 0 && (k >= c.failedAt || room) {
+			// What failed before works now, or the replica's own metrics
+			// say it has room: no backed-off probing (one more per
+			// request served at the limit grows the limit by half again
+			// per service time).
+			c.failedAt, c.failures = 0, 0
 		}
 		switch {
 		case c.growing:

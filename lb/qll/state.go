@@ -598,7 +598,7 @@ func (l *Lease) Release(o lb.Outcome) bool {
 			r.spread[kind] = (1 - a) * (r.spread[kind] + a*d*d)
 		}
 		if s.cfg.Parallelism == 0 && s.cfg.LatencyThreshold == 0 {
-			r.lim.observe(kind, l.conc, o.Latency.Seconds(), o.Total.Seconds(), s.cfg.MaxConcurrency)
+			r.lim.observe(kind, l.conc, o.Latency.Seconds(), o.Total.Seconds(), s.cfg.MaxConcurrency, r.eng.saysRoom(s.now()))
 		}
 		r.successes++
 		r.consecFails = 0

@@ -185,10 +185,10 @@ func TestA429StormLeavesAWayBackUp(t *testing.T) {
 		t.Fatalf("after the storm: %d slots, growing %v; want 1, not growing", c.slots(), c.growing)
 	}
 	// It recovers: served alone, then at its limit each time, no slower.
-	c.observe(plainKind, 1, 1, 1, 0)
+	c.observe(plainKind, 1, 1, 1, 0, false)
 	for c.slots() < 8 {
 		before := c.slots()
-		c.observe(plainKind, before, 1, 1, 0)
+		c.observe(plainKind, before, 1, 1, 0, false)
 		if c.slots() <= before {
 			t.Fatalf("served at its limit %d with no slowdown, the limit stays %.2f", before, c.limit)
 		}
