@@ -65,6 +65,7 @@ func startCaddy(t testing.TB, caddyfile string) {
 	if t.Failed() {
 		t.FailNow()
 	}
+	oldListenersClosed(t)
 }
 
 // reload posts a new config to the admin API, the way users hot-reload.
@@ -92,30 +93,57 @@ func adapt(t *testing.T, caddyfile string) []byte {
 // load posts cfg to the admin API's /load and returns Caddy's answer.
 func load(t *testing.T, cfg []byte) (int, string) {
 	t.Helper()
-	post := func() (*http.Response, error) {
-		req, _ := http.NewRequest(http.MethodPost, adminURL+"/load", bytes.NewReader(cfg))
-		req.Header.Set("Content-Type", "application/json")
-		return client.Do(req)
-	}
-	resp, err := post()
-	if err != nil {
-		// The admin endpoint is replaced after each load, the old one
-		// stopped just after it answered: a new connection can land on it
-		// and read EOF (CI). Loading the same config again is harmless
-		// (Caddy keeps an unchanged config; a refused one is refused
-		// again), so try once more.
-		time.Sleep(100 * time.Millisecond)
-		resp, err = post()
-	}
+	req, _ := http.NewRequest(http.MethodPost, adminURL+"/load", bytes.NewReader(cfg))
+	req.Header.Set("Content-Type", "application/json")
+	// No retry: every load waits below until the admin endpoint it
+	// replaced has closed its listener, so this one reaches the running
+	// endpoint (a connection on the old one read EOF in CI).
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	// Also after a refused config: it may have started its servers (and
+	// admin endpoint) before it was refused, and they are shutting down.
+	oldListenersClosed(t)
 	// A changed config replaces the servers: the old ones close their idle
 	// keep-alive connections, and reusing one would read EOF.
 	client.CloseIdleConnections()
 	return resp.StatusCode, strings.TrimSpace(string(body))
+}
+
+// oldListenersClosed waits until no address has two listening sockets in
+// this process, so that a connection made next reaches the running
+// config. On Linux Caddy binds each config's listeners anew with
+// SO_REUSEPORT (listen_unix.go): across a load the new config's socket and
+// the old config's are both open on each port, and the kernel hands a new
+// connection to either. The old server closes its socket in a Shutdown
+// goroutine that /load does not wait for (nor the admin endpoint's, nor a
+// refused config's that had started): a connection that lands on it is
+// reset if still in its backlog when it closes, or answered with a bare
+// close (EOF) if net/http read its request after Shutdown began. The
+// replicas here are sites of the same config, so the proxy's first
+// request after a reload could meet that: a 502 "EOF" (CI), as could the
+// test's own request to a front site. A proxy reload leaves replicas in
+// another process alone.
+func oldListenersClosed(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		dup, err := sharedListenAddrs()
+		if err != nil {
+			// Not Linux: nothing to observe (listen_other_test.go).
+			return
+		}
+		if len(dup) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replaced config's listeners are still open on %v", dup)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 type outcome struct {
@@ -206,17 +234,9 @@ func setBackends(t testing.TB, url string, backends ...string) {
 		backends = []string{} // "no backends", not a missing field
 	}
 	body, _ := json.Marshal(map[string]any{"backends": backends})
-	// set-backends is idempotent, so a transport error is retried: right
-	// after a reload a new connection can still land on the old server as
-	// it shuts down and read EOF (Caddy's reload, not Sluice's API).
-	var resp *http.Response
-	var err error
-	for try := 0; try < 3; try++ {
-		if resp, err = client.Post(url+"/_custom_router/set-backends", "application/json", bytes.NewReader(body)); err == nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// Not retried: the loads wait until the replaced servers' listeners
+	// are closed (oldListenersClosed), so this reaches the running config.
+	resp, err := client.Post(url+"/_custom_router/set-backends", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
