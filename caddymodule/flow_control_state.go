@@ -214,7 +214,7 @@ func (st *flowState) configure(cfg flow.Config, mc modelmetrics.Config) error {
 
 // Destruct implements caddy.Destructor: once no config uses the state,
 // it is destroyed when its requests have ended (state_drain.go); requests
-// still queued after drainLimit get 500 shutdown.
+// still queued after drainLimit get 503 shutdown.
 func (st *flowState) Destruct() error {
 	destroyWhenIdle(stateKey{module: "flow_control", pool: st.name}, st.requests.idle, func() {
 		st.life.end()

@@ -55,7 +55,7 @@ func destroyWhenIdle(what stateKey, idle func() bool, destroy func()) {
 		defer tick.Stop()
 		for !idle() {
 			if time.Now().After(deadline) {
-				log.Warn("a replaced state still held requests after the drain limit; they are answered 500 shutdown",
+				log.Warn("a replaced state still held requests after the drain limit; they are answered 503 shutdown",
 					zap.String("module", what.module), zap.String("pool", what.pool))
 				break
 			}

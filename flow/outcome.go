@@ -11,13 +11,13 @@ const (
 	Dispatched Outcome = iota + 1
 	// RejectedCapacity: a global or band limit was met (429).
 	RejectedCapacity
-	// RejectedOther: the controller was shut down when it arrived (500).
+	// RejectedOther: the controller was shut down when it arrived (503 shutdown).
 	RejectedOther
 	// EvictedTTL: its TTL ran out in the queue (503).
 	EvictedTTL
 	// EvictedContextCancelled: its client went away while queued (503).
 	EvictedContextCancelled
-	// EvictedOther: the controller shut down while it was queued (500).
+	// EvictedOther: the controller shut down while it was queued (503 shutdown).
 	EvictedOther
 )
 
@@ -47,7 +47,7 @@ var (
 	// ErrTTL: the request waited its whole TTL. The adapter answers 503.
 	ErrTTL = errors.New("flow control: request expired in queue")
 	// ErrShutdown: the controller is closed or closed while the request
-	// waited. The adapter answers 500.
+	// waited. The adapter answers 503 shutdown, with Retry-After.
 	ErrShutdown = errors.New("flow control: shutting down")
 )
 
