@@ -295,7 +295,7 @@ func (c *Controller) pushOutVictimLocked(b *band, id string) *waiter {
 func (c *Controller) fitsWithoutLocked(b *band, n int64, v *waiter) bool {
 	g := &c.cfg
 	switch {
-	case g.MaxRequests > 0 && int64(c.queued-1) >= g.MaxRequests,
+	case g.MaxRequests > 0 && int64(c.queued-1) >= c.globalLimitLocked(),
 		g.MaxBytes > 0 && over(c.bytes-v.req.Bytes, n, g.MaxBytes),
 		int64(b.queued-1) >= c.bandLimitLocked(b),
 		over(b.bytes-v.req.Bytes, n, b.cfg.MaxBytes):
@@ -309,7 +309,7 @@ func (c *Controller) fitsWithoutLocked(b *band, n int64, v *waiter) bool {
 func (c *Controller) fitsLocked(b *band, n int64) bool {
 	g := &c.cfg
 	switch {
-	case g.MaxRequests > 0 && int64(c.queued) >= g.MaxRequests,
+	case g.MaxRequests > 0 && int64(c.queued) >= c.globalLimitLocked(),
 		g.MaxBytes > 0 && over(c.bytes, n, g.MaxBytes),
 		int64(b.queued) >= c.bandLimitLocked(b),
 		over(b.bytes, n, b.cfg.MaxBytes):
@@ -334,6 +334,19 @@ func (c *Controller) bandLimitLocked(b *band) int64 {
 		// never fewer than the default floor: a queue of a few requests
 		// would let a flood crowd out a quiet tenant that has two
 		// waiting (a push-out needs the flood to hold two more).
+		n = max(int64(math.Ceil(float64(n)*part)), min(n, DefaultBandMinRequests))
+	}
+	return n
+}
+
+// globalLimitLocked is the global max_requests for this instance's queue
+// now: with the pool's count shared by several instances, its part of it,
+// as for a band's (bandLimitLocked); the GIE partitions its global limit
+// over its shards the same way. Whole, each of N instances queued N× the
+// pool's limit.
+func (c *Controller) globalLimitLocked() int64 {
+	n := c.cfg.MaxRequests
+	if part := c.verdict.QueueShare; part > 0 && part < 1 {
 		n = max(int64(math.Ceil(float64(n)*part)), min(n, DefaultBandMinRequests))
 	}
 	return n
