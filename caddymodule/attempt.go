@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"context"
-	"crypto/tls"
 	"io"
 	"net/http"
 	"net/http/httptrace"
@@ -514,7 +513,13 @@ type attemptTrace struct {
 	bodyByte     time.Duration // the body's first byte to the client (bodyWatched only)
 	lastByte     time.Duration
 	transportErr bool
-	clientErr    bool // reading the client's body failed (e.g. a truncated upload)
+	// dialErr: dialling a connection failed. Kept apart from
+	// transportErr: a dial fails per address (a name's ::1 refused, its
+	// 127.0.0.1 answered) and the transport may dial for a connection
+	// this attempt did not use, so a first byte after it is still this
+	// attempt's answer.
+	dialErr   bool
+	clientErr bool // reading the client's body failed (e.g. a truncated upload)
 }
 
 // requestEnded is the attempt's end-of-request hook: the attempt's
@@ -552,11 +557,11 @@ func (t *attemptTrace) close() {
 
 func (t *attemptTrace) setHooks() {
 	t.hooks = httptrace.ClientTrace{
-		ConnectDone: func(_, _ string, err error) { t.failed(err) },
-		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
-			t.failed(err)
-		},
-		WroteRequest: func(info httptrace.WroteRequestInfo) { t.failed(info.Err) },
+		// A failed TLS handshake needs no hook (an allocation per
+		// attempt): it fails the round trip, and reverse_proxy's retry
+		// or {http.error} makes the attempt a Failure.
+		ConnectDone:  func(_, _ string, err error) { t.failed(err, true) },
+		WroteRequest: func(info httptrace.WroteRequestInfo) { t.failed(info.Err, false) },
 		GotFirstResponseByte: func() {
 			t.mu.Lock()
 			first := t.firstByte == 0 && !t.transportErr
@@ -597,14 +602,18 @@ func (t *attemptTrace) setHooks() {
 	}
 }
 
-// failed records a transport error, unless it is the client leaving (the
-// request's context ended), which is nobody's failure.
-func (t *attemptTrace) failed(err error) {
+// failed records a transport error (dial: a dial's), unless it is the
+// client leaving (the request's context ended), which is nobody's failure.
+func (t *attemptTrace) failed(err error, dial bool) {
 	if err == nil || t.base.Err() != nil {
 		return
 	}
 	t.mu.Lock()
-	t.transportErr = true
+	if dial {
+		t.dialErr = true
+	} else {
+		t.transportErr = true
+	}
 	t.mu.Unlock()
 }
 
@@ -625,7 +634,7 @@ func (t *attemptTrace) facts() (first, last time.Duration, transportErr, clientE
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.firstByte, t.lastByte, t.transportErr, t.clientErr
+	return t.firstByte, t.lastByte, t.transportErr || t.dialErr, t.clientErr
 }
 
 // clientBody notes when reading the client's request body fails: the
