@@ -209,7 +209,13 @@ func kvBlocks(t *testing.T, pool, replica string) int {
 // pickKV picks for a parsed prompt and releases the lease.
 func pickKV(t *testing.T, pk *cacheaware.Picker, text string) cacheaware.Decision {
 	t.Helper()
-	req := &lb.Request{Model: "m", Text: text, Parsed: true}
+	return pickKVRequest(t, pk, &lb.Request{Model: "m", Text: text, Parsed: true})
+}
+
+// pickKVRequest picks for req, releases the lease and returns the
+// decision.
+func pickKVRequest(t *testing.T, pk *cacheaware.Picker, req *lb.Request) cacheaware.Decision {
+	t.Helper()
 	l, err := pk.Pick(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)

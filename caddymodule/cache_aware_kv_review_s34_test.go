@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"encoding/binary"
 	"io"
 	"strconv"
@@ -15,20 +14,21 @@ import (
 	"github.com/sluice-router/sluice/lb/kvevents"
 )
 
-// storeKVLoRABlock has replica's engine publish the block of prompt as
-// vLLM does for a request of LoRA adapter lora: lora_id, lora_name and
-// the name in the block's extra_keys (named form, as vLLM sends it).
-func storeKVLoRABlock(t *testing.T, kl *kvListener, replica string, seq uint64, prompt, lora string) {
+// storeKVBlockAs has replica's engine publish the block of prompt as vLLM
+// does (named form), with the given fields besides the block's own.
+func storeKVBlockAs(t *testing.T, kl *kvListener, replica string, seq uint64, prompt string, fields map[string]any) {
 	t.Helper()
 	ids, _ := kvevents.SimTokenizer{}.Tokenize("m", prompt)
 	tokens := make([]any, len(ids))
 	for i, id := range ids {
 		tokens[i] = id
 	}
-	payload, err := msgpack.Marshal(map[string]any{"ts": 1.5, "data_parallel_rank": 0, "events": []any{
-		map[string]any{"type": "BlockStored", "block_hashes": []any{seq}, "parent_block_hash": nil,
-			"token_ids": tokens, "block_size": 16, "lora_id": 1, "medium": "GPU",
-			"lora_name": lora, "extra_keys": []any{[]any{lora}}}}})
+	ev := map[string]any{"type": "BlockStored", "block_hashes": []any{seq}, "parent_block_hash": nil,
+		"token_ids": tokens, "block_size": 16, "medium": "GPU"}
+	for k, v := range fields {
+		ev[k] = v
+	}
+	payload, err := msgpack.Marshal(map[string]any{"ts": 1.5, "data_parallel_rank": 0, "events": []any{ev}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,16 +37,16 @@ func storeKVLoRABlock(t *testing.T, kl *kvListener, replica string, seq uint64, 
 	kl.l.Inject([][]byte{[]byte("kv@" + replica + "@m"), s[:], payload})
 }
 
+// storeKVLoRABlock: the block as vLLM stores it for a request of LoRA
+// adapter lora: lora_id, lora_name and the name in its extra_keys.
+func storeKVLoRABlock(t *testing.T, kl *kvListener, replica string, seq uint64, prompt, lora string) {
+	t.Helper()
+	storeKVBlockAs(t, kl, replica, seq, prompt, map[string]any{"lora_id": 1, "lora_name": lora, "extra_keys": []any{[]any{lora}}})
+}
+
 func pickKVModel(t *testing.T, pk *cacheaware.Picker, model, text string) cacheaware.Decision {
 	t.Helper()
-	req := &lb.Request{Model: model, Text: text, Parsed: true}
-	l, err := pk.Pick(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Release(lb.Outcome{Kind: lb.Success})
-	d, _ := req.Memo.(cacheaware.Decision)
-	return d
+	return pickKVRequest(t, pk, &lb.Request{Model: model, Text: text, Parsed: true})
 }
 
 // A replica whose engine holds a prompt only as LoRA adapter ada's blocks
@@ -64,25 +64,11 @@ func TestKVReviewS34LoRABlocksAreNotTheBaseModels(t *testing.T) {
 	}
 }
 
-// storeKVSaltedBlock has replica's engine publish the block of prompt as
-// vLLM does for a request with cache_salt salt: the salt in the first
-// block's extra_keys.
+// storeKVSaltedBlock: the block as vLLM stores it for a request with
+// cache_salt salt: the salt in its first block's extra_keys.
 func storeKVSaltedBlock(t *testing.T, kl *kvListener, replica string, seq uint64, prompt, salt string) {
 	t.Helper()
-	ids, _ := kvevents.SimTokenizer{}.Tokenize("m", prompt)
-	tokens := make([]any, len(ids))
-	for i, id := range ids {
-		tokens[i] = id
-	}
-	payload, err := msgpack.Marshal(map[string]any{"ts": 1.5, "data_parallel_rank": 0, "events": []any{
-		map[string]any{"type": "BlockStored", "block_hashes": []any{seq}, "parent_block_hash": nil,
-			"token_ids": tokens, "block_size": 16, "medium": "GPU", "extra_keys": []any{[]any{salt}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s [8]byte
-	binary.BigEndian.PutUint64(s[:], seq)
-	kl.l.Inject([][]byte{[]byte("kv@" + replica + "@m"), s[:], payload})
+	storeKVBlockAs(t, kl, replica, seq, prompt, map[string]any{"extra_keys": []any{[]any{salt}}})
 }
 
 // A request with a cache_salt is an exact hit only where the engine
@@ -107,14 +93,7 @@ func TestKVReviewS34ASaltedRequestFindsItsSaltedBlocks(t *testing.T) {
 		r, _, _ := newRequest(t)
 		r.Body = io.NopCloser(strings.NewReader(body))
 		rs, _ := requestStateFor(r)
-		req := p.selector.request(rs, rs.attemptFor(r, nil, "test", measureAuto), r)
-		l, err := pk.Pick(context.Background(), req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.Release(lb.Outcome{Kind: lb.Success})
-		d, _ := req.Memo.(cacheaware.Decision)
-		return d
+		return pickKVRequest(t, pk, p.selector.request(rs, rs.attemptFor(r, nil, "test", measureAuto), r))
 	}
 	prompt := strconv.Quote(kvPromptA)
 	if d := pick(`{"model":"m","prompt":` + prompt + `,"cache_salt":"tenant-7"}`); !d.Exact || d.Addr != b {

@@ -84,6 +84,13 @@ func newDriver(t *testing.T, models map[string]*modelReplica) *driver {
 // run ends n requests, dispatching whenever the state has a free slot.
 func (d *driver) run(t *testing.T, n int) {
 	t.Helper()
+	d.serve(t, n, false)
+}
+
+// serve is run; firstByteAtEnd: each request's first byte is reported
+// just before it ends (a server that sends its whole answer at the end).
+func (d *driver) serve(t *testing.T, n int, firstByteAtEnd bool) {
+	t.Helper()
 	for done := 0; done < n; done++ {
 		for {
 			l, err := d.s.Acquire(context.Background())
@@ -111,7 +118,11 @@ func (d *driver) run(t *testing.T, n int) {
 		e := d.live[i]
 		d.live = append(d.live[:i], d.live[i+1:]...)
 		d.now = e.finish
-		e.l.Release(lb.Outcome{Kind: lb.Success, Latency: time.Duration((e.finish - e.at) * float64(time.Second))})
+		lat := time.Duration((e.finish - e.at) * float64(time.Second))
+		if firstByteAtEnd {
+			e.l.FirstByte(lat)
+		}
+		e.l.Release(lb.Outcome{Kind: lb.Success, Latency: lat})
 	}
 }
 

@@ -1,13 +1,6 @@
 package qll
 
-import (
-	"context"
-	"errors"
-	"testing"
-	"time"
-
-	"github.com/sluice-router/sluice/lb"
-)
+import "testing"
 
 // coldStart is a one-at-a-time server (0.2 s a request) whose first
 // request takes 21× that: it compiled, loaded or warmed its caches.
@@ -21,34 +14,7 @@ func coldStart() *modelReplica {
 // request's first byte comes just before it ends, as the proxy reports it.
 func (d *driver) runAnsweringAtTheEnd(t *testing.T, n int) {
 	t.Helper()
-	for done := 0; done < n; done++ {
-		for {
-			l, err := d.s.Acquire(context.Background())
-			if errors.Is(err, lb.ErrQueueFull) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			d.dispatched[l.Addr]++
-			if l.conc >= 2 {
-				d.joined[l.Addr]++
-			}
-			d.live = append(d.live, sent{l, d.now, d.models[l.Addr].admit(d.now)})
-		}
-		i := 0
-		for j := range d.live {
-			if d.live[j].finish < d.live[i].finish {
-				i = j
-			}
-		}
-		e := d.live[i]
-		d.live = append(d.live[:i], d.live[i+1:]...)
-		d.now = e.finish
-		lat := time.Duration((e.finish - e.at) * float64(time.Second))
-		e.l.FirstByte(lat)
-		e.l.Release(lb.Outcome{Kind: lb.Success, Latency: lat})
-	}
+	d.serve(t, n, true)
 }
 
 // A one-at-a-time server whose first request was slow must still be
