@@ -648,7 +648,10 @@ func (r *reader) extraKeys(f *fields) error {
 			return err
 		}
 		if f.extra == nil && (e.Other || len(e.Strings) > 0) {
-			f.extra = make([]ExtraKeys, i, min(n, 1024))
+			// The entries before it were nil; room for a few more (the
+			// capacity at least the length: a first entry after the
+			// 1024th made it a panic).
+			f.extra = make([]ExtraKeys, i, max(i+1, min(n, 1024)))
 		}
 		if f.extra != nil {
 			f.extra = append(f.extra, e)
