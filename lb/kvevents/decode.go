@@ -266,11 +266,20 @@ func ParseTopic(topic string) (pod, model string, err error) {
 }
 
 // DecodeBatch decodes one msgpack payload.
-func DecodeBatch(payload []byte, lim Limits) (Batch, error) {
+func DecodeBatch(payload []byte, lim Limits) (b Batch, err error) {
 	lim = lim.withDefaults()
 	if len(payload) > lim.MaxPayloadBytes {
 		return Batch{}, fail(ReasonPayloadSize, "payload of %d bytes, limit %d", len(payload), lim.MaxPayloadBytes)
 	}
+	// The payload comes from the network: a decoding bug it trips must
+	// cost that message (dropped as malformed), not the process (the
+	// listener's goroutine has no other recover; an extra_keys slice
+	// made with its length over its capacity once panicked here).
+	defer func() {
+		if p := recover(); p != nil {
+			b, err = Batch{}, fail(ReasonMalformed, "decoder panic: %v", p)
+		}
+	}()
 	r := &reader{d: msgpack.NewDecoder(bytes.NewReader(payload)), lim: lim}
 	return r.batch()
 }
