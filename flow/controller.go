@@ -328,12 +328,16 @@ func over(used, n, limit int64) bool { return n > limit-used }
 // limit follows the pool's capacity, so it grows and shrinks with the
 // replica count.
 func (c *Controller) bandLimitLocked(b *band) int64 {
-	n := BandQueueLimit(b.cfg, c.capacityLocked())
+	return c.queuePartLocked(BandQueueLimit(b.cfg, c.capacityLocked()))
+}
+
+// queuePartLocked is this instance's part of a pool-wide queue limit n:
+// n itself unless the pool's count is shared by several instances. Never
+// fewer than the default floor: a queue of a few requests would let a
+// flood crowd out a quiet tenant that has two waiting (a push-out needs
+// the flood to hold two more).
+func (c *Controller) queuePartLocked(n int64) int64 {
 	if part := c.verdict.QueueShare; part > 0 && part < 1 {
-		// This instance queues its part of the pool's band queue, but
-		// never fewer than the default floor: a queue of a few requests
-		// would let a flood crowd out a quiet tenant that has two
-		// waiting (a push-out needs the flood to hold two more).
 		n = max(int64(math.Ceil(float64(n)*part)), min(n, DefaultBandMinRequests))
 	}
 	return n
@@ -344,13 +348,7 @@ func (c *Controller) bandLimitLocked(b *band) int64 {
 // as for a band's (bandLimitLocked); the GIE partitions its global limit
 // over its shards the same way. Whole, each of N instances queued N× the
 // pool's limit.
-func (c *Controller) globalLimitLocked() int64 {
-	n := c.cfg.MaxRequests
-	if part := c.verdict.QueueShare; part > 0 && part < 1 {
-		n = max(int64(math.Ceil(float64(n)*part)), min(n, DefaultBandMinRequests))
-	}
-	return n
-}
+func (c *Controller) globalLimitLocked() int64 { return c.queuePartLocked(c.cfg.MaxRequests) }
 
 // capacityLocked is the pool's capacity in requests: the detector's if it
 // knows it, else what is in flight (a queue forms only once the pool is
