@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -274,10 +275,12 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		// max_bytes counts anyway): net/http sees an HTTP/1 client close
 		// its connection only once the body is read, so an unread one
 		// kept a gone client's place in the queue until its TTL and then
-		// went to a replica. A body over the bound stays unread.
-		req.Queued = func() {
+		// went to a replica. A body over the bound stays unread. The read
+		// stops when the request leaves the queue undispatched: its
+		// refusal must not wait for a slow upload (readBodyUntil).
+		req.Queued = func(left context.Context) {
 			rs, _ := requestStateOf(r, true)
-			rs.readBody(r, h.bodyLimit())
+			rs.readBodyUntil(left, w, r, h.bodyLimit())
 		}
 	}
 	// Only validated values reach the variables: an untrusted client's

@@ -2,9 +2,13 @@ package caddymodule
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/sluice-router/sluice/lb/reqtext"
 )
@@ -109,6 +113,59 @@ func (rs *requestState) readBody(r *http.Request, max int64) *requestInfo {
 	}
 	return ri
 }
+
+// readBodyUntil is readBody for a request waiting in a queue: once left is
+// done (the request left the queue undispatched and will be refused), a
+// read still blocked on its client is cut short and what it read dropped,
+// so the refusal goes out at once, not when a slow or stalled upload ends,
+// and bytes no longer counted against max_bytes are not held.
+//
+// It is cut by a read deadline in the past on the client's connection
+// (HTTP/1) or stream (HTTP/2, HTTP/3), which ends a blocked read of the
+// body. left's callback runs on another goroutine (a TTL timer's, another
+// request's), so the mutex lets it set the deadline only while this
+// goroutine is inside the read: never once the read has returned (left is
+// never done for a dispatched request, whose read completes), nor once the
+// handler has returned and the connection may serve the next request.
+//
+// The deadline stays: before answering HTTP/1, net/http reads what is
+// left of a small unread body (to reuse the connection), which would wait
+// for the stalled client again; past the deadline it fails at once and the
+// connection closes after the answer. Where the writer cannot set one, the
+// read ends with its upload, as it did before.
+func (rs *requestState) readBodyUntil(left context.Context, w http.ResponseWriter, r *http.Request, max int64) {
+	rc := http.NewResponseController(w)
+	var mu sync.Mutex
+	reading := true
+	stop := context.AfterFunc(left, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if reading {
+			_ = rc.SetReadDeadline(longAgo)
+		}
+	})
+	ri := rs.readBody(r, max)
+	mu.Lock()
+	reading = false
+	mu.Unlock()
+	stop()
+	if left.Err() != nil && !ri.complete {
+		// Refused: nothing will send this body, and its rest is past
+		// the deadline. A body read whole before the cut stays intact.
+		ri.buf, ri.rest = nil, cutBody{}
+	}
+}
+
+// longAgo is a read deadline already past, whatever the clock says
+// (HTTP/2 takes a deadline not yet past as a timer to start).
+var longAgo = time.Unix(1, 0)
+
+// cutBody is the rest of a body whose read was cut short (readBodyUntil).
+type cutBody struct{}
+
+func (cutBody) Read([]byte) (int, error) { return 0, errBodyCut }
+
+var errBodyCut = errors.New("request body dropped: the request left the queue without being dispatched")
 
 // smallBodyBytes bounds the bodies every policy reads whole before it
 // picks, even one that routes without the prompt (body_read_ahead.go).

@@ -208,11 +208,15 @@ func (c *Controller) Enqueue(ctx context.Context, req Request) (*Ticket, error) 
 	// The gate was closed at the last ask, just above: w waits.
 	w := c.pushLocked(b, req, arrival)
 	w.timer = c.clock.AfterFunc(w.item.Deadline.Sub(arrival), func() { c.evict(w, EvictedTTL, nil) })
+	var left context.Context
+	if req.Queued != nil {
+		left, w.leave = context.WithCancel(context.Background())
+	}
 	c.publishLocked()
 	c.mu.Unlock()
 	obs.Enqueued(&req, "Queued", time.Since(start))
 	if req.Queued != nil {
-		c.runQueuedHook(w, req.Queued)
+		c.runQueuedHook(w, func() { req.Queued(left) })
 	}
 
 	select {
@@ -426,8 +430,16 @@ func (c *Controller) resolveLocked(w *waiter, o Outcome) {
 	}
 	if o == Dispatched {
 		w.ticket = c.admitLocked(&w.req, c.clock.Now().Sub(w.item.Arrival))
-	} else if w.err == nil {
-		w.err = o.err()
+	} else {
+		if w.err == nil {
+			w.err = o.err()
+		}
+		if w.leave != nil {
+			// Its Queued hook may be waiting on a client (a body read):
+			// the refusal must not wait for it. A cancel only starts its
+			// callbacks' goroutines: nothing of the hook's runs under c.mu.
+			w.leave()
+		}
 	}
 	c.counters.count(o)
 	close(w.done)

@@ -13,7 +13,7 @@ import (
 func TestQueuedHookRunsOnlyForWaitingRequests(t *testing.T) {
 	c := newController(t, Config{Bands: []BandConfig{{Priority: 0, MaxRequests: 1}}}, slots(1))
 	var calls atomic.Int64
-	hook := func() { calls.Add(1) }
+	hook := func(context.Context) { calls.Add(1) }
 	held, err := c.Enqueue(context.Background(), Request{Queued: hook})
 	if err != nil {
 		t.Fatal(err)

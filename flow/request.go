@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"context"
 	"sync/atomic"
 	"time"
 
@@ -31,8 +32,12 @@ type Request struct {
 	// the controller's lock, before Enqueue waits for the outcome (which
 	// may come while it runs). The adapter reads the body then: net/http
 	// notices a client that went away only once the body has been read,
-	// and until then a queued request's ctx never ends.
-	Queued func()
+	// and until then a queued request's ctx never ends. left is done
+	// once the request has left the queue without being dispatched
+	// (pushed out, expired, closed), never if it was dispatched; a hook
+	// that blocks (the body read waits on its client) must then return
+	// promptly: Enqueue returns the refusal only once it has.
+	Queued func(left context.Context)
 }
 
 // waiter is a queued request. Its fields after item are guarded by the
@@ -44,6 +49,7 @@ type waiter struct {
 	queue *policies.Queue
 	timer Timer // TTL expiry, nil until armed
 	done  chan struct{}
+	leave context.CancelFunc // ends its Queued hook's context; nil without one
 
 	resolved bool
 	outcome  Outcome

@@ -185,7 +185,7 @@ func TestPanickingQueuedHookGivesItsPlaceBack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hook := func() {
+		hook := func(context.Context) {
 			if dispatchedFirst {
 				held.Release() // the slot frees while the hook runs
 			}

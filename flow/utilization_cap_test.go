@@ -57,7 +57,7 @@ func TestUtilizationOneFarOverAdmitsAtOnce(t *testing.T) {
 	defer cancel()
 	queued := false
 	// Were it queued, cancel at once so the test fails fast, not at the TTL.
-	tk, err := c.Enqueue(ctx, Request{FlowID: "a", Queued: func() { queued = true; cancel() }})
+	tk, err := c.Enqueue(ctx, Request{FlowID: "a", Queued: func(context.Context) { queued = true; cancel() }})
 	if queued || err != nil || tk == nil {
 		t.Fatalf("Enqueue: queued=%v, ticket %v, err %v; want dispatched at once (saturation %.3f)",
 			queued, tk, err, c.Snapshot().Saturation)
