@@ -21,7 +21,7 @@ import (
 // the headers' first byte is all there is.
 
 // bodyWatch is the writer: the client's, noting the first body write. It
-// lives in the request's state (no allocation of its own).
+// lives in the request's state (handlerParts: no allocation of its own).
 type bodyWatch struct {
 	caddyhttp.ResponseWriterWrapper // Unwrap, ReadFrom, Push: Flush and Hijack reach the client's
 	rs                              *requestState
@@ -31,16 +31,16 @@ type bodyWatch struct {
 // watchBody returns the writer to hand reverse_proxy for r: w, watched
 // (a handler further out already watches it: w is its watch).
 func watchBody(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
-	rs, _ := requestStateOf(r, true)
+	rs := handlerStateOf(r)
 	if rs.out.rs != nil {
 		return w
 	}
 	rs.out.ResponseWriter, rs.out.rs = w, rs
-	return &rs.out
+	return rs.out
 }
 
 // watched reports whether a Sluice handler watches the request's body.
-func (rs *requestState) watched() bool { return rs != nil && rs.out.rs != nil }
+func (rs *requestState) watched() bool { return rs != nil && rs.out != nil && rs.out.rs != nil }
 
 func (b *bodyWatch) Write(p []byte) (int, error) {
 	if len(p) > 0 && !b.began {

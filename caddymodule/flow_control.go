@@ -279,8 +279,9 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		// stops when the request leaves the queue undispatched: its
 		// refusal must not wait for a slow upload (readBodyUntil).
 		req.Queued = func(left context.Context) {
-			rs, _ := requestStateOf(r, true)
-			rs.readBodyUntil(left, w, r, h.bodyLimit())
+			// With the handler's parts: watchBody takes them if it is
+			// let in (one allocation, not two).
+			handlerStateOf(r).readBodyUntil(left, w, r, h.bodyLimit())
 		}
 	}
 	// Only validated values reach the variables: an untrusted client's

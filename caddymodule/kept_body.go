@@ -33,12 +33,12 @@ func keepClientBody(r *http.Request) {
 	// the body: room for the parsed body costs a request that never reads
 	// it 320 B in the one allocation it makes anyway; without it,
 	// cache_aware and load_aware would make a second.
-	rs, _ := requestStateOf(r, true)
+	rs := handlerStateOf(r)
 	if rs.body.ReadCloser != nil {
 		return // kept already
 	}
 	rs.body.ReadCloser = r.Body
-	r.Body = &rs.body
+	r.Body = rs.body
 }
 
 func (b *keptBody) Read(p []byte) (int, error) {
@@ -52,8 +52,9 @@ func (b *keptBody) Read(p []byte) (int, error) {
 
 // readWhole makes b read whole again from the start, if whole is all that
 // was read through it (a body read before it was kept is not its to give).
+// A nil b (no Sluice handler keeps the body) does nothing.
 func (b *keptBody) readWhole(whole []byte) {
-	if b.ReadCloser == nil || b.replay || b.n != int64(len(whole)) {
+	if b == nil || b.ReadCloser == nil || b.replay || b.n != int64(len(whole)) {
 		return
 	}
 	b.again.Reset(whole)

@@ -34,11 +34,20 @@ type requestState struct {
 	// info0, if set, is where the parsed body goes (same allocation).
 	info0 *requestInfo
 	// body is the client's body as custom_router passes it on (see
-	// keptBody); unused without that handler.
+	// keptBody), out the client's writer as a Sluice handler passes it on
+	// (bodyWatch): a handlerParts, both nil until a Sluice handler needs
+	// them (handlerStateOf). A plain reverse_proxy request does not carry
+	// them (their 104 B took its state a size class up). Either may be
+	// there and unused: bodyKept and watched say.
+	body *keptBody
+	out  *bodyWatch
+}
+
+// handlerParts are the parts of a request's state only a Sluice handler
+// in front of reverse_proxy uses.
+type handlerParts struct {
 	body keptBody
-	// out is the client's writer as a Sluice handler passes it on
-	// (bodyWatch); unused without such a handler.
-	out bodyWatch
+	out  bodyWatch
 }
 
 type keyedAttempt struct {
@@ -62,21 +71,66 @@ type requestStateWithInfo struct {
 	info requestInfo
 }
 
-// newRequestState is a fresh state; withInfo: with room for the parsed
-// body (not carried by every request: a policy that never reads the body
-// would only add its bytes to the garbage).
-func newRequestState(withInfo bool) *requestState {
-	if !withInfo {
-		return &requestState{}
+// requestStateForHandler is requestStateWithInfo with a Sluice handler's
+// parts, in one allocation.
+type requestStateForHandler struct {
+	requestStateWithInfo
+	parts handlerParts
+}
+
+// stateRoom is what a new state has room for in its own allocation,
+// besides one attempt record.
+type stateRoom uint8
+
+const (
+	roomAttempt stateRoom = iota
+	roomInfo              // the parsed body
+	roomHandler           // the parsed body and a Sluice handler's parts
+)
+
+// newRequestState is a fresh state with the given room (not carried by
+// every request: what a request never uses would only add its bytes to
+// the garbage).
+func newRequestState(room stateRoom) *requestState {
+	switch room {
+	case roomInfo:
+		s := &requestStateWithInfo{}
+		s.info0 = &s.info
+		return &s.requestState
+	case roomHandler:
+		s := &requestStateForHandler{}
+		s.info0, s.body, s.out = &s.info, &s.parts.body, &s.parts.out
+		return &s.requestState
 	}
-	s := &requestStateWithInfo{}
-	s.info0 = &s.info
-	return &s.requestState
+	return &requestState{}
 }
 
 // requestStateOf is requestStateFor; a state it creates has room for the
 // parsed body when withInfo (the caller will read it).
 func requestStateOf(r *http.Request, withInfo bool) (*requestState, *caddy.Replacer) {
+	room := roomAttempt
+	if withInfo {
+		room = roomInfo
+	}
+	return requestStateIn(r, room)
+}
+
+// handlerStateOf is requestStateFor for a Sluice handler in front of
+// reverse_proxy: the state has the handler's parts (in its own
+// allocation if this makes it, with room for the parsed body; in one of
+// their own if a module that is not a Sluice handler made it first).
+func handlerStateOf(r *http.Request) *requestState {
+	rs, _ := requestStateIn(r, roomHandler)
+	if rs.body == nil {
+		p := new(handlerParts)
+		rs.body, rs.out = &p.body, &p.out
+	}
+	return rs
+}
+
+// requestStateIn is requestStateFor; a state it creates has the given
+// room.
+func requestStateIn(r *http.Request, room stateRoom) (*requestState, *caddy.Replacer) {
 	ctx := r.Context()
 	repl, _ := ctx.Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl != nil {
@@ -85,17 +139,21 @@ func requestStateOf(r *http.Request, withInfo bool) (*requestState, *caddy.Repla
 				return rs, repl
 			}
 		}
-		rs := newRequestState(withInfo)
+		rs := newRequestState(room)
 		repl.Set(requestStateKey, rs)
 		return rs, repl
 	}
 	if rs, ok := caddyhttp.GetVar(ctx, requestStateKey).(*requestState); ok {
 		return rs, nil
 	}
-	rs := newRequestState(withInfo)
+	rs := newRequestState(room)
 	caddyhttp.SetVar(ctx, requestStateKey, rs)
 	return rs, nil
 }
+
+// bodyKept reports whether a Sluice handler keeps the client's body
+// (keepClientBody).
+func (rs *requestState) bodyKept() bool { return rs.body != nil && rs.body.ReadCloser != nil }
 
 // attempt is the policy's attempt record keyed by key, or nil.
 func (rs *requestState) attempt(key string) *attempt {

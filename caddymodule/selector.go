@@ -208,7 +208,7 @@ func (s *selector) request(rs *requestState, a *attempt, r *http.Request) *lb.Re
 		return a.req
 	}
 	req := &a.reqStore
-	a.waitReads = s.readsAhead() || rs.body.ReadCloser != nil
+	a.waitReads = s.readsAhead() || rs.bodyKept()
 	req.Waiter = a
 	if s.maxBody > 0 {
 		ri := rs.requestInfoFor(r, s.maxBody)
@@ -216,7 +216,7 @@ func (s *selector) request(rs *requestState, a *attempt, r *http.Request) *lb.Re
 		if ri.Parsed {
 			req.Messages, req.TokenIDs, req.CacheSalt = ri.Messages, ri.TokenIDs, ri.CacheSalt
 		}
-	} else if hasSmallBody(r) && (s.readsAhead() || rs.body.ReadCloser != nil) {
+	} else if hasSmallBody(r) && (s.readsAhead() || rs.bodyKept()) {
 		rs.readBody(r, smallBodyBytes) // body_read_ahead.go
 	}
 	if s.session != "" {
