@@ -91,6 +91,10 @@ type attempt struct {
 	// waitReads: the config lets the policy read it.
 	waitReq   *http.Request
 	waitReads bool
+	// waitW is the client's writer of the attempt being picked (nil
+	// without one: a policy as another's fallback), whose read deadline
+	// cuts a waiting pick's body read when it leaves the queue unserved.
+	waitW http.ResponseWriter
 	// retrying: this Select is reverse_proxy's retry of the previous
 	// attempt (set by startAttempt, read by retry).
 	retrying bool

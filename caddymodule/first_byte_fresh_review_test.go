@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -52,7 +53,7 @@ func TestWaitingLeavesABodyDeclaredOverTheBoundUnread(t *testing.T) {
 	r := httptest.NewRequest(http.MethodPost, "/v1/completions", nil)
 	r.Body, r.ContentLength = body, int64(size)
 	a := &attempt{rs: &requestState{}, waitReq: r, waitReads: true}
-	a.Waiting()
+	a.Waiting(context.Background())
 	if body.n != 0 {
 		t.Fatalf("read %d bytes of a body declared %d, over the bound %d", body.n, size, DefaultMaxBodyBytes)
 	}
@@ -61,7 +62,7 @@ func TestWaitingLeavesABodyDeclaredOverTheBoundUnread(t *testing.T) {
 	r = httptest.NewRequest(http.MethodPost, "/v1/completions", nil)
 	r.Body, r.ContentLength = small, 100<<10
 	a = &attempt{rs: &requestState{}, waitReq: r, waitReads: true}
-	a.Waiting()
+	a.Waiting(context.Background())
 	if small.n != 100<<10 || !a.rs.info.complete {
 		t.Fatalf("read %d bytes of a 100 KiB body (complete %v), want it whole", small.n, a.rs != nil && a.rs.info != nil && a.rs.info.complete)
 	}

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/sluice-router/sluice/lb"
@@ -16,8 +17,10 @@ import (
 // bound stays unread (its client is noticed at dispatch), and so does one
 // the config does not let the policy read (see body_read_ahead.go).
 
-// Waiting implements lb.Waiter.
-func (a *attempt) Waiting() {
+// Waiting implements lb.Waiter. A pick that leaves the queue without a
+// replica (left) cuts the read short, as flow_control's does
+// (readBodyUntil): its refusal must not wait for a slow upload.
+func (a *attempt) Waiting(left context.Context) {
 	r := a.waitReq
 	if r == nil || !a.waitReads || r.Body == nil || r.Body == http.NoBody || a.rs == nil {
 		return
@@ -29,7 +32,11 @@ func (a *attempt) Waiting() {
 		// handle_errors fallback would send without it).
 		return
 	}
-	a.rs.readBody(r, DefaultMaxBodyBytes)
+	if a.waitW == nil {
+		a.rs.readBody(r, DefaultMaxBodyBytes)
+		return
+	}
+	a.rs.readBodyUntil(left, a.waitW, r, DefaultMaxBodyBytes)
 }
 
 var _ lb.Waiter = (*attempt)(nil)

@@ -141,6 +141,7 @@ func (s *selector) Select(pool reverseproxy.UpstreamPool, r *http.Request, w htt
 	if !s.pool.Managed() {
 		st.syncStatic(pool, s.scheme)
 	}
+	a.waitW = w
 	req := s.request(rs, a, r)
 	req.Unavailable, req.Full = unavailable(pool, req.Unavailable, req.Full)
 	if st.view != nil {

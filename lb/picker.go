@@ -112,8 +112,12 @@ type Request struct {
 	Waiter Waiter
 }
 
-// Waiter is told that a pick waits in a queue (Request.Waiter).
-type Waiter interface{ Waiting() }
+// Waiter is told that a pick waits in a queue (Request.Waiter), on the
+// pick's goroutine before it waits. left is done once the pick leaves the
+// queue without a replica (timed out, evicted, shut down), never once it
+// got one: a Waiting that blocks (the adapter reads the client's body)
+// must then return promptly, the pick's refusal waits for it.
+type Waiter interface{ Waiting(left context.Context) }
 
 // Excluded reports whether addr may not be picked for this request: it
 // is in Unavailable or in Avoid.

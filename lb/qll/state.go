@@ -89,6 +89,9 @@ type waiter struct {
 	// and a reload re-arms it (gen tells a re-armed timer's stale run).
 	timeout *time.Timer
 	gen     uint64
+	// leave ends the context its lb.Waiter was given, once it is resolved
+	// without a lease; nil without a Waiter.
+	leave context.CancelFunc
 }
 
 // Counters are the pool-wide totals since the state was created.
@@ -391,13 +394,17 @@ func (s *State) acquire(ctx context.Context, unavailable, full, avoid []string, 
 	w.elem = s.queue.PushBack(w)
 	s.dispatchLocked()
 	waits := !w.done
+	var left context.Context
 	if waits {
 		s.armTimeoutLocked(w, s.cfg.QueueTimeout)
+		if onWait != nil {
+			left, w.leave = context.WithCancel(context.Background())
+		}
 	}
 	s.armViewPollLocked()
 	s.mu.Unlock()
 	if waits && onWait != nil {
-		onWait.Waiting()
+		onWait.Waiting(left)
 	}
 
 	select {
@@ -430,7 +437,9 @@ func (s *State) armTimeoutLocked(w *waiter, d time.Duration) {
 
 // abandon takes w out of the queue because its client left. If w was
 // resolved first, that result stands: a lease is handed back (cancelled)
-// so the slot is not lost.
+// so the slot is not lost, and a refusal is returned as it was (a
+// timed-out pick whose Waiting was cut short made net/http end the
+// request's context too: the timeout, not the client, ended it).
 func (s *State) abandon(w *waiter, err error) (*Lease, error) {
 	s.mu.Lock()
 	if !w.done {
@@ -442,8 +451,9 @@ func (s *State) abandon(w *waiter, err error) (*Lease, error) {
 	s.mu.Unlock()
 	if w.lease != nil {
 		w.lease.Release(lb.Outcome{Kind: lb.Cancelled})
+		return nil, err
 	}
-	return nil, err
+	return nil, w.err
 }
 
 // resolveLocked ends w's wait exactly once.
@@ -455,6 +465,9 @@ func (s *State) resolveLocked(w *waiter, l *Lease, err error) {
 	w.lease, w.err = l, err
 	if w.timeout != nil {
 		w.timeout.Stop()
+	}
+	if l == nil && w.leave != nil {
+		w.leave() // its Waiting may block on a client: the refusal must not wait for it
 	}
 	s.queue.Remove(w.elem)
 	close(w.ready)

@@ -164,7 +164,9 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.W
 		m.own.mu.RUnlock()
 		start := time.Now() // the wait counts from the queueing, not after the body read
 		if onWait != nil {
-			onWait.Waiting()
+			// Not cut short: the queue's end (a hand-over or the timeout)
+			// is only known in await, after it.
+			onWait.Waiting(context.Background())
 		}
 		return q.await(ctx, p.ident, p.req, wait, start)
 	}
