@@ -53,7 +53,7 @@ func NewCollector(sources func() map[string][]Source) *Collector {
 			"Event messages (batches) dropped whole, none of their events applied, by reason; single events dropped from a message otherwise applied are in sluice_kv_events_events_dropped_total.",
 			[]string{"pool", "reason"}, nil),
 		eventDrops: prometheus.NewDesc("sluice_kv_events_events_dropped_total",
-			"Single events dropped from a message whose other events were applied, by reason (unknown_parent: stored on a block the index does not hold; too_many: the replica's sources, rank and medium, all taken; token_count).",
+			"Single events dropped from a message whose other events were applied, by reason (unknown_parent: stored on a block the index does not hold; too_many: the replica's sources, rank and medium, all taken; token_count; extra_keys and lora_id_only: held without keys; kv_group: of a KV-cache group not keyed, a hybrid model's sliding-window or mamba group; sparse_store: fewer blocks than its token ids span).",
 			[]string{"pool", "reason"}, nil),
 		guard:   prometheus.NewDesc("sluice_kv_events_connections_cut_total", "ZMQ connections the socket guard cut, by reason (refused, oversize, handshake_timeout, handshake_evicted: the oldest handshake in progress, cut for a newer connection over the limit of handshakes in progress).", []string{"pool", "reason"}, nil),
 		blocks:  prometheus.NewDesc("sluice_kv_events_blocks", "Engine blocks the exact index holds per replica.", []string{"pool", "replica"}, nil),

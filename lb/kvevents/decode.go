@@ -21,8 +21,9 @@ import (
 //	payload, positional (msgspec array_like=True; SGLang, older vLLM, the sim):
 //	  batch = [ts float, events [...], data_parallel_rank int|nil (optional)]
 //	  event = ["BlockStored", block_hashes, parent_block_hash|nil, token_ids,
-//	           block_size, lora_id|nil, medium|nil, lora_name|nil, extra_keys, ...]
-//	        | ["BlockRemoved", block_hashes, medium|nil, group_idx|nil]
+//	           block_size, lora_id|nil, medium|nil, lora_name|nil, extra_keys,
+//	           group_idx|nil, kv_cache_spec_kind|nil, ...]
+//	        | ["BlockRemoved", block_hashes, medium|nil, group_idx|nil, ...]
 //	        | ["AllBlocksCleared", ...]
 //	payload, named (newer vLLM without array_like, the sim's map format):
 //	  batch = {"ts":..., "events":[...], "data_parallel_rank":...}
@@ -40,6 +41,13 @@ import (
 // then the request's cache_salt on its first block, then a prompt-embeds
 // hash) say that a block is not the base model's plain text block with
 // those tokens: see Event.Extra and the index's store.
+//
+// group_idx (vLLM with a hybrid model: one KV-cache group per layer kind,
+// each publishing its blocks under the same hashes) and, from vLLM 0.26,
+// kv_cache_spec_kind ("full_attention", "sliding_window", "mamba", ...)
+// say which group an event is of; see Index.keyedGroup. A sliding-window
+// or mamba group's BlockStored may hold fewer hashes than its token ids
+// span (vLLM's block_pool skips the group's null blocks): Event.Sparse.
 
 // Kind is the type of one engine KV event.
 type Kind uint8
@@ -90,6 +98,16 @@ type Event struct {
 	HasLora     bool
 	Medium      string // "GPU", "CPU", ... or empty
 	LoraName    string // BlockStored: the LoRA adapter's name (vLLM's lora_name); empty when none
+	// Group is the event's KV-cache group (vLLM's group_idx), meaningful
+	// when HasGroup; SpecKind the group's kind (kv_cache_spec_kind), empty
+	// when not given.
+	Group    int
+	HasGroup bool
+	SpecKind string
+	// Sparse: a BlockStored of fewer blocks than its token ids span (a
+	// group's skipped null blocks); which blocks is not said, so its
+	// TokenIDs are dropped and the index keys none.
+	Sparse bool
 	// Extra is a BlockStored's extra_keys, one per block; nil when it has
 	// none at all (the base model's text blocks).
 	Extra []ExtraKeys
@@ -198,6 +216,19 @@ const (
 	// request's token ids give (a multimodal identifier, prompt embeds):
 	// those blocks are held without keys, never matched (Index.store).
 	ReasonExtraKeys Reason = "extra_keys"
+	// ReasonGroup: an event of a KV-cache group the index does not key (a
+	// hybrid model's sliding-window or mamba group, a group index out of
+	// range): vLLM reuses a prefix as far as its full-attention group
+	// holds it (Index.keyedGroup).
+	ReasonGroup Reason = "kv_group"
+	// ReasonSparse: a BlockStored of fewer blocks than its token ids span
+	// (vLLM skips the null blocks of a sliding-window or mamba group): which
+	// blocks it holds is not on the wire, so none is keyed.
+	ReasonSparse Reason = "sparse_store"
+	// ReasonLoraID: a BlockStored naming its LoRA adapter by lora_id alone;
+	// requests name adapters by name and nothing maps one to the other, so
+	// its blocks are held without keys (Index.store).
+	ReasonLoraID    Reason = "lora_id_only"
 	ReasonDuplicate Reason = "duplicate" // the sequence number of the message before, again
 	// ReasonReplay: a replay answer that is not the asked topic's next
 	// message (another topic or rank, a sequence before the one asked) or
@@ -424,6 +455,7 @@ func (r *reader) event() (ev Event, known bool, err error) {
 		return ev, false, fail(ReasonMalformed, "%s without block_hashes", f.tag)
 	}
 	ev.BlockHashes, ev.Medium = f.hashes, f.medium
+	ev.Group, ev.HasGroup, ev.SpecKind = f.group, f.hasGroup, f.specKind
 	if ev.Kind == BlockRemoved {
 		return ev, true, nil
 	}
@@ -441,6 +473,13 @@ func (r *reader) event() (ev Event, known bool, err error) {
 		return ev, false, fail(ReasonBlockSize, "block_size %d outside 1..%d", f.blockSize, r.lim.MaxBlockSize)
 	}
 	if len(f.tokens) != len(f.hashes)*f.blockSize {
+		if len(f.tokens)%f.blockSize == 0 && len(f.hashes) < len(f.tokens)/f.blockSize {
+			// Whole blocks, some not cached (a sliding-window or mamba
+			// group's null blocks): the engine's normal output, not a
+			// malformed message.
+			ev.Sparse = true
+			return ev, true, nil
+		}
 		return ev, false, fail(ReasonTokenCount, "%d token ids for %d blocks of %d", len(f.tokens), len(f.hashes), f.blockSize)
 	}
 	ev.Parent, ev.TokenIDs, ev.BlockSize = f.parent, f.tokens, f.blockSize
@@ -469,6 +508,8 @@ const (
 	fMedium
 	fLoraName
 	fExtra
+	fGroup
+	fSpecKind
 	nFields
 )
 
@@ -485,13 +526,16 @@ type fields struct {
 	extra     []ExtraKeys // nil while every entry so far was nil
 	extraLen  int         // extra_keys' entries; -1: nil or absent
 	extraBad  bool        // extra_keys neither nil nor a list
+	group     int
+	hasGroup  bool
+	specKind  string
 	has       [nFields]bool
 }
 
 // Positional slots after the tag, per event kind.
 var (
-	storedOrder  = []int{fHashes, fParent, fTokens, fBlockSize, fLora, fMedium, fLoraName, fExtra}
-	removedOrder = []int{fHashes, fMedium}
+	storedOrder  = []int{fHashes, fParent, fTokens, fBlockSize, fLora, fMedium, fLoraName, fExtra, fGroup, fSpecKind}
+	removedOrder = []int{fHashes, fMedium, fGroup, fSpecKind}
 )
 
 func (r *reader) positional(f *fields) error {
@@ -526,14 +570,16 @@ func (r *reader) positional(f *fields) error {
 }
 
 var namedSlots = map[string]int{
-	"block_hashes":      fHashes,
-	"parent_block_hash": fParent,
-	"token_ids":         fTokens,
-	"block_size":        fBlockSize,
-	"lora_id":           fLora,
-	"medium":            fMedium,
-	"lora_name":         fLoraName,
-	"extra_keys":        fExtra,
+	"block_hashes":       fHashes,
+	"parent_block_hash":  fParent,
+	"token_ids":          fTokens,
+	"block_size":         fBlockSize,
+	"lora_id":            fLora,
+	"medium":             fMedium,
+	"lora_name":          fLoraName,
+	"extra_keys":         fExtra,
+	"group_idx":          fGroup,
+	"kv_cache_spec_kind": fSpecKind,
 }
 
 func (r *reader) named(f *fields) error {
@@ -594,6 +640,11 @@ func (r *reader) field(f *fields, slot int) error {
 		err = r.loraName(f)
 	case fExtra:
 		err = r.extraKeys(f)
+	case fGroup:
+		// Any int32 decodes; the index keys only 0..maxGroupIdx.
+		f.group, f.hasGroup, err = r.optInt()
+	case fSpecKind:
+		f.specKind, err = r.optShortString()
 	}
 	return err
 }

@@ -19,6 +19,16 @@ func FuzzDecode(f *testing.F) {
 		map[string]any{"type": "BlockStored", "block_hashes": []any{[]byte("abc")}, "parent_block_hash": nil,
 			"token_ids": anyTokens(toks[:8]), "block_size": 8}}}))
 	f.Add("kv@h:1@m", uint64(5), batchPayload(f, vllmStored(anyHashes(9), 0, toks[:4], 4)))
+	// a hybrid model's groups (vLLM 0.26): full attention, a sparse mamba store, a removal
+	f.Add("kv@h:1@m", uint64(6), pack(f, map[string]any{"ts": 1.0, "events": []any{
+		map[string]any{"type": "BlockStored", "block_hashes": anyHashes(1, 2), "parent_block_hash": nil,
+			"token_ids": anyTokens(toks), "block_size": 16, "group_idx": 0, "kv_cache_spec_kind": "full_attention"},
+		map[string]any{"type": "BlockStored", "block_hashes": anyHashes(2), "parent_block_hash": nil,
+			"token_ids": anyTokens(toks), "block_size": 16, "group_idx": 1, "kv_cache_spec_kind": "mamba"},
+		map[string]any{"type": "BlockRemoved", "block_hashes": anyHashes(2), "group_idx": 1}}}))
+	f.Add("kv@h:1@m", uint64(7), batchPayload(f,
+		[]any{"BlockStored", anyHashes(1), nil, anyTokens(toks[:16]), 16, 3, "GPU", nil, nil, 2, "sliding_window", 128},
+		[]any{"BlockRemoved", anyHashes(1), "GPU", 2}))
 	f.Add("bad", uint64(0), []byte{0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Add("kv@h:1@m", uint64(3), []byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0x7f, 0xff, 0xff, 0xff})
 	lim := Limits{MaxEventsPerBatch: 64, MaxBlocksPerEvent: 64, MaxTokensPerEvent: 1024, MaxBlockSize: 64, MaxPayloadBytes: 1 << 16}

@@ -67,6 +67,10 @@ type Index struct {
 	adapters adapterSet
 }
 
+// maxGroupIdx bounds a KV-cache group's index (vLLM's models have a few
+// groups; DeepSeek-V4 five): one beyond keys nothing.
+const maxGroupIdx = 255
+
 // maxAdapters bounds the adapters' names remembered: the names come from
 // the publishers (outside input).
 const maxAdapters = 1024
@@ -138,18 +142,26 @@ type seqState struct {
 // under a new address, so new topics).
 const topicIdle = 10 * time.Minute
 
-// source is one cache of a replica: a data-parallel rank and a medium
-// (GPU, CPU offload...). Engine hashes are unique only within one.
+// source is one cache of a replica: a data-parallel rank, a medium (GPU,
+// CPU offload...) and a KV-cache group (vLLM's group_idx; 0 without one).
+// Engine hashes are unique only within one: vLLM's groups publish their
+// blocks under the same hashes, and each group evicts its own.
 type source struct {
 	rank   int
 	medium string
+	group  int
 }
 
 type replica struct {
-	keys       map[uint64]int32     // Sluice key -> engine blocks that complete it
-	spec       map[uint64]time.Time // speculative keys (just routed there) -> expiry
-	sources    map[source]map[BlockHash]*entry
-	tombs      map[tombKey]*tomb
+	keys    map[uint64]int32     // Sluice key -> engine blocks that complete it
+	spec    map[uint64]time.Time // speculative keys (just routed there) -> expiry
+	sources map[source]map[BlockHash]*entry
+	tombs   map[tombKey]*tomb
+	// groupMain: what the replica's stores said of its KV-cache groups'
+	// kinds (true: full attention), at most maxGroupIdx+1; primary: the
+	// group keyed (see keyedGroup), -1 before the first.
+	groupMain  map[int]bool
+	primary    int
 	head, tail *entry // oldest first
 	topics     int    // sequence trackers naming it (at most maxSourcesPerReplica)
 	n          int    // engine blocks
@@ -243,7 +255,12 @@ func (ix *Index) Keys(tokens []uint32) []uint64 { return ix.keyer.keys(tokens) }
 // model's; with salt (the request's cache_salt) under that salt. An
 // engine reuses neither namespace's blocks for the other.
 func (ix *Index) KeysFor(model, salt string, tokens []uint32) []uint64 {
-	ns := namespace{salt: salt}
+	return ix.keysForTag(model, SaltTag(salt), tokens)
+}
+
+// keysForTag is KeysFor with the salt given by its SaltTag.
+func (ix *Index) keysForTag(model, saltTag string, tokens []uint32) []uint64 {
+	ns := namespace{salt: saltTag}
 	if model != "" {
 		ix.mu.Lock()
 		if ix.adapters.has(model) {
@@ -256,7 +273,7 @@ func (ix *Index) KeysFor(model, salt string, tokens []uint32) []uint64 {
 
 // adapterOf is the namespace's adapter of a BlockStored: its LoRA name, or
 // its id when it gives none (vLLM's ids start at 1: 0 and below are taken
-// for none).
+// for none; such a chain is held without keys, see store).
 func adapterOf(ev *Event) string {
 	switch {
 	case ev.LoraName != "":
@@ -318,7 +335,8 @@ func (ix *Index) Match(keys []uint64, replicas []string) []int {
 }
 
 func (ix *Index) newReplica(name string) *replica {
-	r := &replica{keys: make(map[uint64]int32), sources: make(map[source]map[BlockHash]*entry), tombs: make(map[tombKey]*tomb)}
+	r := &replica{keys: make(map[uint64]int32), sources: make(map[source]map[BlockHash]*entry), tombs: make(map[tombKey]*tomb),
+		primary: -1}
 	ix.replicas[name] = r
 	return r
 }
@@ -492,6 +510,14 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 		src := source{rank: rank, medium: ev.Medium}
 		// An event store drops is counted under its drop reason, not here.
 		applied := true
+		if ev.Kind != AllBlocksCleared {
+			g, ok := ix.keyedGroup(r, ev)
+			if !ok {
+				ix.c.dropEvent(ReasonGroup)
+				continue
+			}
+			src.group = g
+		}
 		switch ev.Kind {
 		case BlockStored:
 			applied = ix.store(r, src, ev, now)
@@ -516,6 +542,74 @@ func (ix *Index) Apply(name string, m Message, now time.Time) bool {
 		}
 	}
 	return true
+}
+
+// mainKinds are the kv_cache_spec_kind values of vLLM's full-attention
+// groups (vllm/v1/kv_cache_interface.py; NVIDIA Dynamo's kv-router keys
+// the same three).
+var mainKinds = map[string]bool{"full_attention": true, "mla_attention": true, "sink_full_attention": true}
+
+// keyedGroup says whether the index keys ev's KV-cache group, and which
+// it is. vLLM reuses a prefix only as far as its full-attention group
+// holds it (kv_cache_coordinator.py: that group bounds the hit first);
+// a sliding-window or mamba group's blocks, under the same hashes, do
+// not make a prefix reusable, and many of its stores name no positions
+// (Event.Sparse). So one full-attention group is keyed: a group is one
+// when a store said so (kv_cache_spec_kind), or, of a group whose kind
+// no store gave (vLLM before 0.26, or none: SGLang, the sim), when it is
+// group 0. Of several, the lowest (vLLM frees a request's groups in
+// order, so the lowest loses its blocks first); a lower one seen later
+// replaces it, and what was keyed of the other goes. Limits: a sliding
+// window or mamba group that lost the end of a prefix the full-attention
+// group holds shortens the engine's reuse where the index does not.
+func (ix *Index) keyedGroup(r *replica, ev *Event) (int, bool) {
+	g := 0
+	if ev.HasGroup {
+		g = ev.Group
+	}
+	if g < 0 || g > maxGroupIdx {
+		return 0, false
+	}
+	if ev.Kind == BlockStored && ev.SpecKind != "" {
+		if r.groupMain == nil {
+			r.groupMain = make(map[int]bool)
+		}
+		r.groupMain[g] = mainKinds[ev.SpecKind]
+		if g == r.primary && !r.groupMain[g] {
+			ix.dropGroup(r, g)
+			r.primary = -1
+		}
+	}
+	main, known := r.groupMain[g]
+	if !known {
+		main = g == 0
+	}
+	switch {
+	case !main:
+		return 0, false
+	case ev.Kind == BlockStored && (r.primary < 0 || g < r.primary):
+		if r.primary >= 0 {
+			ix.dropGroup(r, r.primary)
+		}
+		r.primary = g
+	case r.primary < 0:
+		// a removal before any store: nothing keyed yet (removed_unknown)
+		return g, true
+	}
+	return g, g == r.primary
+}
+
+// dropGroup drops every block of one KV-cache group, all ranks and media.
+func (ix *Index) dropGroup(r *replica, g int) {
+	for src, blocks := range r.sources {
+		if src.group != g {
+			continue
+		}
+		for _, e := range blocks {
+			ix.remove(r, e)
+		}
+		delete(r.sources, src)
+	}
 }
 
 // evictIdleTopic drops the topic silent longest if it has been for
@@ -590,7 +684,12 @@ func (ix *Index) evictOwnTopic(name string, r *replica) {
 // blocks never count for the base model's requests.
 func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 	// Before the source is made: an offloaded block without token ids
-	// (see Event) must not take one of the replica's source slots.
+	// (see Event), or a sparse one, must not take one of the replica's
+	// source slots.
+	if ev.Sparse {
+		ix.c.dropEvent(ReasonSparse)
+		return false
+	}
 	bs := ev.BlockSize
 	if bs <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
 		ix.c.dropEvent(ReasonTokenCount)
@@ -624,11 +723,21 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 	if ev.LoraName != "" {
 		ix.adapters.add(ev.LoraName)
 	}
-	unkeyed := false
+	// unkeyed: extra keys Sluice cannot reproduce (counted as such first);
+	// byID: an adapter named by lora_id alone.
+	unkeyed, byID := false, false
 	if fromRoot && len(ev.BlockHashes) > 0 {
 		salt, ok := extraKeyed(ev, 0, true)
-		state = chain{last: ix.keyer.rootOf(namespace{adapter: adapterOf(ev), salt: salt}), dead: !ok}
+		state = chain{last: ix.keyer.rootOf(namespace{adapter: adapterOf(ev), salt: SaltTag(salt)}), dead: !ok}
 		unkeyed = !ok
+	}
+	if ev.LoraName == "" && ev.HasLora && ev.LoraID > 0 {
+		// An adapter named by lora_id alone (vLLM before lora_name): its
+		// requests name it by name, and nothing a router can read maps
+		// one to the other (vLLM's /v1/models lists names; the ids come
+		// from its API server's counter, spent even by a failed load).
+		// Held without keys, as unreproducible extra keys are.
+		state.dead, byID = true, true
 	}
 	for i, h := range ev.BlockHashes {
 		if i > 0 || !fromRoot {
@@ -676,8 +785,12 @@ func (ix *Index) store(r *replica, src source, ev *Event, now time.Time) bool {
 		// more blocks than the bounds (up to the 16 MiB payload).
 		ix.enforce(r)
 	}
-	if unkeyed {
+	switch {
+	case unkeyed:
 		ix.c.dropEvent(ReasonExtraKeys)
+		return false
+	case byID:
+		ix.c.dropEvent(ReasonLoraID)
 		return false
 	}
 	return true

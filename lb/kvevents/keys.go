@@ -1,7 +1,9 @@
 package kvevents
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -31,11 +33,41 @@ func newKeyer(blockSize int, seed uint64) keyer {
 // namespace is what, besides the tokens, the engine hashed into a chain
 // of blocks that Sluice can reproduce: the LoRA adapter ("n" and its name,
 // or "i" and its id when the engine gives no name) and the request's
-// cache_salt. Blocks of different namespaces never share keys: the
-// engine cannot reuse one's for the other.
+// cache_salt, by its SaltTag. Blocks of different namespaces never share
+// keys: the engine cannot reuse one's for the other.
 type namespace struct {
 	adapter string
-	salt    string
+	salt    string // SaltTag of the cache_salt
+}
+
+// saltTagLen is a SaltTag's length: 16 bytes of SHA-256, in hex.
+const saltTagLen = 32
+
+// SaltTag is what a cache_salt is keyed by, and what a shared routing
+// decision carries of it (Prefixes.SpeculatePeerSalt): a fixed-size
+// digest, so the salt, a tenant's secret the engine isolates its cache
+// with, does not travel to the other instances, and a peer's message has
+// a bounded size. "" for no salt.
+func SaltTag(salt string) string {
+	if salt == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte("sluice-cache-salt-v1\x00" + salt))
+	return hex.EncodeToString(sum[:saltTagLen/2])
+}
+
+// ValidSaltTag says whether tag is one SaltTag returns for a salt: 32
+// lowercase hex digits.
+func ValidSaltTag(tag string) bool {
+	if len(tag) != saltTagLen {
+		return false
+	}
+	for i := 0; i < len(tag); i++ {
+		if c := tag[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // rootOf is the root key of a namespace's chains; the base model's (no

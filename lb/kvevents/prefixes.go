@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/lb"
+	"github.com/sluice-router/sluice/lb/reqtext"
 )
 
 // Prefixes answers, for a request, how much of its prompt each replica's
@@ -100,28 +101,46 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 	return rates, fresh, routed
 }
 
-// SpeculatePeer records what another Sluice instance just routed (a peer's
-// insert into the shared tree: its model, prompt text and replica) as this
-// index's speculative entry, as if this instance had routed it: instances
-// that share a tree then agree on where a prompt went before its engine's
-// events arrive, as one instance does. A text it cannot tokenize now (an
-// engine tokenizer's cache miss) is left to the tree.
+// SpeculatePeer is SpeculatePeerSalt of a decision that carries no salt
+// tag: an unsalted request's, or one from an instance of a version that
+// shared none (taken, as it was then, for unsalted).
 func (p *Prefixes) SpeculatePeer(model, text, addr string) {
+	p.SpeculatePeerSalt(model, text, addr, "")
+}
+
+// SpeculatePeerSalt records what another Sluice instance just routed (a
+// peer's insert into the shared tree: its model, prompt text, replica and
+// the SaltTag of the request's cache_salt, "" for none) as this index's
+// speculative entry, keyed as that instance keyed its own: instances that
+// share a tree then agree on where a prompt went before its engine's
+// events arrive, as one instance does. A tag that is not one (the stream
+// is outside input) is not speculated: keyed unsalted, a salted request's
+// placement would be a hit for every unsalted request of that prompt. A
+// text it cannot tokenize now (an engine tokenizer's cache miss) is left
+// to the tree.
+func (p *Prefixes) SpeculatePeerSalt(model, text, addr, saltTag string) {
 	ttl := p.speculateFor()
 	if ttl < 0 || text == "" || p.IsReplica != nil && !p.IsReplica(addr) {
 		return
 	}
+	if saltTag != "" && !ValidSaltTag(saltTag) {
+		return
+	}
 	var tokens []uint32
 	var ok bool
-	if pt, isPrompt := p.Tokenizer.(PromptTokenizer); isPrompt {
+	switch pt, isPrompt := p.Tokenizer.(PromptTokenizer); {
+	case strings.HasPrefix(text, reqtext.TokenIDsMark):
+		// a prompt of token ids, keyed by its ids as Lookup keyed it
+		tokens, ok = parseIDs(text)
+	case isPrompt:
 		tokens, _, ok = pt.TokenizePrompt(Prompt{Model: model, Text: text})
-	} else {
+	default:
 		tokens, ok = p.Tokenizer.Tokenize(model, text)
 	}
 	if !ok || len(tokens) == 0 {
 		return
 	}
-	if keys := p.Index.KeysFor(model, "", tokens); len(keys) > 0 {
+	if keys := p.Index.keysForTag(model, saltTag, tokens); len(keys) > 0 {
 		p.Index.Speculate(addr, keys, p.now(), ttl)
 	}
 }
