@@ -33,9 +33,9 @@ func TestKVPeerSpeculationOnlyForPoolReplicas(t *testing.T) {
 	defer release()
 	text := strings.Repeat("one shared prompt of many words ", 16)
 	for i := 0; i < 100; i++ {
-		pk.PeerRouted("m", text, fmt.Sprintf("evil-%d:%s", i, strings.Repeat("x", 64)), false)
+		pk.PeerRouted("m", text, fmt.Sprintf("evil-%d:%s", i, strings.Repeat("x", 64)), "", false)
 	}
-	pk.PeerRouted("m", text, "10.0.0.2:8000", false)
+	pk.PeerRouted("m", text, "10.0.0.2:8000", "", false)
 	s := stats()
 	for name := range s.Replicas {
 		if name != "10.0.0.2:8000" {

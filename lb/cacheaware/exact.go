@@ -19,9 +19,11 @@ type Pressured interface {
 }
 
 // PeerSpeculator is an Exact that takes another instance's routing
-// decisions as its own speculative entries (lb/kvevents.Prefixes).
+// decisions as its own speculative entries (lb/kvevents.Prefixes), keyed
+// under the request's cache_salt as its tag (kvevents.SaltTag; "" for
+// none).
 type PeerSpeculator interface {
-	SpeculatePeer(model, text, addr string)
+	SpeculatePeerSalt(model, text, addr, saltTag string)
 }
 
 // PeerRouted records a routing decision another instance made (received
@@ -29,12 +31,14 @@ type PeerSpeculator interface {
 // speculative entries, so that every instance knows where the prompt went
 // before its engine's events say so. A decision replayed from history
 // (history true: this instance just started) goes into the tree only: it
-// is no news of what an engine is computing now.
-func (p *Picker) PeerRouted(model, text, addr string, history bool) {
+// is no news of what an engine is computing now. saltTag is the tag of
+// the request's cache_salt ("" for none, and from an instance of a
+// version that shared none).
+func (p *Picker) PeerRouted(model, text, addr, saltTag string, history bool) {
 	p.router.Insert(model, text, addr)
 	if e := p.exact.Load(); e != nil && !history {
 		if ps, ok := (*e).(PeerSpeculator); ok {
-			ps.SpeculatePeer(model, text, addr)
+			ps.SpeculatePeerSalt(model, text, addr, saltTag)
 		}
 	}
 }

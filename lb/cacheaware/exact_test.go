@@ -214,7 +214,7 @@ func TestPeerRoutedCountsAsSpeculation(t *testing.T) {
 		t.Fatalf("b's share %v: the test needs it above the threshold", rates)
 	}
 	routed("a:1")
-	inst[1].PeerRouted("m", doc, "a:1", false)
+	inst[1].PeerRouted("m", doc, "a:1", "", false)
 	for i, p := range inst {
 		l := pickFor(t, p, prompt(doc))
 		if l.Replica() != "a:1" {

@@ -21,8 +21,9 @@ type Picker struct {
 	router  *Router
 	tracker *tracker.Tracker
 	// onInsert, when set, also gets every insert of this picker's own
-	// routing decisions (share.Sharer.Publish: many instances, one view).
-	onInsert atomic.Pointer[func(model, text, addr string)]
+	// routing decisions, with the request's cache_salt
+	// (share.Sharer.Publish: many instances, one view).
+	onInsert atomic.Pointer[func(model, text, addr, salt string)]
 	// exact, when set, is consulted before the tree (see SetExact).
 	exact atomic.Pointer[Exact]
 	// capacity, when set, sizes the caches for a miss (see SetCapacity);
@@ -32,9 +33,9 @@ type Picker struct {
 }
 
 // OnInsert sets (nil: clears) the function that also gets the prompt of
-// every request this picker routed, after the local insert. It must not
-// block (the request waits for it).
-func (p *Picker) OnInsert(f func(model, text, addr string)) {
+// every request this picker routed, and its cache_salt, after the local
+// insert. It must not block (the request waits for it).
+func (p *Picker) OnInsert(f func(model, text, addr, salt string)) {
 	if f == nil {
 		p.onInsert.Store(nil)
 		return
@@ -145,7 +146,7 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		if text != "" {
 			p.router.Insert(req.Model, text, d.Addr)
 			if f := p.onInsert.Load(); f != nil {
-				(*f)(req.Model, text, d.Addr)
+				(*f)(req.Model, text, d.Addr, req.CacheSalt)
 			}
 		}
 		req.Memo = d

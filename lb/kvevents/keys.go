@@ -40,8 +40,8 @@ type namespace struct {
 	salt    string // SaltTag of the cache_salt
 }
 
-// saltTagLen is a SaltTag's length: 16 bytes of SHA-256, in hex.
-const saltTagLen = 32
+// SaltTagLen is a SaltTag's length: 16 bytes of SHA-256, in hex.
+const SaltTagLen = 32
 
 // SaltTag is what a cache_salt is keyed by, and what a shared routing
 // decision carries of it (Prefixes.SpeculatePeerSalt): a fixed-size
@@ -53,13 +53,13 @@ func SaltTag(salt string) string {
 		return ""
 	}
 	sum := sha256.Sum256([]byte("sluice-cache-salt-v1\x00" + salt))
-	return hex.EncodeToString(sum[:saltTagLen/2])
+	return hex.EncodeToString(sum[:SaltTagLen/2])
 }
 
 // ValidSaltTag says whether tag is one SaltTag returns for a salt: 32
 // lowercase hex digits.
 func ValidSaltTag(tag string) bool {
-	if len(tag) != saltTagLen {
+	if len(tag) != SaltTagLen {
 		return false
 	}
 	for i := 0; i < len(tag); i++ {

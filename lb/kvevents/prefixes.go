@@ -101,13 +101,6 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 	return rates, fresh, routed
 }
 
-// SpeculatePeer is SpeculatePeerSalt of a decision that carries no salt
-// tag: an unsalted request's, or one from an instance of a version that
-// shared none (taken, as it was then, for unsalted).
-func (p *Prefixes) SpeculatePeer(model, text, addr string) {
-	p.SpeculatePeerSalt(model, text, addr, "")
-}
-
 // SpeculatePeerSalt records what another Sluice instance just routed (a
 // peer's insert into the shared tree: its model, prompt text, replica and
 // the SaltTag of the request's cache_salt, "" for none) as this index's

@@ -56,7 +56,7 @@ func TestReviewS35PeerSpeculationKeepsTheSalt(t *testing.T) {
 
 	// the previous version's message (no tag): unsalted, as before
 	c := newPeer()
-	c.SpeculatePeer("m", text, "a")
+	c.SpeculatePeerSalt("m", text, "a", "")
 	if rateOn(c, plain()) != full || rateOn(c, salted("tenant-1")) != 0 {
 		t.Fatal("an untagged peer decision is not speculated unsalted")
 	}
@@ -97,7 +97,7 @@ func TestReviewS35PeerSpeculationOfTokenIDs(t *testing.T) {
 	prompt := seqTokens(4000, 64)
 	req := idsReq("m", prompt)
 	p := &Prefixes{Index: NewIndex(Config{}), Tokenizer: SimTokenizer{}, Now: func() time.Time { return t0 }}
-	p.SpeculatePeer("m", "\u2029"+req.Text, "a")
+	p.SpeculatePeerSalt("m", "\u2029"+req.Text, "a", "")
 	if rates, _, _ := p.Lookup(req, []string{"a"}); rates[0] != 1 {
 		t.Fatalf("a peer's token-id prompt: rate %v, want 1", rates[0])
 	}

@@ -234,12 +234,12 @@ func exercise(t *testing.T, conn redisconn.Config, admin rueidis.Client) {
 
 	// cache_aware's sharing: what one instance publishes the other applies.
 	var applied atomic.Int64
-	p := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string, bool) {})
+	p := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string, string, bool) {})
 	t.Cleanup(p.Close)
-	r := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string, bool) { applied.Add(1) })
+	r := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string, string, bool) { applied.Add(1) })
 	t.Cleanup(r.Close)
 	for i := range 3 {
-		p.Publish("m", fmt.Sprint("prompt ", i), "r1")
+		p.Publish("m", fmt.Sprint("prompt ", i), "r1", "")
 	}
 	waitFor("the other sharer to apply 3 entries", func() bool { return applied.Load() == 3 })
 	for _, s := range []*share.Sharer{p, r} {
@@ -412,9 +412,9 @@ func TestACLRefusalsAreClearErrors(t *testing.T) {
 			if c.name != "wrong password" && c.name != "no xadd" {
 				return
 			}
-			sh := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string, bool) {})
+			sh := share.New(share.Config{Conn: conn, Pool: "p"}, func(string, string, string, string, bool) {})
 			defer sh.Close()
-			sh.Publish("m", "text", "r1")
+			sh.Publish("m", "text", "r1", "")
 			want := map[string]string{"wrong password": "WRONGPASS", "no xadd": "'xadd' command"}[c.name]
 			deadline := time.Now().Add(10 * time.Second)
 			for st := sh.Stats(); !strings.Contains(st.LastError, want) || st.Connected; st = sh.Stats() {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/sluice-router/sluice/lb/kvevents"
 	"github.com/sluice-router/sluice/lb/redisconn"
 	"github.com/sluice-router/sluice/lb/streamrelay"
 )
@@ -43,9 +44,10 @@ func Key(prefix, pool string) string {
 }
 
 // ApplyFunc records another instance's routing decision locally
-// (cacheaware.Picker.PeerRouted); history is true for the decisions
-// replayed on start, false for news.
-type ApplyFunc func(model, text, addr string, history bool)
+// (cacheaware.Picker.PeerRouted); saltTag is its cache_salt's tag ("" for
+// none); history is true for the decisions replayed on start, false for
+// news.
+type ApplyFunc func(model, text, addr, saltTag string, history bool)
 
 // Stats are the sharer's counters and state.
 type Stats = streamrelay.Stats
@@ -66,12 +68,14 @@ func New(cfg Config, apply ApplyFunc) *Sharer {
 	s.r = streamrelay.New(streamrelay.Config{Conn: conn, Key: Key(conn.KeyPrefix, cfg.Pool), Instance: cfg.Instance,
 		StreamLen: cfg.StreamLen, Buffer: cfg.Buffer,
 		// An entry: model and text as bounded here, the replica's address
-		// (host and port: 1 KiB is ample), three one-byte field names.
-		MaxRecordBytes: MaxModelBytes + utf8.UTFMax*cfg.MaxText + 1024 + 3,
+		// (host and port: 1 KiB is ample), a salt tag, four one-byte field
+		// names.
+		MaxRecordBytes: MaxModelBytes + utf8.UTFMax*cfg.MaxText + 1024 + kvevents.SaltTagLen + 4,
 	}, func(f map[string]string, history bool) {
 		// A peer's entries are bounded as our own are (the stream is
-		// outside input).
-		apply(cutBytes(f["m"], MaxModelBytes), cut(f["t"], s.maxText), f["a"], history)
+		// outside input); a tag that is not one is refused where it is
+		// used (kvevents.ValidSaltTag).
+		apply(cutBytes(f["m"], MaxModelBytes), cut(f["t"], s.maxText), f["a"], cutBytes(f["s"], kvevents.SaltTagLen+1), history)
 	})
 	return s
 }
@@ -80,9 +84,15 @@ func New(cfg Config, apply ApplyFunc) *Sharer {
 func (s *Sharer) Instance() string { return s.r.Instance() }
 
 // Publish queues one routing decision; it never blocks on Redis. A full
-// buffer drops its oldest entry (counted in Dropped).
-func (s *Sharer) Publish(model, text, addr string) {
+// buffer drops its oldest entry (counted in Dropped). A salted request's
+// entry carries its salt's tag ("s"), never the salt (a tenant's secret);
+// an unsalted one has no such field, as entries had before it.
+func (s *Sharer) Publish(model, text, addr, salt string) {
 	if text == "" {
+		return
+	}
+	if salt != "" {
+		s.r.Publish("m", cutBytes(model, MaxModelBytes), "t", cut(text, s.maxText), "a", addr, "s", kvevents.SaltTag(salt))
 		return
 	}
 	s.r.Publish("m", cutBytes(model, MaxModelBytes), "t", cut(text, s.maxText), "a", addr)

@@ -174,10 +174,10 @@ func TestBufferBounded(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
 	s := New(Config{Conn: redisconn.Config{Addrs: []string{addr}}, Pool: "p", Buffer: 8, MaxText: 16},
-		func(string, string, string, bool) { t.Error("applied without Redis") })
+		func(string, string, string, string, bool) { t.Error("applied without Redis") })
 	defer s.Close()
 	for i := range 100 {
-		s.Publish("m", fmt.Sprintf("%03d %s", i, strings.Repeat("x", 1000)), "r1:1")
+		s.Publish("m", fmt.Sprintf("%03d %s", i, strings.Repeat("x", 1000)), "r1:1", "")
 	}
 	st := s.Stats()
 	if st.Pending != 8 || st.Dropped != 92 || st.Published != 0 || st.Connected {
@@ -189,9 +189,9 @@ func TestBufferBounded(t *testing.T) {
 func TestPublishedTextBounded(t *testing.T) {
 	tg := redistest.Targets(t)[0]
 	pool := uniquePool(t)
-	s := New(Config{Conn: tg.Conn, Pool: pool, MaxText: 16}, func(string, string, string, bool) {})
+	s := New(Config{Conn: tg.Conn, Pool: pool, MaxText: 16}, func(string, string, string, string, bool) {})
 	defer s.Close()
-	s.Publish("m", strings.Repeat("é", 1000), "r1:1")
+	s.Publish("m", strings.Repeat("é", 1000), "r1:1", "")
 	waitFor(t, "published", func() bool { return s.Stats().Published == 1 })
 	cl := redistest.Client(t, tg.Conn)
 	es, err := cl.Do(context.Background(), cl.B().Xrange().Key(Key("", pool)).Start("-").End("+").Build()).AsXRange()
@@ -208,10 +208,10 @@ func TestStreamTrimmed(t *testing.T) { redistest.Each(t, testStreamTrimmed) }
 
 func testStreamTrimmed(t *testing.T, tg redistest.Target) {
 	pool := uniquePool(t)
-	s := New(Config{Conn: tg.Conn, Pool: pool, StreamLen: 100, Buffer: 5000}, func(string, string, string, bool) {})
+	s := New(Config{Conn: tg.Conn, Pool: pool, StreamLen: 100, Buffer: 5000}, func(string, string, string, string, bool) {})
 	defer s.Close()
 	for i := range 2000 {
-		s.Publish("m", fmt.Sprint("text ", i), "r1:1")
+		s.Publish("m", fmt.Sprint("text ", i), "r1:1", "")
 	}
 	waitFor(t, "published", func() bool { return s.Stats().Published == 2000 })
 	cl := redistest.Client(t, tg.Conn)
@@ -229,10 +229,10 @@ func testStreamTrimmed(t *testing.T, tg redistest.Target) {
 // (Single server only: it is about goroutines, not Redis.)
 func TestCloseLeavesNoGoroutine(t *testing.T) {
 	tg := redistest.Targets(t)[0]
-	s1 := New(Config{Conn: tg.Conn, Pool: uniquePool(t)}, func(string, string, string, bool) {})
+	s1 := New(Config{Conn: tg.Conn, Pool: uniquePool(t)}, func(string, string, string, string, bool) {})
 	waitFor(t, "connected", func() bool { return s1.Stats().Connected })
-	s1.Publish("m", "x", "r1:1")
-	s2 := New(Config{Conn: redisconn.Config{Addrs: []string{"127.0.0.1:1"}}, Pool: "p"}, func(string, string, string, bool) {})
+	s1.Publish("m", "x", "r1:1", "")
+	s2 := New(Config{Conn: redisconn.Config{Addrs: []string{"127.0.0.1:1"}}, Pool: "p"}, func(string, string, string, string, bool) {})
 	s1.Close()
 	s2.Close()
 	s2.Close() // idempotent
@@ -282,15 +282,15 @@ func testModelNameBounded(t *testing.T, tg redistest.Target) {
 	var got []string
 	var mu = make(chan struct{}, 1)
 	mu <- struct{}{}
-	reader := New(Config{Conn: tg.Conn, Pool: pool}, func(model, _, _ string, _ bool) {
+	reader := New(Config{Conn: tg.Conn, Pool: pool}, func(model, _, _, _ string, _ bool) {
 		<-mu
 		got = append(got, model)
 		mu <- struct{}{}
 	})
 	defer reader.Close()
-	s := New(Config{Conn: tg.Conn, Pool: pool}, func(string, string, string, bool) {})
+	s := New(Config{Conn: tg.Conn, Pool: pool}, func(string, string, string, string, bool) {})
 	defer s.Close()
-	s.Publish(huge, "a prompt", "r1:1")
+	s.Publish(huge, "a prompt", "r1:1", "")
 	waitFor(t, "published", func() bool { return s.Stats().Published == 1 })
 	cl := redistest.Client(t, tg.Conn)
 	entries, err := cl.Do(context.Background(), cl.B().Xrange().Key(Key("", pool)).Start("-").End("+").Build()).AsXRange()
@@ -326,10 +326,10 @@ func TestReplayedDecisionsAreMarkedHistory(t *testing.T) {
 
 func testReplayedDecisionsAreMarkedHistory(t *testing.T, tg redistest.Target) {
 	pool := uniquePool(t)
-	s := New(Config{Conn: tg.Conn, Pool: pool}, func(string, string, string, bool) {})
+	s := New(Config{Conn: tg.Conn, Pool: pool}, func(string, string, string, string, bool) {})
 	defer s.Close()
 	for i := range 5 {
-		s.Publish("m", fmt.Sprint("old ", i), "r1:1")
+		s.Publish("m", fmt.Sprint("old ", i), "r1:1", "")
 	}
 	waitFor(t, "5 published", func() bool { return s.Stats().Published == 5 })
 
@@ -338,7 +338,7 @@ func testReplayedDecisionsAreMarkedHistory(t *testing.T, tg redistest.Target) {
 		history bool
 	}
 	got := make(chan entry, 16)
-	late := New(Config{Conn: tg.Conn, Pool: pool}, func(_, text, _ string, history bool) { got <- entry{text, history} })
+	late := New(Config{Conn: tg.Conn, Pool: pool}, func(_, text, _, _ string, history bool) { got <- entry{text, history} })
 	defer late.Close()
 	for range 5 {
 		if e := <-got; !e.history || !strings.HasPrefix(e.text, "old ") {
@@ -346,7 +346,7 @@ func testReplayedDecisionsAreMarkedHistory(t *testing.T, tg redistest.Target) {
 		}
 	}
 	waitFor(t, "the late sharer to catch up", func() bool { return late.Stats().Applied == 5 })
-	s.Publish("m", "new", "r1:1")
+	s.Publish("m", "new", "r1:1", "")
 	if e := <-got; e.history || e.text != "new" {
 		t.Fatalf("news %+v, want not history", e)
 	}
