@@ -110,35 +110,6 @@ func (d *streamDriver) slots() int {
 	return -1
 }
 
-// A batching engine that streams (no metrics of its own) and whose first
-// request prefilled a cold prompt 8× its usual first token: the cold
-// baseline is void, but the engine has shown it serves many at once (its
-// first tokens come while others stream), so it is not drained to one
-// request to learn a new one. Drained, it ran one request at a time
-// while the rest waited at the edge (from 8 slots to 1, and ~9 s of
-// virtual time to grow back).
-func TestReviewS35AStreamingEngineIsNotDrainedAfterAColdFirstRequest(t *testing.T) {
-	m := &streamEngine{servers: 8, ttft: 0.05, service: 1, coldExtra: 0.4}
-	s := New(Config{QueueMaxSize: -1})
-	s.SetReplicas([]string{"llm:1"})
-	t.Cleanup(s.Close)
-	d := &streamDriver{s: s, m: m}
-	// Slow start: first tokens come while others stream.
-	for d.slots() < m.servers {
-		if d.step(t); m.ended > 40 {
-			t.Fatalf("slots %d after 40 streams on an engine serving %d at once", d.slots(), m.servers)
-		}
-	}
-	grown, lowest := d.slots(), d.slots()
-	for m.ended < 400 {
-		d.step(t)
-		lowest = min(lowest, d.slots())
-	}
-	if lowest < m.servers/2 {
-		t.Fatalf("slots fell from %d to %d on an engine seen streaming several at once, whose only fault was a cold first request", grown, lowest)
-	}
-}
-
 // A one-at-a-time server that streams answers one request at a time (a
 // first token only once the one before has ended): its cold first
 // request still voids the baseline and drains it to one, as before.
