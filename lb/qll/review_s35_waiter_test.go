@@ -112,3 +112,36 @@ func TestReviewS35ATimedOutPickStaysTimedOutWhenItsContextEndsNext(t *testing.T)
 		}
 	}
 }
+
+// A retry resolved with lb.ErrAllDown (no replica left but those it
+// avoids) is asked again by the adapter without its avoid list: its
+// Waiter's work (the body read) must not be cut, or the request would go
+// on with a truncated body.
+func TestReviewS35ARetryAnsweredAllDownKeepsItsWaitersWork(t *testing.T) {
+	s := New(Config{Parallelism: 1, QueueTimeout: time.Hour})
+	s.SetReplicas([]string{"a:1", "b:1"})
+	t.Cleanup(s.Close)
+	la, lb1 := mustAcquire(t, s), mustAcquire(t, s)
+	defer la.Release(lb.Outcome{Kind: lb.Success})
+	defer lb1.Release(lb.Outcome{Kind: lb.Success})
+
+	w := &blockingWaiter{left: make(chan context.Context, 1), release: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Pick(context.Background(), &lb.Request{Waiter: w, Avoid: []string{"a:1"}})
+		done <- err
+	}()
+	left := <-w.left
+	s.SetReplicas([]string{"a:1"}) // only the avoided replica is left
+	waitFor := time.Now().Add(10 * time.Second)
+	for s.Snapshot().QueueDepth > 0 && time.Now().Before(waitFor) {
+		time.Sleep(time.Millisecond)
+	}
+	if left.Err() != nil {
+		t.Fatal("left ended for a retry answered ErrAllDown, which the adapter asks again")
+	}
+	close(w.release)
+	if err := <-done; !errors.Is(err, lb.ErrAllDown) {
+		t.Fatalf("retry: %v, want ErrAllDown", err)
+	}
+}

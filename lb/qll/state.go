@@ -3,6 +3,7 @@ package qll
 import (
 	"container/list"
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -466,8 +467,11 @@ func (s *State) resolveLocked(w *waiter, l *Lease, err error) {
 	if w.timeout != nil {
 		w.timeout.Stop()
 	}
-	if l == nil && w.leave != nil {
-		w.leave() // its Waiting may block on a client: the refusal must not wait for it
+	// Its Waiting may block on a client: a refusal must not wait for it.
+	// Not a retry answered ErrAllDown: the adapter asks again without its
+	// avoid list, and the request goes on with what Waiting read.
+	if l == nil && w.leave != nil && !(errors.Is(err, lb.ErrAllDown) && len(w.avoid) > 0) {
+		w.leave()
 	}
 	s.queue.Remove(w.elem)
 	close(w.ready)
