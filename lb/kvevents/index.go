@@ -601,15 +601,7 @@ func (ix *Index) keyedGroup(r *replica, ev *Event) (int, bool) {
 
 // dropGroup drops every block of one KV-cache group, all ranks and media.
 func (ix *Index) dropGroup(r *replica, g int) {
-	for src, blocks := range r.sources {
-		if src.group != g {
-			continue
-		}
-		for _, e := range blocks {
-			ix.remove(r, e)
-		}
-		delete(r.sources, src)
-	}
+	ix.dropSources(r, func(src source) bool { return src.group == g })
 }
 
 // evictIdleTopic drops the topic silent longest if it has been for
@@ -879,8 +871,13 @@ func (ix *Index) unlinkTomb(t *tomb) {
 
 // clearRank drops every block of one data-parallel rank, all media.
 func (ix *Index) clearRank(r *replica, rank int) {
+	ix.dropSources(r, func(src source) bool { return src.rank == rank })
+}
+
+// dropSources drops every block of the replica's sources that match.
+func (ix *Index) dropSources(r *replica, match func(source) bool) {
 	for src, blocks := range r.sources {
-		if src.rank != rank {
+		if !match(src) {
 			continue
 		}
 		for _, e := range blocks {
