@@ -253,8 +253,8 @@ func (c *concurrencyLimit) observe(kind, k int, latency, total float64, cap int,
 // too (its first request prefilled a cold prompt): keeping its slots, in
 // slow start, until a request ran alone was tried and read worse, since
 // with no baseline nothing cuts a limit that grew too far (calibrated
-// four-replica sim at 9 req/s behind custom_router, 16 reps each: TTFT
-// p90 1.25× round robin's kept, 1.04× drained; medians per rep).
+// four-replica sim at 9 req/s behind custom_router, 24 reps each: TTFT
+// p90 1.21× round robin's kept, 1.08× drained; medians per rep).
 func (c *concurrencyLimit) rebase(kind int) {
 	c.solo[kind], c.soloTotal[kind], c.soloN[kind] = 0, 0, 0
 	c.busyN[kind] = 0
