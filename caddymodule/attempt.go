@@ -93,7 +93,8 @@ type attempt struct {
 	waitReads bool
 	// waitW is the client's writer of the attempt being picked (nil
 	// without one: a policy as another's fallback), whose read deadline
-	// cuts a waiting pick's body read when it leaves the queue unserved.
+	// cuts a waiting pick's body read when it leaves the queue unserved
+	// (readBodyUntil).
 	waitW http.ResponseWriter
 	// retrying: this Select is reverse_proxy's retry of the previous
 	// attempt (set by startAttempt, read by retry).

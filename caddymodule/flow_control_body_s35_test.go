@@ -56,15 +56,24 @@ func answerWhileStalled(t *testing.T, conn net.Conn, what string) *http.Response
 	return resp
 }
 
-func TestFlowControlExpiredRequestAnswersWhileItsUploadStalls(t *testing.T) {
-	h := &FlowControl{Pool: freshPoolName("fc-s35-ttl"), MaxConcurrency: 1, Replicas: 1,
+// expiringFlowControl is a flow_control of one slot whose queued requests
+// expire after 50 ms, and the next handler it lets requests through to,
+// counting them in reached.
+func expiringFlowControl(t *testing.T, pool string) (h *FlowControl, next caddyhttp.Handler, reached *atomic.Int64) {
+	t.Helper()
+	h = &FlowControl{Pool: freshPoolName(pool), MaxConcurrency: 1, Replicas: 1,
 		DefaultTTL: caddy.Duration(50 * time.Millisecond)}
 	provisionFlowControl(t, h)
-	reached := new(atomic.Int64)
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	reached = new(atomic.Int64)
+	next = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		reached.Add(1)
 		return nil
 	})
+	return h, next, reached
+}
+
+func TestFlowControlExpiredRequestAnswersWhileItsUploadStalls(t *testing.T) {
+	h, next, reached := expiringFlowControl(t, "fc-s35-ttl")
 	held := make(chan int, 1) // bytes the request's state still holds once the handler returned
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
@@ -178,14 +187,7 @@ func TestFlowControlPushedOutRequestAnswersWhileItsUploadStalls(t *testing.T) {
 // The same over HTTP/2, where the blocked read is a stream's: its refusal
 // is written while the client's request body is still open.
 func TestFlowControlExpiredRequestAnswersWhileItsUploadStallsHTTP2(t *testing.T) {
-	h := &FlowControl{Pool: freshPoolName("fc-s35-h2"), MaxConcurrency: 1, Replicas: 1,
-		DefaultTTL: caddy.Duration(50 * time.Millisecond)}
-	provisionFlowControl(t, h)
-	reached := new(atomic.Int64)
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		reached.Add(1)
-		return nil
-	})
+	h, next, reached := expiringFlowControl(t, "fc-s35-h2")
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _ = h.ServeHTTP(w, r, next) }))
 	srv.EnableHTTP2 = true
 	srv.StartTLS()

@@ -32,10 +32,6 @@ func (a *attempt) Waiting(left context.Context) {
 		// handle_errors fallback would send without it).
 		return
 	}
-	if a.waitW == nil {
-		a.rs.readBody(r, DefaultMaxBodyBytes)
-		return
-	}
 	a.rs.readBodyUntil(left, a.waitW, r, DefaultMaxBodyBytes)
 }
 

@@ -131,8 +131,9 @@ func (rs *requestState) readBody(r *http.Request, max int64) *requestInfo {
 // The deadline stays: before answering HTTP/1, net/http reads what is
 // left of a small unread body (to reuse the connection), which would wait
 // for the stalled client again; past the deadline it fails at once and the
-// connection closes after the answer. Where the writer cannot set one, the
-// read ends with its upload, as it did before.
+// connection closes after the answer. Where the writer cannot set one (or
+// there is none: a policy as another's fallback), the read ends with its
+// upload, as it did before.
 func (rs *requestState) readBodyUntil(left context.Context, w http.ResponseWriter, r *http.Request, max int64) {
 	rc := http.NewResponseController(w)
 	var mu sync.Mutex

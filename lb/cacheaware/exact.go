@@ -23,7 +23,7 @@ type Pressured interface {
 // under the request's cache_salt as its tag (kvevents.SaltTag; "" for
 // none).
 type PeerSpeculator interface {
-	SpeculatePeerSalt(model, text, addr, saltTag string)
+	SpeculatePeer(model, text, addr, saltTag string)
 }
 
 // PeerRouted records a routing decision another instance made (received
@@ -38,7 +38,7 @@ func (p *Picker) PeerRouted(model, text, addr, saltTag string, history bool) {
 	p.router.Insert(model, text, addr)
 	if e := p.exact.Load(); e != nil && !history {
 		if ps, ok := (*e).(PeerSpeculator); ok {
-			ps.SpeculatePeerSalt(model, text, addr, saltTag)
+			ps.SpeculatePeer(model, text, addr, saltTag)
 		}
 	}
 }

@@ -279,7 +279,7 @@ func TestPrefixesSpeculatePeer(t *testing.T) {
 	now := t0
 	px := &Prefixes{Index: ix, Tokenizer: SimTokenizer{}, Now: func() time.Time { return now }}
 	text := prompt("w", 64)
-	px.SpeculatePeerSalt("m", text, "b", "")
+	px.SpeculatePeer("m", text, "b", "")
 	if rates, _, _ := px.Lookup(preq(text), []string{"a", "b"}); rates[0] != 0 || rates[1] != 1 {
 		t.Fatalf("after a peer routed to b: %v", rates)
 	}
@@ -288,7 +288,7 @@ func TestPrefixesSpeculatePeer(t *testing.T) {
 		t.Fatalf("peer's entry did not expire: %v", rates)
 	}
 	px.SpeculateFor = -1 // never speculate
-	px.SpeculatePeerSalt("m", text, "a", "")
+	px.SpeculatePeer("m", text, "a", "")
 	if rates, _, _ := px.Lookup(preq(text), []string{"a", "b"}); rates[0] != 0 {
 		t.Fatalf("speculated with SpeculateFor < 0: %v", rates)
 	}

@@ -44,7 +44,7 @@ type namespace struct {
 const SaltTagLen = 32
 
 // SaltTag is what a cache_salt is keyed by, and what a shared routing
-// decision carries of it (Prefixes.SpeculatePeerSalt): a fixed-size
+// decision carries of it (Prefixes.SpeculatePeer): a fixed-size
 // digest, so the salt, a tenant's secret the engine isolates its cache
 // with, does not travel to the other instances, and a peer's message has
 // a bounded size. "" for no salt.

@@ -101,7 +101,7 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 	return rates, fresh, routed
 }
 
-// SpeculatePeerSalt records what another Sluice instance just routed (a
+// SpeculatePeer records what another Sluice instance just routed (a
 // peer's insert into the shared tree: its model, prompt text, replica and
 // the SaltTag of the request's cache_salt, "" for none) as this index's
 // speculative entry, keyed as that instance keyed its own: instances that
@@ -111,7 +111,7 @@ func (p *Prefixes) Lookup(req *lb.Request, addrs []string) (rates []float64, fre
 // placement would be a hit for every unsalted request of that prompt. A
 // text it cannot tokenize now (an engine tokenizer's cache miss) is left
 // to the tree.
-func (p *Prefixes) SpeculatePeerSalt(model, text, addr, saltTag string) {
+func (p *Prefixes) SpeculatePeer(model, text, addr, saltTag string) {
 	ttl := p.speculateFor()
 	if ttl < 0 || text == "" || p.IsReplica != nil && !p.IsReplica(addr) {
 		return

@@ -43,7 +43,7 @@ func TestReviewS35PeerSpeculationKeepsTheSalt(t *testing.T) {
 
 	// instance B learns it from the shared decision, with the salt's tag
 	b := newPeer()
-	b.SpeculatePeerSalt("m", text, "a", SaltTag("tenant-1"))
+	b.SpeculatePeer("m", text, "a", SaltTag("tenant-1"))
 	if r := rateOn(b, plain()); r != 0 {
 		t.Fatalf("an unsalted request sees the peer's salted placement: rate %v, want 0", r)
 	}
@@ -56,7 +56,7 @@ func TestReviewS35PeerSpeculationKeepsTheSalt(t *testing.T) {
 
 	// the previous version's message (no tag): unsalted, as before
 	c := newPeer()
-	c.SpeculatePeerSalt("m", text, "a", "")
+	c.SpeculatePeer("m", text, "a", "")
 	if rateOn(c, plain()) != full || rateOn(c, salted("tenant-1")) != 0 {
 		t.Fatal("an untagged peer decision is not speculated unsalted")
 	}
@@ -64,7 +64,7 @@ func TestReviewS35PeerSpeculationKeepsTheSalt(t *testing.T) {
 	// a tag that is not one (the stream is outside input): not speculated
 	for _, tag := range []string{"x", strings.Repeat("a", 31), strings.Repeat("A", 32), strings.Repeat("0", 33), strings.Repeat("z", 32), SaltTag("t") + "\x00"} {
 		d := newPeer()
-		d.SpeculatePeerSalt("m", text, "a", tag)
+		d.SpeculatePeer("m", text, "a", tag)
 		if rateOn(d, plain()) != 0 || rateOn(d, salted("t")) != 0 {
 			t.Fatalf("tag %q was speculated", tag)
 		}
@@ -97,7 +97,7 @@ func TestReviewS35PeerSpeculationOfTokenIDs(t *testing.T) {
 	prompt := seqTokens(4000, 64)
 	req := idsReq("m", prompt)
 	p := &Prefixes{Index: NewIndex(Config{}), Tokenizer: SimTokenizer{}, Now: func() time.Time { return t0 }}
-	p.SpeculatePeerSalt("m", "\u2029"+req.Text, "a", "")
+	p.SpeculatePeer("m", "\u2029"+req.Text, "a", "")
 	if rates, _, _ := p.Lookup(req, []string{"a"}); rates[0] != 1 {
 		t.Fatalf("a peer's token-id prompt: rate %v, want 1", rates[0])
 	}

@@ -24,7 +24,7 @@ func (s *peerSpec) Lookup(*lb.Request, []string) ([]float64, []bool, func(string
 	return nil, nil, nil
 }
 
-func (s *peerSpec) SpeculatePeerSalt(_, text, _, tag string) {
+func (s *peerSpec) SpeculatePeer(_, text, _, tag string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tags[text] = tag
