@@ -421,9 +421,10 @@ func (a *attempt) placeholder(kept map[string]any, key string) (any, bool) {
 
 // classify is the last attempt's outcome, reading the placeholders kept
 // (nil: the Replacer's):
-//   - no response byte: a transport failure if the transport reported an
-//     error for this attempt, or the handler chain ended in an error (our
-//     reverse_proxy gave up on it); otherwise the client left first;
+//   - no response byte: a Failure if the attempt was abandoned at its
+//     first-byte limit, or the handler chain ended in an error (our
+//     reverse_proxy gave up on it: Caddy's server sets {http.error}
+//     before the request ends); otherwise the client left first;
 //   - a response: a Failure if its status (read only while the
 //     placeholders still name this attempt's replica) is 5xx; else a
 //     Success timed by the attempt's own trace — first byte for
@@ -513,18 +514,14 @@ type attemptTrace struct {
 	uploading atomic.Bool
 	uploaded  atomic.Int64
 
-	mu           sync.Mutex
-	firstByte    time.Duration
-	bodyByte     time.Duration // the body's first byte to the client (bodyWatched only)
-	lastByte     time.Duration
+	mu        sync.Mutex
+	firstByte time.Duration
+	bodyByte  time.Duration // the body's first byte to the client (bodyWatched only)
+	lastByte  time.Duration
+	// transportErr: the attempt was abandoned at its first-byte limit
+	// (expire); a first byte after it is not its answer.
 	transportErr bool
-	// dialErr: dialling a connection failed. Kept apart from
-	// transportErr: a dial fails per address (a name's ::1 refused, its
-	// 127.0.0.1 answered) and the transport may dial for a connection
-	// this attempt did not use, so a first byte after it is still this
-	// attempt's answer.
-	dialErr   bool
-	clientErr bool // reading the client's body failed (e.g. a truncated upload)
+	clientErr    bool // reading the client's body failed (e.g. a truncated upload)
 }
 
 // requestEnded is the attempt's end-of-request hook: the attempt's
@@ -562,11 +559,15 @@ func (t *attemptTrace) close() {
 
 func (t *attemptTrace) setHooks() {
 	t.hooks = httptrace.ClientTrace{
-		// A failed TLS handshake needs no hook (an allocation per
-		// attempt): it fails the round trip, and reverse_proxy's retry
-		// or {http.error} makes the attempt a Failure.
-		ConnectDone:  func(_, _ string, err error) { t.failed(err, true) },
-		WroteRequest: func(info httptrace.WroteRequestInfo) { t.failed(info.Err, false) },
+		// No hook for the transport's errors (a failed dial, TLS
+		// handshake or write): one the transport gives up on fails the
+		// round trip, and reverse_proxy's retry (retry) or {http.error}
+		// (classify) makes the attempt a Failure. One it recovers from
+		// (a write to a keep-alive connection the replica dropped, sent
+		// again on a new one; one address of a name refused, the next
+		// answered) is nobody's failure. Heard here, such an error
+		// voided the answer that followed, and the connect hook alone
+		// cost three allocations per attempt (httptrace's net trace).
 		GotFirstResponseByte: func() {
 			t.mu.Lock()
 			first := t.firstByte == 0 && !t.transportErr
@@ -607,21 +608,6 @@ func (t *attemptTrace) setHooks() {
 	}
 }
 
-// failed records a transport error (dial: a dial's), unless it is the
-// client leaving (the request's context ended), which is nobody's failure.
-func (t *attemptTrace) failed(err error, dial bool) {
-	if err == nil || t.base.Err() != nil {
-		return
-	}
-	t.mu.Lock()
-	if dial {
-		t.dialErr = true
-	} else {
-		t.transportErr = true
-	}
-	t.mu.Unlock()
-}
-
 // bodyBegan is when the attempt's response body began to reach the
 // client, 0 if unknown (see bodyWatch).
 func (t *attemptTrace) bodyBegan() time.Duration {
@@ -639,7 +625,7 @@ func (t *attemptTrace) facts() (first, last time.Duration, transportErr, clientE
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.firstByte, t.lastByte, t.transportErr || t.dialErr, t.clientErr
+	return t.firstByte, t.lastByte, t.transportErr, t.clientErr
 }
 
 // clientBody notes when reading the client's request body fails: the
