@@ -216,12 +216,11 @@ func pickKV(t *testing.T, pk *cacheaware.Picker, text string) cacheaware.Decisio
 // decision.
 func pickKVRequest(t *testing.T, pk *cacheaware.Picker, req *lb.Request) cacheaware.Decision {
 	t.Helper()
-	l, err := pk.Pick(context.Background(), req)
+	l, d, err := pk.PickDecision(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Release(lb.Outcome{Kind: lb.Success})
-	d, _ := req.Memo.(cacheaware.Decision)
 	return d
 }
 

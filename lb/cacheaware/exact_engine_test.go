@@ -57,9 +57,9 @@ func TestPickerDoesNotWaitForTheEngineTokenizer(t *testing.T) {
 	publish(t, ix, other, 1, simTok(words("other", 16)))
 
 	req := &lb.Request{Model: "m", Text: held, Parsed: true, Tokens: 10}
-	l := pickFor(t, p, req)
+	l, d := pickDecided(t, p, req)
 	l.Release(ok)
-	if d := req.Memo.(Decision); d.Exact || answered.Load() != 0 {
+	if d.Exact || answered.Load() != 0 {
 		t.Fatalf("the cold pick: %+v (answers %d)", d, answered.Load())
 	}
 	waitUntil(t, func() bool { return asked.Load() >= 1 })

@@ -102,12 +102,19 @@ const pickTries = 3
 // imbalanced or the match is poor (see Router.Pick), among the replicas
 // that are present, healthy and not in req.Unavailable: none of those
 // gives lb.ErrAllDown, an empty pool lb.ErrNoBackends. The prompt of a
-// parsed request is recorded for the replica that got it; req.Memo is set
-// to the Decision (for logging). The lease is the tracker's, costed at
-// req.Tokens.
+// parsed request is recorded for the replica that got it. The lease is
+// the tracker's, costed at req.Tokens.
 func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
+	l, _, err := p.PickDecision(ctx, req)
+	return l, err
+}
+
+// PickDecision is Pick, with the Decision that chose the replica. Pick
+// does not keep it in req.Memo: boxing it cost an allocation on every
+// request, for a value nothing on the request path reads.
+func (p *Picker) PickDecision(ctx context.Context, req *lb.Request) (lb.Lease, Decision, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, Decision{}, err
 	}
 	if req == nil {
 		req = &lb.Request{}
@@ -129,9 +136,9 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 		d := p.router.decide(req.Model, text, load, exact, pressure, capacity)
 		switch {
 		case d.Reason == NoUsable:
-			return nil, lb.ErrAllDown
+			return nil, d, lb.ErrAllDown
 		case d.Addr == "":
-			return nil, lb.ErrNoBackends
+			return nil, Decision{}, lb.ErrNoBackends
 		}
 		// Checked and counted at once: a recovering replica that Load
 		// found idle takes one probe, not one per pick that read it.
@@ -149,11 +156,10 @@ func (p *Picker) Pick(ctx context.Context, req *lb.Request) (lb.Lease, error) {
 				(*f)(req.Model, text, d.Addr, req.CacheSalt)
 			}
 		}
-		req.Memo = d
 		req.Reason = p.reason(d.Reason, text)
-		return l, nil
+		return l, d, nil
 	}
-	return nil, lb.ErrNoBackends
+	return nil, Decision{}, lb.ErrNoBackends
 }
 
 // reason names the rule that chose (lb.Request.Reason). A request

@@ -186,9 +186,9 @@ func TestAnUnusableLongestHolderLeavesTheHitToTheNextHolder(t *testing.T) {
 	defer busy.Release(ok)
 	req := prompt(text)
 	req.Unavailable = []string{"a:1"}
-	l := pickFor(t, p, req)
+	l, d := pickDecided(t, p, req)
 	defer l.Release(ok)
-	if d := req.Memo.(Decision); l.Replica() != "b:1" || d.Reason != CacheHit {
+	if l.Replica() != "b:1" || d.Reason != CacheHit {
 		t.Fatalf("retry without a:1: went to %s (%+v), want a cache hit on b:1", l.Replica(), d)
 	}
 }

@@ -27,6 +27,16 @@ func pickFor(t *testing.T, p *Picker, req *lb.Request) lb.Lease {
 	return l
 }
 
+// pickDecided is pickFor, with the Decision that chose.
+func pickDecided(t *testing.T, p *Picker, req *lb.Request) (lb.Lease, Decision) {
+	t.Helper()
+	l, d, err := p.PickDecision(context.Background(), req)
+	if err != nil {
+		t.Fatalf("Pick(unavailable %v): %v", req.Unavailable, err)
+	}
+	return l, d
+}
+
 func prompt(text string) *lb.Request {
 	return &lb.Request{Model: "m", Text: text, Parsed: true, Tokens: 10}
 }
@@ -39,12 +49,12 @@ func TestPickerFollowsTheCacheAndRecordsThePrompt(t *testing.T) {
 	first := pickFor(t, p, prompt(text))
 	first.Release(ok)
 	req := prompt(text + "and a question")
-	l := pickFor(t, p, req)
+	l, d := pickDecided(t, p, req)
 	if l.Replica() != first.Replica() {
 		t.Fatalf("second request went to %s, the prefix is on %s", l.Replica(), first.Replica())
 	}
-	if d, ok := req.Memo.(Decision); !ok || d.Reason != CacheHit || d.Addr != l.Replica() {
-		t.Fatalf("Memo = %#v, want the cache-hit Decision", req.Memo)
+	if d.Reason != CacheHit || d.Addr != l.Replica() {
+		t.Fatalf("decision %#v, want the cache-hit Decision", d)
 	}
 	if tl, ok := l.(*tracker.Lease); !ok || tl.Addr != l.Replica() {
 		t.Fatalf("lease %T, want the tracker's lease", l)
@@ -66,11 +76,11 @@ func TestPickerSkipsUnavailableEvenOnACacheHit(t *testing.T) {
 
 	req := prompt(text)
 	req.Unavailable = []string{holder.Replica(), "unknown:1"}
-	l := pickFor(t, p, req)
+	l, d := pickDecided(t, p, req)
 	if l.Replica() != other {
 		t.Fatalf("went to %s, which the proxy reports unavailable", l.Replica())
 	}
-	if d := req.Memo.(Decision); d.Reason != Miss {
+	if d.Reason != Miss {
 		t.Fatalf("decision %+v, want a miss (the only holder is unavailable)", d)
 	}
 	l.Release(ok)
