@@ -40,12 +40,11 @@ func newInstance(t *testing.T, conn redisconn.Config, pool string) *instance {
 func (in *instance) route(t *testing.T, text string) (string, cacheaware.Reason) {
 	t.Helper()
 	req := &lb.Request{Model: "m", Text: text, Parsed: true}
-	l, err := in.p.Pick(context.Background(), req)
+	l, d, err := in.p.PickDecision(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Release(lb.Outcome{})
-	d := req.Memo.(cacheaware.Decision)
 	return d.Addr, d.Reason
 }
 
