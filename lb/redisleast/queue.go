@@ -49,7 +49,8 @@ import (
 //     script: still queued → removed atomically (ctx.Err() or
 //     ErrQueueTimeout); already handed a slot → on timeout it keeps the
 //     slot (dispatched just in time), on cancellation it releases it at
-//     once, which hands it to the next waiter.
+//     once, which hands it to the next waiter. So does a waiter whose
+//     body read (lb.Waiter) was cut at its deadline: see tellWaiting.
 //
 // Lost notifications: pub/sub is at-most-once, but a message is only lost
 // when the subscription's connection breaks. On every (re)subscription the
@@ -163,12 +164,11 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.W
 	if err == nil && p.code == pickQueued {
 		m.own.mu.RUnlock()
 		start := time.Now() // the wait counts from the queueing, not after the body read
+		cut := notCut
 		if onWait != nil {
-			// Not cut short: the queue's end (a hand-over or the timeout)
-			// is only known in await, after it.
-			onWait.Waiting(context.Background())
+			cut = q.tellWaiting(ctx, onWait, start)
 		}
-		return q.await(ctx, p.ident, p.req, wait, start)
+		return q.await(ctx, p.ident, p.req, wait, start, cut)
 	}
 	defer m.own.mu.RUnlock()
 	q.waiters.drop(tok)
@@ -176,6 +176,74 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.W
 		return nil, err
 	}
 	return m.leaseFor(p, candidates)
+}
+
+// tellWaiting tells onWait that the pick waits, on the pick's goroutine
+// (the adapter reads the client's body then). The queue's end is only
+// known in await, after it; so the context onWait gets ends at what would
+// end the wait there while nothing can be handed over yet: the queue
+// deadline (queueTimer), the request's context, Close. It returns why it
+// ended while onWait was still busy (the read may have been cut, so the
+// pick must not be dispatched: see await), or notCut if onWait returned
+// first. The context never ends once onWait has returned.
+func (q *globalQueue) tellWaiting(ctx context.Context, onWait lb.Waiter, start time.Time) giveUpReason {
+	left, leave := context.WithCancel(context.Background()) // not ctx's child: ctx ends after a dispatch too
+	var mu sync.Mutex
+	returned, cut := false, notCut
+	end := func(why giveUpReason) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !returned {
+			cut = why
+			leave()
+		}
+	}
+	over := make(chan struct{})
+	go func() {
+		qt := q.newQueueTimer(start)
+		defer qt.Stop()
+		for {
+			select {
+			case <-qt.C:
+				end(gaveUpTimeout)
+			case <-ctx.Done():
+				end(gaveUpCancelled)
+			case <-q.m.done:
+				end(gaveUpClosed)
+			case <-qt.changed:
+				qt.reconfigured()
+				continue
+			case <-over:
+			}
+			return
+		}
+	}()
+	onWait.Waiting(left)
+	mu.Lock()
+	returned = true
+	mu.Unlock()
+	close(over)
+	return cut
+}
+
+// queueTimer fires at a queued request's deadline: its arrival plus
+// queue_timeout, which a reload changes for the requests already waiting
+// too (reconfigured, on changed).
+type queueTimer struct {
+	*time.Timer
+	m       *member
+	start   time.Time
+	changed <-chan struct{}
+}
+
+func (q *globalQueue) newQueueTimer(start time.Time) *queueTimer {
+	changed := q.m.confChanged() // before conf: no change in between is missed
+	return &queueTimer{Timer: time.NewTimer(time.Until(start.Add(q.m.conf().QueueTimeout))), m: q.m, start: start, changed: changed}
+}
+
+func (qt *queueTimer) reconfigured() {
+	qt.changed = qt.m.confChanged()
+	qt.Reset(time.Until(qt.start.Add(qt.m.conf().QueueTimeout)))
 }
 
 // candSep separates a waiter's candidates in {tag}:cands (no replica
@@ -280,23 +348,29 @@ const (
 	gaveUpTimeout giveUpReason = iota
 	gaveUpCancelled
 	gaveUpClosed
+	notCut giveUpReason = -1 // tellWaiting: its Waiter returned first
 )
 
 // await waits for the queued request's slot: a notification, or, at
 // ctx done / QueueTimeout / Close, the cancel script's verdict. start is
 // when the request was queued (its wait and timeout count from then).
-func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch chan string, start time.Time) (*Lease, error) {
+// cut (unless notCut) is why its Waiter's context ended during the body read
+// (tellWaiting): it leaves the queue for that reason at once, and gives
+// back a slot handed over meanwhile (the read may have been cut).
+func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch chan string, start time.Time, cut giveUpReason) (*Lease, error) {
 	m := q.m
 	tok := token(ident, req)
 	q.queuedTotal.Add(1)
 	if !m.hold(&q.qwg) {
-		return q.giveUp(ctx, ident, req, start, gaveUpClosed)
+		return q.giveUp(ctx, ident, req, start, gaveUpClosed, cut != notCut)
 	}
 	defer q.qwg.Done()
+	if cut != notCut {
+		return q.giveUp(ctx, ident, req, start, cut, true)
+	}
 	// The deadline follows queue_timeout: a reload that changes it
 	// reaches the requests already waiting (counted from their arrival).
-	changed := m.confChanged()
-	t := time.NewTimer(time.Until(start.Add(m.conf().QueueTimeout)))
+	t := q.newQueueTimer(start)
 	defer t.Stop()
 	for {
 		select {
@@ -317,14 +391,13 @@ func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch
 				}
 			}
 		case <-ctx.Done():
-			return q.giveUp(ctx, ident, req, start, gaveUpCancelled)
+			return q.giveUp(ctx, ident, req, start, gaveUpCancelled, false)
 		case <-t.C:
-			return q.giveUp(ctx, ident, req, start, gaveUpTimeout)
+			return q.giveUp(ctx, ident, req, start, gaveUpTimeout, false)
 		case <-m.done:
-			return q.giveUp(ctx, ident, req, start, gaveUpClosed)
-		case <-changed:
-			changed = m.confChanged()
-			t.Reset(time.Until(start.Add(m.conf().QueueTimeout)))
+			return q.giveUp(ctx, ident, req, start, gaveUpClosed, false)
+		case <-t.changed:
+			t.reconfigured()
 		}
 	}
 }
@@ -441,8 +514,10 @@ func (q *globalQueue) handedLocked(ident *identity, req, tok, rep string, start 
 
 // giveUp takes the waiter out of the queue, or claims the slot it was
 // handed meanwhile: under own.mu, so that reconcile never queues again a
-// waiter that is leaving.
-func (q *globalQueue) giveUp(ctx context.Context, ident *identity, req string, start time.Time, why giveUpReason) (*Lease, error) {
+// waiter that is leaving. A slot claimed is kept (dispatched just in
+// time) unless its client left or its body read was cut (cut): then it
+// goes to the next waiter, and the request gets why's refusal.
+func (q *globalQueue) giveUp(ctx context.Context, ident *identity, req string, start time.Time, why giveUpReason, cut bool) (*Lease, error) {
 	m := q.m
 	tok := token(ident, req)
 	m.own.mu.RLock()
@@ -475,22 +550,13 @@ func (q *globalQueue) giveUp(ctx context.Context, ident *identity, req string, s
 		m.queueRelease(ident, "?"+req)
 	}
 	if l != nil {
-		if why != gaveUpCancelled {
-			// dispatched just in time; refused by health (admit releases
-			// it), the request does not queue again for another
-			// QueueTimeout
-			if m.admit(l) {
-				return l, nil
-			}
-			if why == gaveUpClosed {
-				return nil, lb.ErrShutdown
-			}
-			q.queueTimeouts.Add(1)
-			return nil, ErrQueueTimeout
+		if why == gaveUpCancelled || cut {
+			l.Release(lb.Outcome{Kind: lb.Cancelled}) // hands it to the next waiter
+		} else if m.admit(l) {
+			return l, nil // dispatched just in time
 		}
-		l.Release(lb.Outcome{Kind: lb.Cancelled}) // hands it to the next waiter
-		q.queueCancels.Add(1)
-		return nil, ctx.Err()
+		// refused by health (admit released it): the request does not
+		// queue again for another QueueTimeout
 	}
 	switch why {
 	case gaveUpCancelled:
