@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
 
@@ -25,8 +24,10 @@ import (
 type App struct {
 	mu      *sync.Mutex
 	pending []pendingSettings
-	log     *zap.Logger
-	ctx     caddy.Context
+	// pools: the upstream source each pool got first in this config
+	// (pool_upstreams.go), checked as each Sluice policy provisions.
+	pools map[string]poolClaim
+	log   *zap.Logger
 }
 
 // pendingSettings is one module instance's settings for one shared state,
@@ -49,7 +50,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 
 // Provision implements caddy.Provisioner.
 func (a *App) Provision(ctx caddy.Context) error {
-	a.log, a.ctx = ctx.Logger(), ctx
+	a.log = ctx.Logger()
 	return nil
 }
 
@@ -98,11 +99,6 @@ func (a *App) Stop() error {
 }
 
 func (a *App) checkAll() error {
-	if http, err := a.ctx.AppIfConfigured("http"); err == nil {
-		if err := checkPoolUpstreams(http.(*caddyhttp.App)); err != nil {
-			return err
-		}
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, p := range a.pending {

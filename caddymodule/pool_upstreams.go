@@ -1,12 +1,13 @@
 package caddymodule
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -16,17 +17,17 @@ import (
 // pool different lists would swap its replica set on every request, and
 // a request queued by one could be sent to the other's upstream, with its
 // headers. The config is refused instead, naming the pool and both
-// places; handlers that take the pool's backend set (dynamic
+// sources; handlers that take the pool's backend set (dynamic
 // custom_router <pool>) share it by design.
-
-// pooledSelector is a Sluice selection policy: the pool it picks in.
-type pooledSelector interface{ poolName() string }
-
-func (s *selector) poolName() string { return s.pool.Name() }
+//
+// The check runs while the config is provisioned, not when it starts:
+// each Sluice policy records its reverse_proxy's source in the config's
+// sluice app, and the second handler that disagrees fails its Provision.
+// So `caddy validate` refuses the config too, and a refused reload starts
+// none of its apps (no listener of it is ever bound).
 
 // poolSource is where one reverse_proxy handler's upstreams come from.
 type poolSource struct {
-	site    string
 	static  []string // static upstreams' dial addresses, sorted
 	set     string   // dynamic custom_router: the pool whose backend set it returns
 	dynamic string   // another dynamic source: its module
@@ -35,11 +36,13 @@ type poolSource struct {
 func (s poolSource) String() string {
 	switch {
 	case s.set != "":
-		return fmt.Sprintf("%s (dynamic custom_router %s)", s.site, s.set)
+		return "dynamic custom_router " + s.set
 	case s.dynamic != "":
-		return fmt.Sprintf("%s (dynamic %s)", s.site, s.dynamic)
+		return "dynamic " + s.dynamic
+	case len(s.static) == 0:
+		return "no upstreams"
 	}
-	return fmt.Sprintf("%s (upstreams %s)", s.site, strings.Join(s.static, " "))
+	return "upstreams " + strings.Join(s.static, " ")
 }
 
 // agrees reports whether requests through s and t would give their pool
@@ -56,53 +59,84 @@ func (s poolSource) agrees(t poolSource) bool {
 	return slices.Equal(s.static, t.static)
 }
 
-// checkPoolUpstreams refuses a config in which two reverse_proxy handlers
-// with a Sluice policy on one pool disagree on its upstreams.
-func checkPoolUpstreams(app *caddyhttp.App) error {
-	byPool := map[string][]poolSource{}
-	seen := map[*reverseproxy.Handler]bool{}
-	forEachChain(app, func(chain []caddyhttp.MiddlewareHandler, site []string, _ chainKind) {
-		for i, mh := range chain {
-			rp, ok := mh.(*reverseproxy.Handler)
-			if !ok || seen[rp] || rp.LoadBalancing == nil {
-				continue
-			}
-			sel, ok := rp.LoadBalancing.SelectionPolicy.(pooledSelector)
-			if !ok {
-				continue
-			}
-			seen[rp] = true
-			src := poolSource{site: site[i]}
-			switch d := rp.DynamicUpstreams.(type) {
-			case nil:
-				for _, u := range rp.Upstreams {
-					src.static = append(src.static, u.Dial)
-				}
-				sort.Strings(src.static)
-			case *CustomRouterUpstreams:
-				src.set = poolName(d.Pool)
-			default:
-				src.dynamic = moduleName(d)
-			}
-			byPool[sel.poolName()] = append(byPool[sel.poolName()], src)
+// poolClaim is the first source a config gave a pool, and the handler
+// that gave it.
+type poolClaim struct {
+	src   poolSource
+	proxy *reverseproxy.Handler
+}
+
+// sourceOf is where h's upstreams come from. It runs while h provisions
+// its selection policy: its static upstreams are decoded, its dynamic
+// source (loaded after the policy) is usually still raw JSON.
+func sourceOf(h *reverseproxy.Handler) (poolSource, error) {
+	crID := CustomRouterUpstreams{}.CaddyModule().ID
+	switch {
+	case h.DynamicUpstreams != nil:
+		if d, ok := h.DynamicUpstreams.(*CustomRouterUpstreams); ok {
+			return poolSource{set: poolName(d.Pool)}, nil
 		}
-	})
-	pools := make([]string, 0, len(byPool))
-	for p := range byPool {
-		pools = append(pools, p)
-	}
-	sort.Strings(pools)
-	for _, pool := range pools {
-		srcs := byPool[pool]
-		for i, s := range srcs {
-			for _, t := range srcs[i+1:] {
-				if !s.agrees(t) {
-					return fmt.Errorf("pool %q gets different upstreams from two reverse_proxy handlers: %s and %s; "+
-						"its replica set would change with every request, and a queued request could go to the other's upstream: "+
-						"give one of them another pool (pool <name> in its lb_policy block), or the same upstreams", pool, s, t)
-				}
-			}
+		return poolSource{dynamic: moduleName(h.DynamicUpstreams)}, nil
+	case h.DynamicUpstreamsRaw != nil:
+		var raw struct {
+			Source string `json:"source"`
+			Pool   string `json:"pool"`
 		}
+		if err := json.Unmarshal(h.DynamicUpstreamsRaw, &raw); err != nil {
+			return poolSource{}, fmt.Errorf("reading the reverse_proxy's dynamic_upstreams: %v", err)
+		}
+		if raw.Source == crID.Name() {
+			return poolSource{set: poolName(raw.Pool)}, nil
+		}
+		return poolSource{dynamic: crID.Namespace() + "." + raw.Source}, nil
 	}
-	return nil
+	var src poolSource
+	for _, u := range h.Upstreams {
+		src.static = append(src.static, u.Dial)
+	}
+	sort.Strings(src.static)
+	return src, nil
+}
+
+// checkPoolSource records, in the config being provisioned, where proxy
+// gives pool its upstreams, and refuses the config if an earlier handler
+// gave it others. A policy outside a reverse_proxy, or a context without
+// a config (a module provisioned on its own), has nothing to check.
+func checkPoolSource(ctx caddy.Context, pool string, proxy *reverseproxy.Handler) error {
+	if proxy == nil {
+		return nil
+	}
+	app, ok := configApp(ctx)
+	if !ok {
+		return nil
+	}
+	src, err := sourceOf(proxy)
+	if err != nil {
+		return err
+	}
+	return app.claimPoolSource(pool, proxy, src)
+}
+
+// claimPoolSource is checkPoolSource on the config's app. The same
+// handler provisioned again agrees with itself, whatever its source.
+func (a *App) claimPoolSource(pool string, proxy *reverseproxy.Handler, src poolSource) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c, ok := a.pools[pool]
+	if !ok {
+		if a.pools == nil {
+			a.pools = map[string]poolClaim{}
+		}
+		a.pools[pool] = poolClaim{src: src, proxy: proxy}
+		return nil
+	}
+	if c.proxy == proxy || c.src.agrees(src) {
+		return nil
+	}
+	// Sorted: the same message whichever handler Caddy provisioned first.
+	pair := []string{c.src.String(), src.String()}
+	sort.Strings(pair)
+	return fmt.Errorf("pool %q gets different upstreams from two reverse_proxy handlers: one with %s, the other with %s; "+
+		"its replica set would change with every request, and a queued request could go to the other's upstream: "+
+		"give one of them another pool (pool <name> in its lb_policy block), or the same upstreams", pool, pair[0], pair[1])
 }

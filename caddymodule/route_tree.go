@@ -8,8 +8,10 @@ import (
 )
 
 // Walking Caddy's route tree once the config is provisioned: flow_control
-// finds the reverse_proxy it guards (flow_control_replicas.go), and the
-// config check finds every reverse_proxy of a pool (pool_upstreams.go).
+// finds the reverse_proxy it guards (flow_control_replicas.go,
+// upstream_tls.go), and the read-ahead check looks for a reverse_proxy
+// in error and named routes (body_read_ahead.go). Pool upstream conflicts
+// are refused earlier, while the config provisions (pool_upstreams.go).
 
 // chainKind says which of a server's route lists a chain comes from.
 type chainKind int

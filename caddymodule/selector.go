@@ -70,6 +70,10 @@ func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
 	s.module, s.measure, s.maxBody, s.session, s.afterPick = spec.module, spec.measure, spec.maxBody, spec.session, spec.afterPick
 	s.firstByte = time.Duration(spec.attempt.FirstByteTimeout)
 	proxy := enclosingProxy(ctx)
+	// Before anything is claimed: a refused handler releases nothing.
+	if err := checkPoolSource(ctx, spec.pool, proxy); err != nil {
+		return fmt.Errorf("%s: %v", spec.module, err)
+	}
 	s.scheme = schemeOfProxy(proxy)
 	tlsCfg := upstreamTLS(proxy) // for the state's engine reads its picker's config does not reach
 	if err := usePool(ctx, spec.pool, s.log); err != nil {

@@ -50,7 +50,7 @@ func TestTwoSitesOnOnePoolWithDifferentUpstreamsAreRefused(t *testing.T) {
 	if json.Unmarshal([]byte(body), &answer) == nil {
 		body = answer.Error
 	}
-	for _, want := range []string{`pool "two-sites"`, "site :9180", "127.0.0.1:9181", "site :9182", "127.0.0.1:9183"} {
+	for _, want := range []string{`pool "two-sites"`, "upstreams 127.0.0.1:9181", "upstreams 127.0.0.1:9183"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("refusal %q does not name %s", body, want)
 		}
