@@ -23,6 +23,9 @@ import (
 //	  event = ["BlockStored", block_hashes, parent_block_hash|nil, token_ids,
 //	           block_size, lora_id|nil, medium|nil, lora_name|nil, extra_keys,
 //	           group_idx|nil, kv_cache_spec_kind|nil, ...]
+//	        | ["BlockStored", ... medium|nil, {"cache_salt":..., "session_id":...}]
+//	          (SGLang's BlockStoredWithMetadata, since SGLang 0.5.18: a map
+//	          where vLLM has lora_name)
 //	        | ["BlockRemoved", block_hashes, medium|nil, group_idx|nil, ...]
 //	        | ["AllBlocksCleared", ...]
 //	payload, named (newer vLLM without array_like, the sim's map format):
@@ -34,6 +37,18 @@ import (
 // int (Python hash, possibly negative) or bytes (vLLM's sha256 ExternalBlockHash).
 // The sim sends parent_block_hash 0 for "no parent" in the positional form;
 // the index treats a parent it does not know as unknown, and 0 as the root.
+// SGLang with a bigram (EAGLE) radix key sends each token id as the pair
+// (its token, the next one): token_ids [[t0,t1],[t1,t2],...], block_size
+// the pairs' count (python/sglang/srt/mem_cache/events.py at cc6971b7);
+// the pair's first is the position's token.
+//
+// SGLang's metadata (python/sglang/srt/disaggregation/kv_events.py,
+// BlockStoredMetadata; wire pinned by SGLang's test_kv_events.py
+// TestBlockStoredWireFormat) comes on every BlockStored of a node with a
+// cache_salt, the first block's and its continuations' alike; its salt is
+// keyed as vLLM's is (the first block's extra_keys, see Event.Extra): on a
+// store from the root only, a continuation keeping its parent's keys. Its
+// session_id (sglang#37482) is no part of a block's identity: skipped.
 //
 // lora_name (vLLM; lora_id alone in SGLang and older vLLM) and extra_keys
 // (vLLM: one entry per block, nil or the keys vLLM hashed into that block
@@ -492,6 +507,18 @@ func (r *reader) event() (ev Event, known bool, err error) {
 		for i := range ev.Extra {
 			ev.Extra[i].Other = true
 		}
+	case f.salt != "" && f.extraLen >= 0:
+		// SGLang's metadata and vLLM's extra_keys together: no engine
+		// sends both; which keys a block has is not known.
+		ev.Extra = make([]ExtraKeys, len(f.hashes))
+		for i := range ev.Extra {
+			ev.Extra[i].Other = true
+		}
+	case f.salt != "" && f.parent == NoHash && len(f.hashes) > 0:
+		// Keyed as vLLM's salt is: in the first block's extra keys, on the
+		// store from the root; a continuation keeps its parent's keys.
+		ev.Extra = make([]ExtraKeys, len(f.hashes))
+		ev.Extra[0].Strings = []string{f.salt}
 	case f.extra != nil:
 		ev.Extra = f.extra
 	}
@@ -510,6 +537,7 @@ const (
 	fExtra
 	fGroup
 	fSpecKind
+	fMeta // SGLang's metadata in the named form (positionally it is in fLoraName's slot)
 	nFields
 )
 
@@ -529,6 +557,8 @@ type fields struct {
 	group     int
 	hasGroup  bool
 	specKind  string
+	salt      string // SGLang's metadata cache_salt; "" when none
+	hasMeta   bool   // SGLang's metadata was given
 	has       [nFields]bool
 }
 
@@ -580,6 +610,7 @@ var namedSlots = map[string]int{
 	"extra_keys":         fExtra,
 	"group_idx":          fGroup,
 	"kv_cache_spec_kind": fSpecKind,
+	"metadata":           fMeta,
 }
 
 func (r *reader) named(f *fields) error {
@@ -645,6 +676,8 @@ func (r *reader) field(f *fields, slot int) error {
 		f.group, f.hasGroup, err = r.optInt()
 	case fSpecKind:
 		f.specKind, err = r.optShortString()
+	case fMeta:
+		err = r.metadata(f)
 	}
 	return err
 }
@@ -661,6 +694,10 @@ func (r *reader) loraName(f *fields) error {
 	if c == msgpcode.Nil {
 		return r.d.DecodeNil()
 	}
+	if isMap(c) {
+		// SGLang's BlockStoredWithMetadata: its metadata in this slot.
+		return r.metadata(f)
+	}
 	if !msgpcode.IsString(c) {
 		return fail(ReasonMalformed, "lora_name is not a string (code %#x)", c)
 	}
@@ -673,6 +710,68 @@ func (r *reader) loraName(f *fields) error {
 		return nil
 	}
 	f.loraName = s
+	return nil
+}
+
+// metadata reads SGLang's BlockStoredMetadata, a map: its cache_salt, a
+// string, is kept; a salt Sluice cannot key a request by (not a string,
+// empty, over 256 bytes, given twice) leaves the event's blocks unkeyed;
+// other keys (session_id) are skipped.
+func (r *reader) metadata(f *fields) error {
+	if f.hasMeta {
+		return fail(ReasonMalformed, "metadata given twice")
+	}
+	f.hasMeta = true
+	c, err := r.d.PeekCode()
+	if err != nil {
+		return err
+	}
+	if c == msgpcode.Nil {
+		return r.d.DecodeNil()
+	}
+	if !isMap(c) {
+		return fail(ReasonMalformed, "metadata is not a map (code %#x)", c)
+	}
+	n, err := r.d.DecodeMapLen()
+	if err != nil {
+		return err
+	}
+	seen := false
+	for i := 0; i < n; i++ {
+		k, err := r.key()
+		if err != nil {
+			return err
+		}
+		if k != "cache_salt" {
+			if err := r.skip(1); err != nil {
+				return err
+			}
+			continue
+		}
+		c, err := r.d.PeekCode()
+		if err != nil {
+			return err
+		}
+		switch {
+		case c == msgpcode.Nil:
+			err = r.d.DecodeNil()
+		case msgpcode.IsString(c):
+			var s string
+			if s, err = r.d.DecodeString(); err == nil {
+				if seen || s == "" || len(s) > maxShortString {
+					f.extraBad = true
+				}
+				f.salt = s
+			}
+		default:
+			f.extraBad = true
+			err = r.skip(1)
+		}
+		if err != nil {
+			return err
+		}
+		seen = true
+	}
 	return nil
 }
 
@@ -837,17 +936,57 @@ func (r *reader) tokens() ([]uint32, error) {
 		return nil, fail(ReasonTooMany, "%d token ids in an event, limit %d", n, r.lim.MaxTokensPerEvent)
 	}
 	out := make([]uint32, 0, min(n, 4096))
+	bigram := false
 	for i := 0; i < n; i++ {
-		v, err := r.int()
+		if i == 0 {
+			c, err := r.d.PeekCode()
+			if err != nil {
+				return nil, err
+			}
+			bigram = isArray(c)
+		}
+		v, err := r.token(bigram)
 		if err != nil {
 			return nil, err
 		}
-		if v < 0 || v > math.MaxUint32 {
-			return nil, fail(ReasonMalformed, "token id %d out of range", v)
-		}
-		out = append(out, uint32(v))
+		out = append(out, v)
 	}
 	return out, nil
+}
+
+// token reads one token id, or with bigram one SGLang bigram pair
+// [token, next token], of which it returns the first.
+func (r *reader) token(bigram bool) (uint32, error) {
+	if bigram {
+		c, err := r.d.PeekCode()
+		if err != nil {
+			return 0, err
+		}
+		if !isArray(c) {
+			return 0, fail(ReasonMalformed, "a token id among bigram pairs (code %#x)", c)
+		}
+		n, err := r.d.DecodeArrayLen()
+		if err != nil {
+			return 0, err
+		}
+		if n != 2 {
+			return 0, fail(ReasonMalformed, "bigram token of %d ids, want 2", n)
+		}
+		first, err := r.token(false)
+		if err != nil {
+			return 0, err
+		}
+		_, err = r.token(false)
+		return first, err
+	}
+	v, err := r.int()
+	if err != nil {
+		return 0, err
+	}
+	if v < 0 || v > math.MaxUint32 {
+		return 0, fail(ReasonMalformed, "token id %d out of range", v)
+	}
+	return uint32(v), nil
 }
 
 func (r *reader) int() (int64, error) {
