@@ -664,7 +664,7 @@ func (a *attempt) refuse(r *http.Request, w http.ResponseWriter, rf refusal) {
 	a.mu.Unlock()
 	if !already && w != nil {
 		caddyhttp.SetVar(r.Context(), refusedVar, rf.Type)
-		rf.write(w)
+		rf.answer(w, r)
 	}
 }
 

@@ -302,7 +302,7 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		logDecision(h.log, r, h.name, err)
 		if ok {
 			caddyhttp.SetVar(r.Context(), refusedVar, rf.Type)
-			rf.write(w)
+			rf.answer(w, r)
 		}
 		return nil // refused, or the client left while queued
 	}

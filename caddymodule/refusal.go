@@ -74,6 +74,35 @@ func refusalFor(err error, estimate time.Duration) (refusal, bool) {
 	return refusal{http.StatusInternalServerError, "internal", err.Error(), 0}, true
 }
 
+// answer writes rf as the answer to r, over HTTP/1 first bounding the
+// wait for what is left of r's body. Before it writes a response, net/http
+// reads what is left of a small unread request body (under 256 KiB), to
+// keep the connection for the client's next request; a refusal at arrival
+// (nothing read yet) to a client whose upload stalls waited for it, for
+// ever. A read deadline lets a body already on its way be read, and cuts a
+// stalled one, after which net/http closes the connection. The answer is
+// flushed (net/http reads the rest of the body as it sends the header),
+// then the deadline is cleared: the handler may
+// go on (lb_try_duration), and net/http's read of a kept connection in the
+// background, timed out, would be taken for the client gone and cancel
+// the connection's context, every later request on it with it.
+func (rf refusal) answer(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor != 1 || r.ContentLength == 0 {
+		rf.write(w)
+		return
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(refusalBodyGrace))
+	rf.write(w)
+	_ = rc.Flush()
+	_ = rc.SetReadDeadline(time.Time{})
+}
+
+// refusalBodyGrace is how long a refusal waits for the rest of an unread
+// HTTP/1 request body (answer): enough for a small body already on the
+// wire, short enough that a refused client never waits on its own upload.
+const refusalBodyGrace = time.Second
+
 func (rf refusal) write(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
