@@ -33,7 +33,13 @@ import (
 // only sent; the connection stays open (the caller closes it).
 func stalledPost(t *testing.T, srv *httptest.Server, id string, declared int, sent string) net.Conn {
 	t.Helper()
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	return stalledPostAt(t, srv.Listener.Addr().String(), id, declared, sent)
+}
+
+// stalledPostAt is stalledPost to a proxy's address (host:port).
+func stalledPostAt(t *testing.T, addr, id string, declared int, sent string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,12 +253,7 @@ func TestFlowControlExpiredRequestAnswersWhileItsUploadStallsInCaddy(t *testing.
 		first <- resp.StatusCode
 	}()
 	<-arrived // it holds the slot: the next one waits
-	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n%s", `{"model":"m","prompt":"`)
+	conn := stalledPostAt(t, strings.TrimPrefix(url, "http://"), "", 1000, `{"model":"m","prompt":"`)
 	resp := answerWhileStalled(t, conn, "expired request")
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("expired request: %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -139,12 +138,7 @@ func TestRefusalAtArrivalAnswersWhileItsUploadStallsInCaddy(t *testing.T) {
 	}
 	waitFor(t, "the second request queued", func() bool { return fc.ctl().Snapshot().Queued == 1 })
 
-	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n%s", `{"model":"m","prompt":"`)
+	conn := stalledPostAt(t, strings.TrimPrefix(url, "http://"), "", 1000, `{"model":"m","prompt":"`)
 	resp := answerWhileStalled(t, conn, "request refused at arrival")
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("refused at arrival: %d, Retry-After %q; want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
