@@ -110,9 +110,12 @@ func (rf refusal) write(w http.ResponseWriter) {
 	if rf.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(int(math.Ceil(rf.RetryAfter.Seconds()))))
 	}
+	body, _ := json.Marshal(map[string]map[string]string{"error": {"type": rf.Type, "message": rf.Message}})
+	body = append(body, '\n')
+	// Sized: a flushed answer (answer) is framed as one written whole.
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(rf.Status)
-	body := map[string]map[string]string{"error": {"type": rf.Type, "message": rf.Message}}
-	_ = json.NewEncoder(w).Encode(body)
+	_, _ = w.Write(body)
 }
 
 // writeJSONError answers an API call (set-backends etc.) with an error.

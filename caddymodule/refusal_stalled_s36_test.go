@@ -151,3 +151,18 @@ func TestRefusalAtArrivalAnswersWhileItsUploadStallsInCaddy(t *testing.T) {
 		}
 	}
 }
+
+// A refusal answered before the client's body was read is flushed at
+// once (answer): it keeps its Content-Length framing, as one written whole.
+func TestFlushedRefusalIsSized(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refusal{Status: http.StatusTooManyRequests, Type: "flow_capacity", Message: "full", RetryAfter: time.Second}.answer(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	const body = `{"model":"m","prompt":"x"}`
+	conn := stalledPost(t, srv, "", len(body), body)
+	resp := answerWhileStalled(t, conn, "refused request")
+	if resp.ContentLength <= 0 || len(resp.TransferEncoding) > 0 {
+		t.Fatalf("refusal framed with Content-Length %d, Transfer-Encoding %v; want a sized answer", resp.ContentLength, resp.TransferEncoding)
+	}
+}
