@@ -142,6 +142,21 @@ func (q *globalQueue) start(ctx context.Context) error {
 // since the hand-over may be published before the script's reply arrives.
 func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.Waiter) (*Lease, error) {
 	m := q.m
+	// Held from before the request can be queued until it has left the
+	// queue (await's defer): Close waits for it before the connection
+	// closes. Taken only in await, after the queueing script's reply and
+	// the body read, a Close in between let the request leave the queue
+	// over a closed connection: its records stayed in Redis, and the next
+	// freed slot was handed to them.
+	if !m.hold(&q.qwg) {
+		return nil, lb.ErrShutdown
+	}
+	queued := false
+	defer func() {
+		if !queued {
+			q.qwg.Done()
+		}
+	}()
 	var tok string
 	var wait chan string
 	cands := strings.Join(candidates, candSep)
@@ -162,6 +177,7 @@ func (q *globalQueue) pick(ctx context.Context, candidates []string, onWait lb.W
 		})
 	})
 	if err == nil && p.code == pickQueued {
+		queued = true // await lets go of the hold
 		m.own.mu.RUnlock()
 		start := time.Now() // the wait counts from the queueing, not after the body read
 		cut := notCut
@@ -356,14 +372,12 @@ const (
 // when the request was queued (its wait and timeout count from then).
 // cut (unless notCut) is why its Waiter's context ended during the body read
 // (tellWaiting): it leaves the queue for that reason at once, and gives
-// back a slot handed over meanwhile (the read may have been cut).
+// back a slot handed over meanwhile (the read may have been cut). It
+// holds qwg (taken in pick) and lets go of it once the request left.
 func (q *globalQueue) await(ctx context.Context, ident *identity, req string, ch chan string, start time.Time, cut giveUpReason) (*Lease, error) {
 	m := q.m
 	tok := token(ident, req)
 	q.queuedTotal.Add(1)
-	if !m.hold(&q.qwg) {
-		return q.giveUp(ctx, ident, req, start, gaveUpClosed, cut != notCut)
-	}
 	defer q.qwg.Done()
 	if cut != notCut {
 		return q.giveUp(ctx, ident, req, start, cut, true)
@@ -776,8 +790,26 @@ func (q *globalQueue) rotated() {
 }
 
 // stop waits for the waiting Selects to leave the queue (or keep their
-// slot): Close closed done.
-func (q *globalQueue) stop() { q.qwg.Wait() }
+// slot): Close closed done, which ends their waits and cuts their body
+// reads (tellWaiting). A read nothing cuts (a Waiter without the client's
+// connection) is not waited for past closeWait: that request leaves the
+// queue when its read ends, or the reapers take its records.
+func (q *globalQueue) stop() {
+	left := make(chan struct{})
+	go func() {
+		q.qwg.Wait()
+		close(left)
+	}()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case <-left:
+	case <-t.C:
+	}
+}
+
+// closeWait bounds how long Close waits for the queued requests to leave.
+const closeWait = 5 * time.Second
 
 func (q *globalQueue) stats(st *Stats) {
 	wcum, wcount, wsum := q.wait.snapshot()
