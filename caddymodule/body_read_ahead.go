@@ -34,7 +34,7 @@ func readAheadSafe(ctx caddy.Context) bool {
 		return true
 	}
 	safe := true
-	forEachChain(app, func(chain []caddyhttp.MiddlewareHandler, _ []string, kind chainKind) {
+	forEachChain(app, func(chain []caddyhttp.MiddlewareHandler, kind chainKind) {
 		if kind == primaryChain {
 			return
 		}

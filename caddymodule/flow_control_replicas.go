@@ -26,7 +26,7 @@ func (h *FlowControl) findReplicas() error {
 	var mine *reverseproxy.Handler
 	var same []*reverseproxy.Handler // those after the other blocks on this pool
 	found := false
-	forEachChain(app.(*caddyhttp.App), func(chain []caddyhttp.MiddlewareHandler, _ []string, _ chainKind) {
+	forEachChain(app.(*caddyhttp.App), func(chain []caddyhttp.MiddlewareHandler, _ chainKind) {
 		for i, mh := range chain {
 			fc, ok := mh.(*FlowControl)
 			if !ok || fc.name != h.name || fc.Replicas > 0 {

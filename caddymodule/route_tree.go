@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"sort"
-	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
@@ -24,67 +23,43 @@ const (
 
 // forEachChain calls fn with each server's handlers in the order a request
 // meets them (subroutes flattened in place), and the same for its error
-// routes and named routes. site[i] names where chain[i] is configured, for
-// error messages: the site's host names, else its listener addresses.
-func forEachChain(app *caddyhttp.App, fn func(chain []caddyhttp.MiddlewareHandler, site []string, kind chainKind)) {
+// routes and named routes.
+func forEachChain(app *caddyhttp.App, fn func(chain []caddyhttp.MiddlewareHandler, kind chainKind)) {
 	names := make([]string, 0, len(app.Servers))
 	for name := range app.Servers {
 		names = append(names, name)
 	}
-	sort.Strings(names) // the same order, hence the same message, on every load
+	sort.Strings(names) // the same order on every load
 	for _, name := range names {
 		srv := app.Servers[name]
-		listen := "site " + strings.Join(srv.Listen, " ")
 		var chain []caddyhttp.MiddlewareHandler
-		var site []string
 		for _, rt := range srv.Routes {
-			chain, site = flattenRoute(rt, chain, site, siteName(rt, listen))
+			chain = flattenRoute(rt, chain)
 		}
-		fn(chain, site, primaryChain)
+		fn(chain, primaryChain)
 		if srv.Errors != nil {
-			chain, site = nil, nil
+			chain = nil
 			for _, rt := range srv.Errors.Routes {
-				chain, site = flattenRoute(rt, chain, site, siteName(rt, listen)+" (handle_errors)")
+				chain = flattenRoute(rt, chain)
 			}
-			fn(chain, site, errorsChain)
+			fn(chain, errorsChain)
 		}
-		for rname, rt := range srv.NamedRoutes {
-			chain, site := flattenRoute(*rt, nil, nil, "named route "+rname)
-			fn(chain, site, namedChain)
+		for _, rt := range srv.NamedRoutes {
+			fn(flattenRoute(*rt, nil), namedChain)
 		}
 	}
 }
 
 // flattenRoute appends rt's handlers to chain, subroutes flattened in
-// place, each named label in site.
-func flattenRoute(rt caddyhttp.Route, chain []caddyhttp.MiddlewareHandler, site []string, label string) ([]caddyhttp.MiddlewareHandler, []string) {
+// place.
+func flattenRoute(rt caddyhttp.Route, chain []caddyhttp.MiddlewareHandler) []caddyhttp.MiddlewareHandler {
 	for _, mh := range rt.Handlers {
-		chain, site = append(chain, mh), append(site, label)
+		chain = append(chain, mh)
 		if sr, ok := mh.(*caddyhttp.Subroute); ok {
 			for _, sub := range sr.Routes {
-				chain, site = flattenRoute(sub, chain, site, label)
+				chain = flattenRoute(sub, chain)
 			}
 		}
 	}
-	return chain, site
-}
-
-// siteName is a top-level route's host names (a Caddyfile site with
-// addresses), else the server's listener addresses.
-func siteName(rt caddyhttp.Route, listen string) string {
-	var hosts []string
-	for _, set := range rt.MatcherSets {
-		for _, m := range set {
-			switch h := m.(type) {
-			case *caddyhttp.MatchHost:
-				hosts = append(hosts, (*h)...)
-			case caddyhttp.MatchHost:
-				hosts = append(hosts, h...)
-			}
-		}
-	}
-	if len(hosts) == 0 {
-		return listen
-	}
-	return "site " + strings.Join(hosts, " ")
+	return chain
 }

@@ -45,7 +45,7 @@ func (h *FlowControl) guardedProxy() *reverseproxy.Handler {
 		return nil
 	}
 	var rp *reverseproxy.Handler
-	forEachChain(app.(*caddyhttp.App), func(chain []caddyhttp.MiddlewareHandler, _ []string, _ chainKind) {
+	forEachChain(app.(*caddyhttp.App), func(chain []caddyhttp.MiddlewareHandler, _ chainKind) {
 		for i, mh := range chain {
 			if fc, ok := mh.(*FlowControl); ok && fc == h && rp == nil {
 				rp = nextProxy(chain[i+1:])

@@ -500,16 +500,10 @@ func (r *reader) event() (ev Event, known bool, err error) {
 	ev.Parent, ev.TokenIDs, ev.BlockSize = f.parent, f.tokens, f.blockSize
 	ev.LoraID, ev.HasLora, ev.LoraName = f.lora, f.hasLora, f.loraName
 	switch {
-	case f.extraBad || f.extraLen >= 0 && f.extraLen != len(f.hashes):
-		// Not one entry per block: what each block's keys are is unknown,
-		// so none is taken for a plain text block.
-		ev.Extra = make([]ExtraKeys, len(f.hashes))
-		for i := range ev.Extra {
-			ev.Extra[i].Other = true
-		}
-	case f.salt != "" && f.extraLen >= 0:
-		// SGLang's metadata and vLLM's extra_keys together: no engine
-		// sends both; which keys a block has is not known.
+	case f.extraBad || f.extraLen >= 0 && (f.extraLen != len(f.hashes) || f.salt != ""):
+		// Not one entry per block, or SGLang's metadata and vLLM's
+		// extra_keys together (no engine sends both): what each block's
+		// keys are is unknown, so none is taken for a plain text block.
 		ev.Extra = make([]ExtraKeys, len(f.hashes))
 		for i := range ev.Extra {
 			ev.Extra[i].Other = true
