@@ -40,7 +40,7 @@ func TestReviewPairedCapacityCountsALateSendInItsOwnSlice(t *testing.T) {
 	}
 	slices = append(slices, pairSlice{x, twin}, pairSlice{x, twin})
 	s := Summary{Extra: map[string]float64{}}
-	pairedCapacity(slices, recs, &s)
+	pairedCapacity(slices, recs, &s, true)
 	// Every slice's own ratio, like the run's, is 100/110.
 	for _, key := range []string{"capacity_vs_rr", "slice_ratio_p25", "slice_ratio_p50", "slice_ratio_p75"} {
 		if got := s.Extra[key]; math.Abs(got-100.0/110) > 1e-9 {

@@ -172,7 +172,22 @@ var scenarios = []scenario{
 		extras: []extraCol{{"proxy_cpu_us", "proxy CPU/req", "%.1f µs"}, {"twin_cpu_us", "twin RR CPU/req", "%.1f µs"},
 			{"capacity_vs_rr", "capacity vs RR", "%.3f×"}, {"slice_ratio_p25", "slice ratio p25", "%.3f"},
 			{"slice_ratio_p50", "p50", "%.3f"}, {"slice_ratio_p75", "p75", "%.3f"}},
-		run: overhead,
+		run: func(r *runner) { overhead(r, false) },
+	},
+	{
+		name:  "overhead-interleaved",
+		title: "Proxy overhead, interleaved: tiny requests at 2000 req/s (open loop) over 4 instant replicas, every other request to the twin",
+		about: "overhead's replicas, load and measures, but a paired system and its round_robin twin take every other " +
+			"request (1000 req/s each, both busy all along) instead of alternating half-seconds. Both proxies then see the " +
+			"same machine request by request: on the 2-core dev box round_robin against its twin read 1.000-1.005× " +
+			"in every 20 s run, where overhead's half-seconds spread ±0.02-0.03 per rep. Two proxies busy at once share " +
+			"the caches as one proxy on a box does not, so what a proxy touches per request weighs more here than in " +
+			"overhead. Use it to tell apart changes of a percent or two, within one binary (two builds of the same " +
+			"code differed by 3-4% on round_robin alone: compare policy ÷ twin ratios, never CPU/req across builds), " +
+			"and overhead for the throughput of one proxy on its own.",
+		extras: []extraCol{{"proxy_cpu_us", "proxy CPU/req", "%.1f µs"}, {"twin_cpu_us", "twin RR CPU/req", "%.1f µs"},
+			{"capacity_vs_rr", "capacity vs RR", "%.3f×"}},
+		run: func(r *runner) { overhead(r, true) },
 	},
 }
 
@@ -684,7 +699,9 @@ func perClass(classes ...string) func(_ []*sim.Server, recs []Record, s *Summary
 
 // ---- overhead ------------------------------------------------------------
 
-func overhead(r *runner) {
+// overhead runs the overhead scenario; interleaved: a paired system and
+// its twin take every other request instead of alternating half-seconds.
+func overhead(r *runner, interleaved bool) {
 	d := r.dur(10*time.Second, 1*time.Second)
 	arrivals := poisson(2000, d, 5)
 	// A paired system's run is twice as long, half of it for its twin.
@@ -730,6 +747,9 @@ func overhead(r *runner) {
 		slices = make([]pairSlice, boundaries+1)
 		w := workload{arrivals: pairedArrivals, build: func(n int) (*http.Request, int) {
 			p := overheadSliceOf(pairedArrivals[n]) % 2
+			if interleaved {
+				p = n % 2
+			}
 			return body(proxies[p]), p
 		}}
 		for k := range boundaries {
@@ -743,9 +763,13 @@ func overhead(r *runner) {
 	pairedAfter := func(_ []*sim.Server, all []Record, s *Summary) {
 		last := &slices[len(slices)-1]
 		last.x, last.twin = r.pairCPU()
-		pairedCapacity(slices, all, s)
-		// Its throughput over its own half of the run.
+		pairedCapacity(slices, all, s, !interleaved)
+		// Its throughput over its own half of the run (interleaved: over
+		// the whole run, at half the rate).
 		s.Throughput = float64(s.OK) / d.Seconds()
+		if interleaved {
+			s.Throughput /= 2
+		}
 	}
 	sys := oneProxy{r: r, base: sysSpec{fleet: fleet, load: load, after: after}}
 	// paired turns a one-proxy system into its run next to a round_robin
@@ -802,7 +826,7 @@ type pairSlice struct{ x, twin time.Duration }
 // loaded half of the time), capacity vs RR = the twin's CPU/req ÷ the
 // system's, and the quartiles of that ratio over the slice pairs (a
 // system's slice and its twin's next one).
-func pairedCapacity(slices []pairSlice, all []Record, s *Summary) {
+func pairedCapacity(slices []pairSlice, all []Record, s *Summary, perSliceRatios bool) {
 	if len(slices) < 2 {
 		return
 	}
@@ -838,6 +862,9 @@ func pairedCapacity(slices []pairSlice, all []Record, s *Summary) {
 	s.Extra["twin_cpu_us"] = cpuTwin / float64(time.Microsecond)
 	if cpuX > 0 {
 		s.Extra["capacity_vs_rr"] = cpuTwin / cpuX
+	}
+	if !perSliceRatios { // interleaved: no slice is one proxy's
+		return
 	}
 	// Slice k is the system's for even k, the twin's for odd k; slice k
 	// spans samples k and k+1. The run's last sample (after every answer)
