@@ -179,7 +179,7 @@ var scenarios = []scenario{
 		title: "Proxy overhead, interleaved: tiny requests at 2000 req/s (open loop) over 4 instant replicas, every other request to the twin",
 		about: "overhead's replicas, load and measures, but a paired system and its round_robin twin take every other " +
 			"request (1000 req/s each, both busy all along) instead of alternating half-seconds. Both proxies then see the " +
-			"same machine request by request: on the 2-core dev box round_robin against its twin read 1.000-1.005× " +
+			"same machine request by request: on the 2-core dev box round_robin against its twin read 1.000-1.007× " +
 			"in every 20 s run, where overhead's half-seconds spread ±0.02-0.03 per rep. Two proxies busy at once share " +
 			"the caches as one proxy on a box does not, so what a proxy touches per request weighs more here than in " +
 			"overhead. Use it to tell apart changes of a percent or two, within one binary (two builds of the same " +
@@ -825,7 +825,9 @@ type pairSlice struct{ x, twin time.Duration }
 // CPU/req over the whole run (both proxies were alive all along, each
 // loaded half of the time), capacity vs RR = the twin's CPU/req ÷ the
 // system's, and the quartiles of that ratio over the slice pairs (a
-// system's slice and its twin's next one).
+// system's slice and its twin's next one); without perSliceRatios (the
+// two took every other request, overhead-interleaved), no slice is one
+// proxy's, and only the run's ratio is made.
 func pairedCapacity(slices []pairSlice, all []Record, s *Summary, perSliceRatios bool) {
 	if len(slices) < 2 {
 		return
