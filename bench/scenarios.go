@@ -838,6 +838,14 @@ func pairedCapacity(slices []pairSlice, all []Record, s *Summary, perSliceRatios
 		if rec.Status != 200 {
 			continue
 		}
+		if rec.Proxy == 0 {
+			okX++
+		} else {
+			okTwin++
+		}
+		if !perSliceRatios {
+			continue
+		}
 		// The load picked the proxy by the arrival's slice; a request is
 		// sent at or a little after its arrival, so a Start in the other
 		// proxy's slice means it was due in the slice before.
@@ -848,11 +856,6 @@ func pairedCapacity(slices []pairSlice, all []Record, s *Summary, perSliceRatios
 		c := perSlice[k]
 		c[rec.Proxy]++
 		perSlice[k] = c
-		if rec.Proxy == 0 {
-			okX++
-		} else {
-			okTwin++
-		}
 	}
 	first, last := slices[0], slices[len(slices)-1]
 	if okX == 0 || okTwin == 0 {

@@ -240,7 +240,9 @@ type attemptContext struct {
 }
 
 // requestValues is a request's context without its end: its values and
-// deadline, no Done (so a context made on it is nobody's child).
+// deadline, no Done (so a context made on it is nobody's child). Not
+// context.WithoutCancel: that one is an allocation more per attempt, and
+// drops the deadline the transport's dial would still honour.
 type requestValues struct{ context.Context }
 
 func (requestValues) Done() <-chan struct{} { return nil }
