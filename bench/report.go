@@ -261,7 +261,7 @@ func markdown(r *Result) string {
 		b.WriteString("\n" + r.appendix)
 	}
 	b.WriteString("\nLatency is client-side, to the last byte, over the requests answered 200 with a complete body; " +
-		"`errors` are other answers by status; `lost` are requests without any answer (must be 0). " +
+		"`errors` are other answers by status; `lost` are requests without any answer (must be 0, but for a compared system's own known losses, named in the notes below). " +
 		"Throughput counts OK answers per second from the first arrival to the last answer. " +
 		"`per replica` is the spread of OK requests over the fleet's replicas (X-Sim-Replica).\n\n")
 	b.WriteString("| system | what |\n|---|---|\n")

@@ -527,7 +527,7 @@ func burstScaleup(r *runner) {
 		mk("sluice_qll_50ms", "Sluice queued_least_latency, latency_threshold 50ms; scale-up: set-backends", sluice("50ms"), setBackends),
 		mk("sluice_qll_default", "Sluice queued_least_latency, defaults (adaptive: learned free slots, queue at the edge); scale-up: set-backends", sluice(""), setBackends),
 		mk("sluice_qll_3s", "Sluice queued_least_latency, latency_threshold 3s (the reference router's rule and default); scale-up: set-backends", sluice("3s"), setBackends),
-		mk("caddy_least_conn_reload", "Caddy least_conn, static upstreams; scale-up: POST /load with 8 upstreams",
+		withReloadLosses(scaleAt, mk("caddy_least_conn_reload", "Caddy least_conn, static upstreams; scale-up: POST /load with 8 upstreams",
 			func(f []*sim.Server) ([]string, error) {
 				ports, err := freePorts(2)
 				if err != nil {
@@ -542,11 +542,35 @@ func burstScaleup(r *runner) {
 			},
 			func(ctx context.Context, f []*sim.Server, _ string) error {
 				return post(ctx, "http://"+adminAddr+"/load", "text/caddyfile", caddyfile(lcPort, adminAddr, lcSite(addrs(f))))
-			}),
+			})),
 	}
 	for _, s := range systems {
 		r.system(s)
 	}
+}
+
+// withReloadLosses marks s, a Caddy scaled up by a config reload at
+// reloadAt, as losing requests to the reload's race (reloadRaceLoss).
+func withReloadLosses(reloadAt time.Duration, s sysSpec) sysSpec {
+	s.lossExplained = func(rec Record) (string, bool) { return reloadRaceLoss(rec, reloadAt) }
+	return s
+}
+
+// reloadRaceLoss reports whether rec is a request a Caddy reload at
+// reloadAt lost: sent within the old config's grace period, written on a
+// kept-alive connection, answered EOF. The old server closes its idle
+// connections as it stops; one the client has just written a request
+// on reads EOF, and net/http does not retry a POST once it is written.
+// That is how Caddy (and HTTP/1.1 keep-alive) behaves, not the harness.
+func reloadRaceLoss(rec Record, reloadAt time.Duration) (string, bool) {
+	if !rec.Lost() || rec.Start < reloadAt || rec.Start > reloadAt+caddyGracePeriod {
+		return "", false
+	}
+	if !strings.Contains(rec.Err, ": EOF [") || !strings.Contains(rec.Err, "on a kept-alive connection") ||
+		!strings.HasSuffix(rec.Err, ", request written]") {
+		return "", false
+	}
+	return "written on a kept-alive connection the reload closed (EOF)", true
 }
 
 // ---- shared-prefix -------------------------------------------------------
