@@ -129,7 +129,7 @@ func TestSelectAddsOnlyTheDecisionsVariables(t *testing.T) {
 	if a.req == nil || !a.req.Parsed {
 		t.Fatalf("the retry does not find the first attempt's record: %+v", a.req)
 	}
-	if ri := requestInfoFor(r, DefaultMaxBodyBytes); !ri.Parsed || ri.limit != DefaultMaxBodyBytes {
+	if ri := requestInfoFor(r, DefaultMaxBodyBytes, true); !ri.Parsed || ri.limit != DefaultMaxBodyBytes {
 		t.Fatal("the parsed body is not kept for the request")
 	}
 }

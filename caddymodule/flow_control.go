@@ -262,7 +262,7 @@ func (h *FlowControl) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	// client declaring a gigabyte filled the band's budget for everyone).
 	req.Bytes = min(r.ContentLength, h.bodyLimit())
 	if cfg := h.state.config(); cfg.Detector.ConcurrencyMode == flow.ModeTokens || req.Bytes < 0 {
-		ri := requestInfoFor(r, h.bodyLimit())
+		ri := requestInfoFor(r, h.bodyLimit(), false) // weighed, not routed on
 		req.Model = ri.Model
 		if req.Bytes < 0 {
 			// No Content-Length: count what is held in memory for it (at

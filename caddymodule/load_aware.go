@@ -129,6 +129,9 @@ func (p *LoadAware) Provision(ctx caddy.Context) error {
 		attempt: p.attemptOptions,
 		module:  "load_aware", pool: name, measure: measureAuto,
 		maxBody: p.bodyLimit(), session: header,
+		// Only no_hit_lru routes on the prompt's text; the default
+		// scorers weigh it.
+		readsText:   func() bool { return p.state.picker.(*loadaware.Picker).ReadsText() },
 		fingerprint: fingerprint,
 		// The client gets the replica's session token back, where a
 		// scorer will read it.

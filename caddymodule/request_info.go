@@ -32,6 +32,9 @@ type requestInfo struct {
 	// parseTried: Parsed says what the whole body is (read within a
 	// caller's bound once).
 	parseTried bool
+	// textless: the parse weighed the prompt without rendering its text
+	// (reqtext.ExtractCounts); a caller that reads the text parses again.
+	textless bool
 	// inference: the path is an inference call's (chat, completions,
 	// generate), whether its body parsed or not; declared is the body's
 	// Content-Length (-1: not given). Together they weigh a body that
@@ -54,20 +57,30 @@ type requestInfo struct {
 // policy (r is reverse_proxy's clone, whose Body is what gets sent). The
 // result is cached for the request; a later caller with a larger max reads
 // further, so no module's bound decides for another.
-func requestInfoFor(r *http.Request, max int64) *requestInfo {
+//
+// withText: the caller reads the prompt's text (Text, to route on it);
+// without, the parse only weighs it (model, kind, token counts, messages),
+// which spares a copy of the prompt.
+func requestInfoFor(r *http.Request, max int64, withText bool) *requestInfo {
 	rs, _ := requestStateOf(r, true)
-	return rs.requestInfoFor(r, max)
+	return rs.requestInfoFor(r, max, withText)
 }
 
-func (rs *requestState) requestInfoFor(r *http.Request, max int64) *requestInfo {
+func (rs *requestState) requestInfoFor(r *http.Request, max int64, withText bool) *requestInfo {
 	ri := rs.readBody(r, max)
 	// Parsed once, when the body is whole within this caller's bound (a
 	// body over it, or broken, is routed by load; it still goes through
-	// intact).
-	if ri.complete && !ri.parseTried && ri.buf != nil && int64(len(ri.buf)) <= max {
+	// intact); again, with its text, for a caller that reads the text
+	// after one that did not (flow_control's token mode, then
+	// cache_aware). Both parses fail alike, so a failed one is not redone.
+	if ri.complete && ri.buf != nil && int64(len(ri.buf)) <= max && (!ri.parseTried || withText && ri.textless) {
 		ri.parseTried = true
-		if req, err := reqtext.Extract(r.URL.Path, ri.buf); err == nil && req.Kind != reqtext.KindOther {
-			ri.Request, ri.Parsed = req, true
+		extract := reqtext.Extract
+		if !withText {
+			extract = reqtext.ExtractCounts
+		}
+		if req, err := extract(r.URL.Path, ri.buf); err == nil && req.Kind != reqtext.KindOther {
+			ri.Request, ri.Parsed, ri.textless = req, true, !withText
 		}
 	}
 	return ri

@@ -22,7 +22,7 @@ func TestHugeContentLengthDoesNotPanic(t *testing.T) {
 				t.Fatalf("reading a body announced at %d bytes panicked: %v", int64(math.MaxInt64), v)
 			}
 		}()
-		ri = requestInfoFor(r, 1<<20)
+		ri = requestInfoFor(r, 1<<20, true)
 	}()
 	if !ri.Parsed || ri.Model != "m" {
 		t.Fatalf("not parsed: %+v", ri.Request)
@@ -51,11 +51,11 @@ func TestEveryReplayGivesTheBodyAfterALargerBoundReadFurther(t *testing.T) {
 		if kept {
 			keepClientBody(r) // custom_router in front
 		}
-		if requestInfoFor(r, 100).Parsed { // flow_control, max_body_bytes 100
+		if requestInfoFor(r, 100, true).Parsed { // flow_control, max_body_bytes 100
 			t.Fatal("parsed over the bound")
 		}
-		proxied := r.WithContext(r.Context()) // reverse_proxy's copy shares the body
-		ri := requestInfoFor(proxied, 1<<20)  // the policy, default bound
+		proxied := r.WithContext(r.Context())      // reverse_proxy's copy shares the body
+		ri := requestInfoFor(proxied, 1<<20, true) // the policy, default bound
 		if !ri.Parsed {
 			t.Fatal("not parsed within the larger bound")
 		}
@@ -94,7 +94,7 @@ func TestUnparsedInferenceBodyIsWeighedByItsSize(t *testing.T) {
 		r, _, _ := newRequest(t)
 		r.URL.Path = c.path
 		r.Body, r.ContentLength = io.NopCloser(strings.NewReader(c.body)), c.cl
-		ri := requestInfoFor(r, c.max)
+		ri := requestInfoFor(r, c.max, true)
 		if ri.Parsed {
 			t.Fatalf("%s: parsed", c.name)
 		}
@@ -113,7 +113,7 @@ func TestUnparsedInferenceBodyIsWeighedByItsSize(t *testing.T) {
 		r, _, _ := newRequest(t)
 		r.URL.Path = c.path
 		r.Body = io.NopCloser(strings.NewReader(c.body))
-		if got := requestInfoFor(r, 4<<20).estimatedTokens(); got != assumedRequestTokens {
+		if got := requestInfoFor(r, 4<<20, true).estimatedTokens(); got != assumedRequestTokens {
 			t.Errorf("%s: %d-byte body weighed %d tokens, want %d", c.path, len(c.body), got, assumedRequestTokens)
 		}
 	}

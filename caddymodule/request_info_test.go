@@ -16,11 +16,11 @@ func TestALargerBodyBoundReadsFurther(t *testing.T) {
 	r.URL.Path = "/v1/completions"
 	r.Body = io.NopCloser(strings.NewReader(body))
 
-	small := requestInfoFor(r, 100) // e.g. flow_control with max_body_bytes 100
+	small := requestInfoFor(r, 100, true) // e.g. flow_control with max_body_bytes 100
 	if small.Parsed {
 		t.Fatal("a 2 KB body parsed within a 100-byte bound")
 	}
-	large := requestInfoFor(r, 1<<20) // then a policy with the default bound
+	large := requestInfoFor(r, 1<<20, true) // then a policy with the default bound
 	if !large.Parsed || large.Model != "m" || large.MaxTokens != 7 {
 		t.Fatalf("the larger bound did not read further: %+v", large.Request)
 	}
@@ -45,7 +45,7 @@ func TestUnparsedBodyIsEstimatedConservatively(t *testing.T) {
 	r.Method = http.MethodPost
 	r.URL.Path = "/v1/completions"
 	r.Body = io.NopCloser(strings.NewReader("not json"))
-	if got := requestInfoFor(r, 1<<20).estimatedTokens(); got != assumedRequestTokens {
+	if got := requestInfoFor(r, 1<<20, true).estimatedTokens(); got != assumedRequestTokens {
 		t.Fatalf("unparsed body estimated at %d tokens, want %d", got, assumedRequestTokens)
 	}
 }
@@ -70,7 +70,7 @@ func TestOutputTokensAssumedFollowTheEndpoint(t *testing.T) {
 		r.Method = http.MethodPost
 		r.URL.Path = c.path
 		r.Body = io.NopCloser(strings.NewReader(c.body))
-		ri := requestInfoFor(r, 1<<20)
+		ri := requestInfoFor(r, 1<<20, true)
 		if !ri.Parsed {
 			t.Fatalf("%s %s: not parsed", c.path, c.body)
 		}
@@ -86,7 +86,7 @@ func TestTokenEstimateIsCapped(t *testing.T) {
 	r, _, _ := newRequest(t)
 	r.URL.Path = "/v1/completions"
 	r.Body = io.NopCloser(strings.NewReader(`{"prompt":"hi","max_tokens":9223372036854775807}`))
-	ri := requestInfoFor(r, 1<<20)
+	ri := requestInfoFor(r, 1<<20, true)
 	if !ri.Parsed {
 		t.Fatal("not parsed")
 	}
@@ -127,7 +127,7 @@ func TestBodyPassesThroughWhateverTheContentLength(t *testing.T) {
 			r.URL.Path = "/v1/completions"
 			orig := &closeCount{Reader: strings.NewReader(c.body)}
 			r.Body, r.ContentLength = orig, c.cl
-			ri := requestInfoFor(r, c.max)
+			ri := requestInfoFor(r, c.max, true)
 			if ri.Parsed != c.parsed {
 				t.Fatalf("parsed %v, want %v", ri.Parsed, c.parsed)
 			}
@@ -143,5 +143,48 @@ func TestBodyPassesThroughWhateverTheContentLength(t *testing.T) {
 				t.Fatalf("client body closed %d times", orig.closed)
 			}
 		})
+	}
+}
+
+// A caller that only weighs the prompt (flow_control's token mode,
+// load_aware's default scorers) gets its counts without its text; a later
+// caller on the same request that routes on the text (cache_aware behind
+// flow_control) gets the text, and the counts do not change.
+func TestTheTextIsRenderedForTheCallerThatReadsIt(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"system","content":"` + strings.Repeat("be brief. ", 300) +
+		`"},{"role":"user","content":"hi"}],"max_tokens":9}`
+	r, _, _ := newRequest(t)
+	r.URL.Path = "/v1/chat/completions"
+	r.Body = io.NopCloser(strings.NewReader(body))
+
+	weighed := requestInfoFor(r, 1<<20, false)
+	if !weighed.Parsed || weighed.Text != "" || weighed.Model != "m" || weighed.MaxTokens != 9 || len(weighed.Messages) != 2 {
+		t.Fatalf("weighed: parsed %t, text %d bytes, %+v", weighed.Parsed, len(weighed.Text), weighed.Request)
+	}
+	tokens := weighed.estimatedTokens()
+	read := requestInfoFor(r, 1<<20, true)
+	if !strings.Contains(read.Text, "be brief. be brief.") || !strings.HasSuffix(read.Text, "hi\n") {
+		t.Fatalf("the caller that reads the text got %q", read.Text)
+	}
+	if read.estimatedTokens() != tokens {
+		t.Fatalf("the estimate moved from %d to %d with the text", tokens, read.estimatedTokens())
+	}
+	// A later weighing keeps the text rendered.
+	if again := requestInfoFor(r, 1<<20, false); again.Text != read.Text {
+		t.Fatal("a later weighing dropped the text")
+	}
+	if got, _ := io.ReadAll(r.Body); string(got) != body {
+		t.Fatalf("the replica would get %d bytes, want the %d sent", len(got), len(body))
+	}
+}
+
+// A body that does not parse fails alike weighed or read: it is not parsed
+// again for the text.
+func TestABodyThatFailsToParseIsNotParsedAgainForItsText(t *testing.T) {
+	r, _, _ := newRequest(t)
+	r.URL.Path = "/v1/chat/completions"
+	r.Body = io.NopCloser(strings.NewReader(`{"messages":"not a list"}`))
+	if requestInfoFor(r, 1<<20, false).Parsed || requestInfoFor(r, 1<<20, true).Parsed {
+		t.Fatal("a chat body whose messages are a string parsed")
 	}
 }

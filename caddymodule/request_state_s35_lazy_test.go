@@ -27,7 +27,7 @@ func TestS35HandlerPartsWhoeverMadeTheState(t *testing.T) {
 	// Each maker returns the writer the handlers below get.
 	makers := map[string]func(w http.ResponseWriter, r *http.Request) http.ResponseWriter{
 		"a policy, no body room": func(w http.ResponseWriter, r *http.Request) http.ResponseWriter { requestStateFor(r); return w },
-		"a body read":            func(w http.ResponseWriter, r *http.Request) http.ResponseWriter { requestInfoFor(r, 1); return w },
+		"a body read":            func(w http.ResponseWriter, r *http.Request) http.ResponseWriter { requestInfoFor(r, 1, true); return w },
 		"keepClientBody":         func(w http.ResponseWriter, r *http.Request) http.ResponseWriter { keepClientBody(r); return w },
 		"watchBody":              watchBody, // flow_control in front of custom_router
 	}
@@ -55,10 +55,10 @@ func TestS35HandlerPartsWhoeverMadeTheState(t *testing.T) {
 			// The policy reads the body whole on reverse_proxy's copy,
 			// and the attempt is sent.
 			proxied := r.WithContext(r.Context())
-			if ri := requestInfoFor(proxied, 1<<20); !ri.Parsed || ri.Model != "m" {
+			if ri := requestInfoFor(proxied, 1<<20, true); !ri.Parsed || ri.Model != "m" {
 				t.Fatalf("the policy did not parse the body: %+v", ri.Request)
 			}
-			ri := requestInfoFor(proxied, 1<<20)
+			ri := requestInfoFor(proxied, 1<<20, true)
 			ri.bodyFor(proxied)
 			if got, _ := io.ReadAll(proxied.Body); string(got) != body {
 				t.Fatalf("the attempt sends %q, want %q", got, body)
@@ -111,7 +111,7 @@ func TestS35PlainRequestKeepsAndWatchesNothing(t *testing.T) {
 	orig := io.NopCloser(strings.NewReader(body))
 	r.Body, r.ContentLength = orig, int64(len(body))
 	proxied := r.WithContext(r.Context())
-	if ri := requestInfoFor(proxied, 1<<20); !ri.Parsed {
+	if ri := requestInfoFor(proxied, 1<<20, true); !ri.Parsed {
 		t.Fatal("not parsed")
 	}
 	rs, _ := requestStateFor(r)

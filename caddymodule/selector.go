@@ -26,8 +26,11 @@ type selector struct {
 	pool    *lb.Pool
 	varKey  string
 	measure latencyMeasure
-	maxBody int64  // > 0: the body is read (up to this) for the prompt
-	session string // header carrying a session token, if the policy uses one
+	maxBody int64 // > 0: the body is read (up to this) for the prompt
+	// readsText, if set, says whether picks now read the prompt's text;
+	// unset, they do. Without it the body is only weighed.
+	readsText func() bool
+	session   string // header carrying a session token, if the policy uses one
 	// afterPick, if set, runs once a lease is taken (e.g. to hand the
 	// client a session token).
 	afterPick func(w http.ResponseWriter, l lb.Lease)
@@ -52,6 +55,7 @@ type selectorSpec struct {
 	module, pool, variant string
 	measure               latencyMeasure
 	maxBody               int64
+	readsText             func() bool
 	session               string
 	afterPick             func(http.ResponseWriter, lb.Lease)
 	attempt               attemptOptions
@@ -68,6 +72,7 @@ type selectorSpec struct {
 func (s *selector) provision(ctx caddy.Context, spec selectorSpec) error {
 	s.log = ctx.Logger()
 	s.module, s.measure, s.maxBody, s.session, s.afterPick = spec.module, spec.measure, spec.maxBody, spec.session, spec.afterPick
+	s.readsText = spec.readsText
 	s.firstByte = time.Duration(spec.attempt.FirstByteTimeout)
 	proxy := enclosingProxy(ctx)
 	// Before anything is claimed: a refused handler releases nothing.
@@ -216,7 +221,7 @@ func (s *selector) request(rs *requestState, a *attempt, r *http.Request) *lb.Re
 	a.waitReads = s.readsAhead() || rs.bodyKept()
 	req.Waiter = a
 	if s.maxBody > 0 {
-		ri := rs.requestInfoFor(r, s.maxBody)
+		ri := rs.requestInfoFor(r, s.maxBody, s.readsText == nil || s.readsText())
 		req.Model, req.Text, req.Parsed, req.Tokens = ri.Model, ri.Text, ri.Parsed, ri.estimatedTokens()
 		if ri.Parsed {
 			req.Messages, req.TokenIDs, req.CacheSalt = ri.Messages, ri.TokenIDs, ri.CacheSalt

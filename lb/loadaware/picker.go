@@ -178,6 +178,11 @@ func (p *Picker) retokenLocked(addrs []string) {
 	p.byAddr.Store(&byAddr)
 }
 
+// ReadsText reports whether picks read the prompt's text: only
+// no_hit_lru's prefix index does; the other scorers weigh a request by
+// its token counts.
+func (p *Picker) ReadsText() bool { return p.cfg.Load().Policy.Weights[NoHitLRU] > 0 }
+
 // HandsOutSessions says whether responses should carry the session token:
 // only the session_affinity scorer reads it back, so without it a token
 // would promise an affinity nobody keeps.

@@ -159,7 +159,7 @@ func refChat(body []byte) (Request, error) {
 	if v.MaxCompletionTokens > 0 {
 		req.MaxTokens = v.MaxCompletionTokens // the newer name wins
 	}
-	w := newWriter(len(body))
+	w := newWriter(len(body), true)
 	for _, m := range v.Messages {
 		w.str("<|")
 		w.str(m.Role)
@@ -220,7 +220,7 @@ func refCompletions(body []byte) (Request, error) {
 		return Request{}, fmt.Errorf("completions body: %w", err)
 	}
 	req := Request{Kind: KindCompletions, Model: v.Model, Stream: v.Stream, MaxTokens: v.MaxTokens}
-	w := newWriter(len(body))
+	w := newWriter(len(body), true)
 	if err := refPromptText(w, v.Prompt); err != nil {
 		return Request{}, fmt.Errorf("prompt: %w", err)
 	}
@@ -250,7 +250,7 @@ func refGenerate(body []byte, stream bool) (Request, error) {
 		return Request{}, fmt.Errorf("generate body: %w", err)
 	}
 	req := Request{Kind: KindGenerate, Model: v.Model, Stream: v.Stream || stream, MaxTokens: v.SamplingParams.MaxNewTokens}
-	w := newWriter(len(body))
+	w := newWriter(len(body), true)
 	field, raw := "text", v.Text
 	switch {
 	case !isNull(v.Text):
@@ -432,6 +432,19 @@ func FuzzExtractMatchesEncodingJSON(f *testing.F) {
 		}
 		want, werr := refExtract(path, body)
 		got, gerr := Extract(path, body)
+		// ExtractCounts is Extract without the text, on every body: the
+		// same error or none, the same counts.
+		counts, cerr := ExtractCounts(path, body)
+		if (cerr == nil) != (gerr == nil) {
+			t.Fatalf("%s: ExtractCounts error %v, Extract error %v", path, cerr, gerr)
+		}
+		if gerr == nil {
+			textless := got
+			textless.Text, textless.Truncated = "", false
+			if !reflect.DeepEqual(counts, textless) {
+				t.Fatalf("%s: ExtractCounts\n %+v\nExtract without its text\n %+v", path, counts, textless)
+			}
+		}
 		if nestingDepth(body) > maxDepth {
 			if gerr == nil {
 				t.Fatalf("%s: a body nested past %d levels was accepted", path, maxDepth)

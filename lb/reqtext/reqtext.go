@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Kinds of request, by path.
@@ -64,15 +65,26 @@ type Request struct {
 // A UTF-8 byte order mark before the body is skipped: vLLM and SGLang
 // read the body with Python's json.loads on bytes, which skips it
 // (utf-8-sig), and serve it.
-func Extract(path string, body []byte) (Request, error) {
+func Extract(path string, body []byte) (Request, error) { return extract(path, body, true) }
+
+// ExtractCounts is Extract without the prompt's text: Text is "" and
+// Truncated false, every other field (PromptTokens and TokenIDs
+// included) is what Extract gives, and so are its errors. For a caller
+// that weighs a request without routing on its text (load_aware's
+// defaults, flow_control's token mode): the text is the one copy of the
+// prompt a parse makes, and the garbage it leaves grows with it.
+func ExtractCounts(path string, body []byte) (Request, error) { return extract(path, body, false) }
+
+// extract is Extract, rendering the text only withText.
+func extract(path string, body []byte, withText bool) (Request, error) {
 	body = bytes.TrimPrefix(body, byteOrderMark)
 	switch kind := kindOf(path); kind {
 	case KindChat:
-		return chat(body)
+		return chat(body, withText)
 	case KindCompletions:
-		return completions(body)
+		return completions(body, withText)
 	case KindGenerate:
-		return generate(body, isStreamPath(path))
+		return generate(body, isStreamPath(path), withText)
 	default:
 		req := Request{Kind: KindOther}
 		if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '{' {
@@ -167,11 +179,11 @@ const MaxMessages = 4096
 // their size to PromptTokens, as the tool definitions (tools) do.
 // Each message is rendered as its object ends, from the raw values of
 // its last role, content and other fields: nothing is built per message.
-func chat(body []byte) (Request, error) {
+func chat(body []byte, withText bool) (Request, error) {
 	req := Request{Kind: KindChat}
 	var model, tools []byte
 	var maxCompletion int
-	w := newWriter(len(body))
+	w := newWriter(len(body), withText)
 	s := &scanner{b: body}
 	err := s.top("chat completions body", func(key []byte) {
 		switch {
@@ -414,7 +426,7 @@ func renderContent(w *writer, raw []byte) {
 }
 
 // completions renders the prompt (see promptText).
-func completions(body []byte) (Request, error) {
+func completions(body []byte, withText bool) (Request, error) {
 	req := Request{Kind: KindCompletions}
 	var model, prompt []byte
 	s := &scanner{b: body}
@@ -433,7 +445,7 @@ func completions(body []byte) (Request, error) {
 		return Request{}, fmt.Errorf("completions body: %w", err)
 	}
 	req.Model = text(model)
-	w := newWriter(len(body))
+	w := newWriter(len(body), withText)
 	if err := promptText(w, prompt); err != nil {
 		return Request{}, fmt.Errorf("prompt: %w", err)
 	}
@@ -448,7 +460,7 @@ func completions(body []byte) (Request, error) {
 // (text_input; max_tokens, or parameters.max_tokens). TGI's and Triton's
 // fields are checked only in their own body: SGLang ignores them. A
 // generate_stream path (stream) streams whatever the body says.
-func generate(body []byte, stream bool) (Request, error) {
+func generate(body []byte, stream, withText bool) (Request, error) {
 	req := Request{Kind: KindGenerate}
 	var model, txt, ids, inputs, textInput, params, maxTokens []byte
 	s := &scanner{b: body}
@@ -516,7 +528,7 @@ func generate(body []byte, stream bool) (Request, error) {
 			}
 		}
 	}
-	w := newWriter(len(body))
+	w := newWriter(len(body), withText)
 	if err := promptText(w, raw); err != nil {
 		return Request{}, fmt.Errorf("%s: %w", field, err)
 	}
@@ -658,14 +670,20 @@ func writeIDs(w *writer, raw []byte) error {
 }
 
 // writer builds Text up to MaxTextBytes, and counts what it was given.
+// A counting writer (ExtractCounts) only counts: it is given the same
+// pieces, so its counts are the same.
 type writer struct {
 	b         []byte
+	counting  bool
 	cut       bool
 	textBytes int // text given (cut or not)
 	ids       int // token ids given
 }
 
-func newWriter(hint int) *writer {
+func newWriter(hint int, withText bool) *writer {
+	if !withText {
+		return &writer{counting: true}
+	}
 	return &writer{b: make([]byte, 0, min(hint, MaxTextBytes))}
 }
 
@@ -697,7 +715,7 @@ func (w *writer) bytes(b []byte) { appendText(w, b) }
 // boundary so Text stays valid UTF-8; textBytes counts it all.
 func appendText[T string | []byte](w *writer, s T) {
 	w.textBytes += len(s)
-	if w.cut {
+	if w.cut || w.counting {
 		return
 	}
 	if room := MaxTextBytes - len(w.b); len(s) > room {
@@ -728,12 +746,12 @@ func (w *writer) marker(sum uint64) {
 func (w *writer) weigh(n int) { w.textBytes += n }
 
 // reset empties w (a repeated key: the last one's value is the text).
-func (w *writer) reset() { *w = writer{b: w.b[:0]} }
+func (w *writer) reset() { *w = writer{b: w.b[:0], counting: w.counting} }
 
 // id appends one token id's digits (ASCII: any cut is a rune boundary).
 func (w *writer) id(b []byte) {
 	w.ids++
-	if w.cut {
+	if w.cut || w.counting {
 		return
 	}
 	if room := MaxTextBytes - len(w.b); len(b) > room {
@@ -748,11 +766,16 @@ func (w *writer) done(req *Request) {
 	req.TokenIDs = w.ids > 0 && w.textBytes == 0
 	req.PromptTokens = w.ids + (w.textBytes+3)/4
 	switch {
+	case w.counting:
 	case req.TokenIDs:
 		req.Text, req.Truncated = marked(TokenIDsMark, w.b, w.cut)
 	case startsWithMark(w.b):
 		req.Text, req.Truncated = marked(markEscape, w.b, w.cut)
 	default:
-		req.Text, req.Truncated = string(w.b), w.cut
+		// The text shares the writer's bytes, as strings.Builder's
+		// String does: nothing writes them after done (each parse has
+		// its own writer, and done is its last use). A copy cost a second
+		// allocation of the prompt's size on every parse.
+		req.Text, req.Truncated = unsafe.String(unsafe.SliceData(w.b), len(w.b)), w.cut
 	}
 }

@@ -217,6 +217,17 @@ func BenchmarkExtractChat4KB(b *testing.B) {
 	}
 }
 
+func BenchmarkExtractCountsChat4KB(b *testing.B) {
+	body := chatBody4KB()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ExtractCounts("/v1/chat/completions", body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkExtractTokenIDs(b *testing.B) {
 	ids := make([]int, 1000)
 	for i := range ids {
@@ -286,4 +297,22 @@ func markerOf(part string) string {
 	var d digester
 	d.value([]byte(part))
 	return refMarker(d.sum())
+}
+
+// ExtractCounts weighs a prompt past MaxTextBytes as Extract does (the
+// whole of it), with no text to cut.
+func TestCountsWeighWhatExtractCuts(t *testing.T) {
+	body := []byte(`{"prompt":"` + strings.Repeat("é", MaxTextBytes) + `","max_tokens":3}`)
+	full, err := Extract("/v1/completions", body)
+	if err != nil || !full.Truncated {
+		t.Fatalf("Extract: %v, truncated %t", err, full.Truncated)
+	}
+	counts, err := ExtractCounts("/v1/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts.Text != "" || counts.Truncated || counts.PromptTokens != full.PromptTokens || counts.MaxTokens != 3 {
+		t.Fatalf("counts %d tokens, text %d bytes, truncated %t; Extract %d tokens",
+			counts.PromptTokens, len(counts.Text), counts.Truncated, full.PromptTokens)
+	}
 }
