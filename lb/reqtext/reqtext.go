@@ -771,6 +771,11 @@ func (w *writer) done(req *Request) {
 		req.Text, req.Truncated = marked(TokenIDsMark, w.b, w.cut)
 	case startsWithMark(w.b):
 		req.Text, req.Truncated = marked(markEscape, w.b, w.cut)
+	case cap(w.b) > 2*len(w.b):
+		// Mostly JSON around short strings: a copy, so that what the
+		// text keeps alive (queued by cache_aware's sharer, say) stays
+		// about its own size.
+		req.Text, req.Truncated = string(w.b), w.cut
 	default:
 		// The text shares the writer's bytes, as strings.Builder's
 		// String does: nothing writes them after done (each parse has
