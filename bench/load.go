@@ -30,6 +30,9 @@ type Record struct {
 	Replica string        // X-Sim-Replica
 	Class   string        // the workload's class of the request (tenant…), if any
 	Err     string
+	// LostOn is how a lost request's last try went (zero otherwise):
+	// what Err also says, for code to read.
+	LostOn lostConn
 
 	// TTFT is the time to the first streamed token (the first SSE data
 	// chunk carrying text) and Tokens the number of such chunks, for
@@ -43,6 +46,13 @@ type Record struct {
 
 // Lost reports whether the request got no HTTP answer at all.
 func (r Record) Lost() bool { return r.Status == 0 }
+
+// lostConn is how a lost request's last try went.
+type lostConn struct {
+	KeptAlive bool // on a kept-alive (reused) connection
+	Written   bool // the request was written whole
+	EOF       bool // the connection ended with no answer (io.EOF)
+}
 
 // workload describes an open-loop run: arrivals at the given offsets (a
 // Poisson process or a script), built by build, plus timed actions (e.g. a
@@ -253,6 +263,8 @@ func send(client *http.Client, req *http.Request, system string, n, proxy int, r
 	if err != nil {
 		r.Err = err.Error()
 		conn.Lock()
+		r.LostOn = lostConn{KeptAlive: conn.tried > 0 && conn.info.Reused, Written: conn.tried > 0 && conn.wrote == nil,
+			EOF: errors.Is(err, io.EOF)}
 		if conn.tried > 0 {
 			how := "new connection"
 			if conn.info.Reused {

@@ -81,20 +81,20 @@ func TestReloadRaceLossIsNotedNotFailed(t *testing.T) {
 // the reload's grace period is the reload's.
 func TestReloadRaceLossIsNarrow(t *testing.T) {
 	const at = 2 * time.Second
-	written := `Post "http://127.0.0.1:1/v1/completions": EOF [try 1 on a kept-alive connection (idle 25ms), request written]`
+	written := lostConn{KeptAlive: true, Written: true, EOF: true}
 	for _, c := range []struct {
 		name string
 		rec  Record
 		want bool
 	}{
-		{"the reload's", Record{Start: at + 2*time.Millisecond, Err: written}, true},
-		{"before the reload", Record{Start: at - time.Millisecond, Err: written}, false},
-		{"after its grace period", Record{Start: at + caddyGracePeriod + time.Millisecond, Err: written}, false},
-		{"answered", Record{Start: at, Status: 200}, false},
-		{"a new connection", Record{Start: at, Err: `Post "x": EOF [try 1 on a new connection, request written]`}, false},
-		{"not written", Record{Start: at, Err: `Post "x": EOF [try 1 on a kept-alive connection (idle 1ms), request not written: EOF]`}, false},
-		{"refused", Record{Start: at, Err: `Post "x": dial tcp 127.0.0.1:1: connect: connection refused [try 1 on a new connection, request not written: x]`}, false},
-		{"a timeout", Record{Start: at, Err: `Post "x": context deadline exceeded [try 1 on a kept-alive connection (idle 1ms), request written]`}, false},
+		{"the reload's", Record{Start: at + 2*time.Millisecond, LostOn: written}, true},
+		{"before the reload", Record{Start: at - time.Millisecond, LostOn: written}, false},
+		{"after its grace period", Record{Start: at + caddyGracePeriod + time.Millisecond, LostOn: written}, false},
+		{"answered", Record{Start: at, Status: 200, LostOn: written}, false},
+		{"a new connection", Record{Start: at, LostOn: lostConn{Written: true, EOF: true}}, false},
+		{"not written", Record{Start: at, LostOn: lostConn{KeptAlive: true, EOF: true}}, false},
+		{"refused", Record{Start: at}, false},
+		{"a timeout", Record{Start: at, LostOn: lostConn{KeptAlive: true, Written: true}}, false},
 	} {
 		if _, got := reloadRaceLoss(c.rec, at); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)

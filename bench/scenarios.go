@@ -566,8 +566,7 @@ func reloadRaceLoss(rec Record, reloadAt time.Duration) (string, bool) {
 	if !rec.Lost() || rec.Start < reloadAt || rec.Start > reloadAt+caddyGracePeriod {
 		return "", false
 	}
-	if !strings.Contains(rec.Err, ": EOF [") || !strings.Contains(rec.Err, "on a kept-alive connection") ||
-		!strings.HasSuffix(rec.Err, ", request written]") {
+	if on := rec.LostOn; !on.KeptAlive || !on.Written || !on.EOF {
 		return "", false
 	}
 	return "written on a kept-alive connection the reload closed (EOF)", true
