@@ -255,9 +255,7 @@ func (s *scanner) badNumber(at int) {
 func (s *scanner) rawString() (raw []byte, escaped bool) {
 	b := s.b
 	for i := s.i + 1; i < len(b); i++ {
-		for i < len(b) && !stringSpecial[b[i]] { // the common case: plain text
-			i++
-		}
+		i = plainRunEnd(b, i) // the common case: plain text
 		if i >= len(b) {
 			break
 		}
