@@ -1,7 +1,5 @@
 package cacheaware
 
-import "unicode/utf8"
-
 // Reason says which branch of the policy chose a replica.
 type Reason uint8
 
@@ -195,7 +193,7 @@ func (r *Router) decide(model, text string, load LoadFunc, exact ExactFunc, pres
 
 	var d Decision
 	var hit *node
-	if total := utf8.RuneCountInString(text); total > 0 {
+	if total := runeCount(text); total > 0 {
 		if root := r.trees[modelKey(model)]; root != nil {
 			hit, d.MatchedChars = matchFor(root, text, mask)
 			d.MatchRate = float64(d.MatchedChars) / float64(total)

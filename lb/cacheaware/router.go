@@ -312,7 +312,7 @@ const maxModelBytes = 128
 // treeCost is what a model's tree costs against MaxTreeSize, in the names
 // tally: its key's runes and one for its root, so that even an empty or
 // one-rune name costs its share of the tree's fixed memory.
-func treeCost(key string) int { return utf8.RuneCountInString(key) + 1 }
+func treeCost(key string) int { return runeCount(key) + 1 }
 
 // modelKey is the tree key for a client-given model name: valid UTF-8, at
 // most maxModelBytes (cut on a rune boundary).

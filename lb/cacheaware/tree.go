@@ -15,7 +15,7 @@ import (
 // UTF-8 and copied out of request strings, so the tree pins no request.
 type node struct {
 	label   string
-	runes   int32   // utf8.RuneCountInString(label): the size unit
+	runes   int32   // runeCount(label): the size unit
 	first   rune    // first rune of label: children are found by it
 	parent  *node   // nil for a root
 	kids    []*node // see kids.go: sorted by first rune, or a table
@@ -24,7 +24,7 @@ type node struct {
 
 func newNode(label string, parent *node) *node {
 	r, _ := utf8.DecodeRuneInString(label)
-	return &node{label: label, runes: int32(utf8.RuneCountInString(label)), first: r, parent: parent}
+	return &node{label: label, runes: int32(runeCount(label)), first: r, parent: parent}
 }
 
 func (n *node) holdingOf(rep *replica) *holding {
@@ -101,7 +101,7 @@ func matchFor(root *node, text string, usable []bool) (best *node, matched int) 
 			n = kid
 			continue
 		}
-		matched += utf8.RuneCountInString(text[:commonPrefix(kid.label, text)])
+		matched += runeCount(text[:commonPrefix(kid.label, text)])
 		break
 	}
 	return best, matched
