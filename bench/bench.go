@@ -44,6 +44,9 @@ type Options struct {
 	// Reps runs every system this many times (default 1), interleaved:
 	// rep 1 of every system, then rep 2… The report adds mean ± sd.
 	Reps int
+	// OverheadRequest is what the overhead scenarios send: tiny (""),
+	// chat1k or chat4k (overhead_request.go); ignored by the others.
+	OverheadRequest string
 	// Engine configures the real-engine and engine-calibration scenarios
 	// (ignored by the others).
 	Engine EngineOptions
@@ -167,6 +170,9 @@ func Run(ctx context.Context, opt Options) (*Result, error) {
 	}
 	if sc == nil {
 		return nil, fmt.Errorf("unknown scenario %q (have: %s)", opt.Scenario, strings.Join(Scenarios(), ", "))
+	}
+	if _, err := overheadRequestOf(opt.OverheadRequest); err != nil {
+		return nil, err
 	}
 	if opt.Log == nil {
 		opt.Log = os.Stderr

@@ -726,25 +726,30 @@ func perClass(classes ...string) func(_ []*sim.Server, recs []Record, s *Summary
 // its twin take every other request instead of alternating half-seconds.
 func overhead(r *runner, interleaved bool) {
 	d := r.dur(10*time.Second, 1*time.Second)
-	arrivals := poisson(2000, d, 5)
+	kind, err := overheadRequestOf(r.opt.OverheadRequest)
+	if err != nil {
+		r.res.Failures = append(r.res.Failures, err.Error())
+		return
+	}
+	if r.opt.OverheadRequest != "" && r.opt.OverheadRequest != "tiny" {
+		r.res.suffix = "-" + r.opt.OverheadRequest
+		r.res.Title = strings.Replace(r.res.Title, "tiny requests at 2000 req/s", fmt.Sprintf("%s at %g req/s", kind.about, kind.rate), 1)
+	}
+	arrivals := poisson(kind.rate, d, 5)
 	// A paired system's run is twice as long, half of it for its twin.
-	pairedArrivals := poisson(2000, 2*d, 5)
+	pairedArrivals := poisson(kind.rate, 2*d, 5)
 	fleet := make([]sim.Config, 4)
 	for i := range fleet {
-		fleet[i] = sim.Config{Name: fmt.Sprintf("ov-%d", i), Concurrency: 256, MaxTokens: 1, Seed: uint64(i + 1)}
+		fleet[i] = sim.Config{Name: fmt.Sprintf("ov-%d", i), Concurrency: 256, MaxTokens: kind.tokens, Seed: uint64(i + 1)}
 	}
-	body := func(proxy string) *http.Request {
-		req, _ := http.NewRequest(http.MethodPost, proxy+"/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":1}`))
-		req.Header.Set("Content-Type", "application/json")
-		return req
-	}
+	body := func(proxy string, n int) *http.Request { return kind.build(proxy, n) }
 	// Unpaired (round_robin itself, direct): the proxy's CPU over its run.
 	var cpuAtStart time.Duration
 	load := func(_ []*sim.Server, proxies []string) workload {
 		cpuAtStart = r.proxyCPU()
 		return workload{arrivals: arrivals, build: func(n int) (*http.Request, int) {
 			p := n % len(proxies)
-			return body(proxies[p]), p
+			return body(proxies[p], n), p
 		}}
 	}
 	after := func(_ []*sim.Server, _ []Record, s *Summary) {
@@ -773,7 +778,7 @@ func overhead(r *runner, interleaved bool) {
 			if interleaved {
 				p = n % 2
 			}
-			return body(proxies[p]), p
+			return body(proxies[p], n), p
 		}}
 		for k := range boundaries {
 			w.actions = append(w.actions, action{at: time.Duration(k) * overheadSlice, do: func(context.Context) error {

@@ -51,6 +51,7 @@ func main() {
 	fs.DurationVar(&eng.ClientTimeout, "client-timeout", 0, "real-engine: client timeout per request, engine time (default 40s)")
 	fs.StringVar(&eng.Python, "python", "", "real-engine -engine transformers: the Python interpreter (default python3)")
 	serverArgs := fs.String("server-args", "", "real-engine -engine transformers / llmd: extra flags for server.py (e.g. \"--layers 2 --hidden 256 --device cpu\") or llm-d-inference-sim (after the scenario's own: the last wins), space-separated")
+	overheadReq := fs.String("overhead-request", "", "overhead, overhead-interleaved: what each request is: tiny (default: a 1-token completion, 2000 req/s), chat1k (streamed chat, 1 KB system prompt, 16 tokens, 800 req/s) or chat4k (4 KB, 64 tokens, 320 req/s); the files get -chat1k / -chat4k")
 	calibrate := fs.Bool("calibrate", false, "real-engine: run the engine-calibration scenario instead (direct to ONE replica at 4, 8, 12 req/s)")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: go run ./cmd/sluice-bench <scenario> [flags]\n\nscenarios:\n")
@@ -147,7 +148,7 @@ func main() {
 
 	res, err := bench.Run(ctx, bench.Options{
 		Scenario: scenario, Quick: *quick, OutDir: *out, CaddyBin: *caddyBin, Only: *only, NoInstall: *noInstall, Reps: *reps,
-		Engine:  eng,
+		Engine: eng, OverheadRequest: *overheadReq,
 		Command: "go run ./cmd/sluice-bench " + strings.Join(args, " "),
 	})
 	if res != nil {
