@@ -734,6 +734,8 @@ func overhead(r *runner, interleaved bool) {
 	if r.opt.OverheadRequest != "" && r.opt.OverheadRequest != "tiny" {
 		r.res.suffix = "-" + r.opt.OverheadRequest
 		r.res.Title = strings.Replace(r.res.Title, "tiny requests at 2000 req/s", fmt.Sprintf("%s at %g req/s", kind.about, kind.rate), 1)
+		r.res.About = fmt.Sprintf("Run with -overhead-request %s: each request is one of %s, at %g req/s in all (where the text below says tiny "+
+			"completions at 2000). ", r.opt.OverheadRequest, kind.about, kind.rate) + r.res.About
 	}
 	arrivals := poisson(kind.rate, d, 5)
 	// A paired system's run is twice as long, half of it for its twin.
