@@ -824,6 +824,15 @@ func overhead(r *runner, interleaved bool) {
 	caddy := sys.caddy
 	keyPrefix := fmt.Sprintf("bench-ov-%d", time.Now().UnixNano()%1e9)
 	grl := sys.globalRedisLeast("sluice_global_redis_least", "Sluice global_redis_least, defaults (one private Redis)", "ov-grl", keyPrefix)
+	// flow_control, defaults, in front of the twin's own policy: what the
+	// handler costs a request that passes straight through (capacity 4 ×
+	// 100 in flight is never reached here).
+	flow := caddy("sluice_flow_control", "Sluice flow_control, defaults, in front of Caddy lb_policy round_robin", "lb_policy round_robin")
+	flow.start = func(f []*sim.Server) ([]string, error) {
+		return r.caddyProxies("sluice_flow_control", 1, func(int) string {
+			return "flow_control ov-fc\n" + staticProxy(addrs(f), "lb_policy round_robin")
+		})
+	}
 	systems := []sysSpec{
 		caddy("caddy_round_robin", "Caddy lb_policy round_robin", "lb_policy round_robin"),
 		{name: "direct", desc: "no proxy: the client spreads requests round-robin over the replicas", proxies: 0, fleet: fleet, load: load,
@@ -833,6 +842,7 @@ func overhead(r *runner, interleaved bool) {
 		paired(caddy("sluice_cache_aware", "Sluice cache_aware, defaults", "lb_policy cache_aware {\n\tpool ov-ca\n}")),
 		paired(caddy("sluice_load_aware", "Sluice load_aware, defaults", "lb_policy load_aware {\n\tpool ov-la\n}")),
 		paired(grl),
+		paired(flow),
 		paired(caddy("caddy_round_robin_again", "Caddy lb_policy round_robin next to its round_robin twin: the method's own error (capacity vs RR should read 1)", "lb_policy round_robin")),
 	}
 	for _, s := range systems {
