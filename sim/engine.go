@@ -126,9 +126,12 @@ type engineStats struct {
 	prefillTokens, decodeTokens uint64
 	maxStepTokens               int
 	busy                        time.Duration
-	queryTokens, hitTokens      uint64
-	queryBlocks, hitBlocks      uint64
-	maxBlocksUsed               int
+	// stepWall is the real time the steps took, from each one's start to
+	// its tokens applied: above busy by the host's lateness.
+	stepWall               time.Duration
+	queryTokens, hitTokens uint64
+	queryBlocks, hitBlocks uint64
+	maxBlocksUsed          int
 }
 
 func newEngine(cfg Config, done <-chan struct{}) *engine {
@@ -276,6 +279,7 @@ func (e *engine) loop() {
 
 		e.mu.Lock()
 		e.applyLocked(work)
+		e.st.stepWall += time.Since(inFlight)
 		e.mu.Unlock()
 		clear(work) // drop the references to finished requests
 	}

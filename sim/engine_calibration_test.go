@@ -23,6 +23,7 @@ type calFigures struct {
 	tokPerSec                    float64
 	prefixShare                  float64
 	answered, sent               int
+	lag                          float64 // the steps' real time ÷ their modelled time
 }
 
 // The real engine's figures (shared/real-engine/2026-11-24-h100-transformers.md).
@@ -157,8 +158,11 @@ func runCalibrationLoad(t *testing.T, cfg Config, scale, rate, arrivals float64,
 		first := start.Add(time.Duration(times[0] * scale * float64(time.Second)))
 		f.tokPerSec = float64(32*len(ttft)) / (last.Sub(first).Seconds() / scale)
 	}
-	t.Logf("rate %v: steps %d, tokens/step %.1f, max batch %d, max waiting %d, max KV blocks %d/%d",
-		rate, st.Steps, st.TokensPerStep(), st.MaxRunning, st.MaxWaiting, st.MaxKVBlocksUsed, st.KVBlocks)
+	if st.Busy > 0 {
+		f.lag = st.StepWall.Seconds() / st.Busy.Seconds()
+	}
+	t.Logf("rate %v: steps %d, tokens/step %.1f, max batch %d, max waiting %d, max KV blocks %d/%d, steps' real time / modelled %.2f",
+		rate, st.Steps, st.TokensPerStep(), st.MaxRunning, st.MaxWaiting, st.MaxKVBlocksUsed, st.KVBlocks, f.lag)
 	return f
 }
 
@@ -182,6 +186,7 @@ func TestEngineCalibration(t *testing.T) {
 	if full {
 		arrivals = 25
 	}
+	scaleSet := os.Getenv("SLUICE_CALIBRATE_SCALE") != ""
 	if s := os.Getenv("SLUICE_CALIBRATE_SCALE"); s != "" {
 		v, err := strconv.ParseFloat(s, 64)
 		if err != nil || v <= 0 {
@@ -225,13 +230,32 @@ func TestEngineCalibration(t *testing.T) {
 		}
 		cfg.Concurrency = n
 	}
-	got := map[float64]calFigures{}
-	for i, rate := range []float64{4, 8, 12} {
-		n := int(rate * arrivals)
-		if full {
-			n = calReal[rate].sent
+	var got map[float64]calFigures
+	for try := 0; ; try++ {
+		got = map[float64]calFigures{}
+		lag := 0.0
+		for i, rate := range []float64{4, 8, 12} {
+			n := int(rate * arrivals)
+			if full {
+				n = calReal[rate].sent
+			}
+			got[rate] = runCalibrationLoad(t, cfg, scale, rate, arrivals, n, uint64(i+1))
+			lag = max(lag, got[rate].lag)
 		}
-		got[rate] = runCalibrationLoad(t, cfg, scale, rate, arrivals, n, uint64(i+1))
+		// A host too busy to keep the engine's clock (steps later than
+		// modelled: -race, other packages' tests on 2 cores) measures
+		// itself, not the model: at 1.3× the batch seemed to add no
+		// throughput. Slower clocks make its lateness small beside a
+		// step. Not when the scale was asked for.
+		if lag <= maxCalibrationLag || full || scaleSet || try == 2 {
+			if lag > maxCalibrationLag {
+				t.Logf("the steps still ran %.2f× their modelled time at scale %v: the host is busy", lag, scale)
+			}
+			break
+		}
+		t.Logf("the steps ran %.2f× their modelled time at scale %v: again at scale %v", lag, scale, 2*scale)
+		scale *= 2
+		cfg = rescaled(cfg, 2)
 	}
 
 	ratio := func(a, b float64) float64 { return a / b }
@@ -274,4 +298,19 @@ func TestEngineCalibration(t *testing.T) {
 func cell(got, real float64, ratio func(a, b float64) float64) string {
 	return strconv.FormatFloat(got, 'f', 2, 64) + " / " + strconv.FormatFloat(real, 'f', 2, 64) +
 		" (" + strconv.FormatFloat(ratio(got, real), 'f', 2, 64) + ")"
+}
+
+// maxCalibrationLag: steps that ran longer than this times their
+// modelled duration measured a busy host (quiet, the dev box ran them
+// 1.04×; with eight busy loops beside -race, 1.26-1.48×, and the shape
+// checks failed).
+const maxCalibrationLag = 1.15
+
+// rescaled is cfg with its engine's clock k times slower.
+func rescaled(cfg Config, k float64) Config {
+	l := &cfg.Latency
+	for _, d := range []*time.Duration{&l.StepBase, &l.StepPerToken, &l.StepPerContextToken} {
+		*d = time.Duration(float64(*d) * k)
+	}
+	return cfg
 }

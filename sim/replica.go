@@ -220,11 +220,14 @@ type Stats struct {
 	// and the prefix counters its KV blocks' prefix caching). Steps counts
 	// the steps run; PrefillTokens and DecodeTokens sum the tokens they
 	// scheduled; MaxStepTokens is the most in one step; Busy sums the
-	// steps' durations.
+	// steps' durations, and StepWall the real time they took (above Busy
+	// by how late a busy host ran them: a run whose StepWall is well above
+	// its Busy measured the host more than the engine; with a shared GPU,
+	// the wait for its turn counts too).
 	Steps                       uint64
 	PrefillTokens, DecodeTokens uint64
 	MaxStepTokens               int
-	Busy                        time.Duration
+	Busy, StepWall              time.Duration
 	// KVBlocksUsed is the number of blocks held by running requests (a
 	// shared prompt block counts once), out of KVBlocks; KVBlocksCached
 	// the free blocks still holding a cached prompt block (the LRU);
@@ -328,7 +331,7 @@ func (rp *Replica) Stats() Stats {
 		st.PrefixQueries, st.PrefixHits = es.queryTokens, es.hitTokens
 		st.PrefixQueryBlocks, st.PrefixHitBlocks = es.queryBlocks, es.hitBlocks
 		st.Steps, st.PrefillTokens, st.DecodeTokens = es.steps, es.prefillTokens, es.decodeTokens
-		st.MaxStepTokens, st.Busy = es.maxStepTokens, es.busy
+		st.MaxStepTokens, st.Busy, st.StepWall = es.maxStepTokens, es.busy, es.stepWall
 		st.KVBlocksUsed, st.KVBlocksCached, st.KVBlocks = es.blocksUsed, es.blocksCached, rp.cfg.KVBlocks
 		st.MaxKVBlocksUsed = es.maxBlocksUsed
 	}
