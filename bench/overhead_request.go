@@ -3,8 +3,9 @@ package bench
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -30,14 +31,7 @@ var overheadRequests = map[string]overheadRequest{
 }
 
 // overheadRequestKinds lists the kinds -overhead-request takes.
-func overheadRequestKinds() []string {
-	var ks []string
-	for k := range overheadRequests {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
+func overheadRequestKinds() []string { return slices.Sorted(maps.Keys(overheadRequests)) }
 
 // overheadRequestOf is the named kind ("" is tiny).
 func overheadRequestOf(name string) (overheadRequest, error) {

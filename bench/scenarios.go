@@ -744,14 +744,13 @@ func overhead(r *runner, interleaved bool) {
 	for i := range fleet {
 		fleet[i] = sim.Config{Name: fmt.Sprintf("ov-%d", i), Concurrency: 256, MaxTokens: kind.tokens, Seed: uint64(i + 1)}
 	}
-	body := func(proxy string, n int) *http.Request { return kind.build(proxy, n) }
 	// Unpaired (round_robin itself, direct): the proxy's CPU over its run.
 	var cpuAtStart time.Duration
 	load := func(_ []*sim.Server, proxies []string) workload {
 		cpuAtStart = r.proxyCPU()
 		return workload{arrivals: arrivals, build: func(n int) (*http.Request, int) {
 			p := n % len(proxies)
-			return body(proxies[p], n), p
+			return kind.build(proxies[p], n), p
 		}}
 	}
 	after := func(_ []*sim.Server, _ []Record, s *Summary) {
@@ -780,7 +779,7 @@ func overhead(r *runner, interleaved bool) {
 			if interleaved {
 				p = n % 2
 			}
-			return body(proxies[p], n), p
+			return kind.build(proxies[p], n), p
 		}}
 		for k := range boundaries {
 			w.actions = append(w.actions, action{at: time.Duration(k) * overheadSlice, do: func(context.Context) error {

@@ -186,8 +186,9 @@ func TestEngineCalibration(t *testing.T) {
 	if full {
 		arrivals = 25
 	}
-	scaleSet := os.Getenv("SLUICE_CALIBRATE_SCALE") != ""
-	if s := os.Getenv("SLUICE_CALIBRATE_SCALE"); s != "" {
+	s := os.Getenv("SLUICE_CALIBRATE_SCALE")
+	scaleSet := s != ""
+	if scaleSet {
 		v, err := strconv.ParseFloat(s, 64)
 		if err != nil || v <= 0 {
 			t.Fatalf("SLUICE_CALIBRATE_SCALE %q: want a positive number", s)
